@@ -1,0 +1,3 @@
+"""atlas: run LLMs on your own machine."""
+
+__version__ = "0.1.0"

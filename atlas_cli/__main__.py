@@ -1,0 +1,3 @@
+from atlas_cli.cli import main
+
+main()
