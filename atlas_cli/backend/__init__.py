@@ -1,0 +1,187 @@
+"""Load a model (recipe name, GGUF file or Hugging Face directory) onto a device.
+
+model = load_model("smollm2-135m")
+model.logits(ids)                     # (len(ids), vocab) float32, fresh sequence
+for event in model.generate("Hi", max_tokens=32, temperature=0):
+    print(event.text, end="")
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from atlas_cli.errors import CorruptModelError, DeviceError, UnsupportedModelError
+
+DEVICES = ("cpu", "cpu-ref")
+MODEL_CLASSES = {
+    "llama": ("atlas_cli.backend.models.llama", "LlamaModel"),
+    "mistral": ("atlas_cli.backend.models.llama", "LlamaModel"),
+    "qwen3": ("atlas_cli.backend.models.qwen3", "Qwen3Model"),
+}
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    name: str
+    path: Path
+    format: str  # "gguf" | "safetensors"
+    architecture: str
+    config: dict[str, Any]
+    file_type: str  # e.g. "Q4_1", "bf16"
+
+
+class Model:
+    """A loaded model: tokenizer, engine and the facts `atlas show` prints."""
+
+    def __init__(self, info: ModelInfo, engine, device: str, load_s: float):
+        from atlas_cli.backend.engine import Engine
+
+        self.info: ModelInfo = info
+        self.engine: Engine = engine
+        self.tokenizer = engine.tokenizer
+        self.device = device
+        self.load_s = load_s
+
+    @property
+    def context_length(self) -> int:
+        return self.engine.context_length
+
+    def logits(self, token_ids: Sequence[int]):
+        return self.engine.logits(token_ids)
+
+    def generate(
+        self,
+        prompt: str | Sequence[int],
+        *,
+        max_tokens: int = 512,
+        temperature: float = 0.8,
+        top_k: int = 40,
+        top_p: float = 0.95,
+        min_p: float = 0.05,
+        repeat_penalty: float = 1.0,
+        seed: int | None = None,
+        stop: Sequence[str] = (),
+        add_special_tokens: bool = True,
+        stats=None,
+    ) -> Iterator:
+        from atlas_cli.backend.sample import SamplingParams
+
+        params = SamplingParams(
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            min_p=min_p,
+            repeat_penalty=repeat_penalty,
+            seed=seed,
+        )
+        return self.engine.generate(
+            prompt,
+            max_tokens=max_tokens,
+            sampling=params,
+            stop=stop,
+            add_special_tokens=add_special_tokens,
+            stats=stats,
+        )
+
+    def chat_prompt(self, messages: list[dict[str, Any]], **template_kwargs: Any) -> list[int]:
+        """Token ids of `messages` rendered with the model's chat template."""
+        text = self.tokenizer.render_chat(messages, **template_kwargs)
+        return self.tokenizer.encode(text, add_special_tokens=True)
+
+
+def load_model(
+    name_or_path: str, device: str = "cpu", ctx_size: int | None = None, progress=None
+) -> Model:
+    """Resolve `name_or_path` (fetching the embedded default if needed) and load it."""
+    from atlas_cli import store
+
+    if device not in DEVICES:
+        raise DeviceError(f"unknown device {device!r} (available here: {', '.join(DEVICES)})")
+    path = store.resolve(name_or_path, progress=progress)
+    t0 = time.perf_counter()
+    ops = importlib.import_module("atlas_cli.backend.ops.numpy_ref")
+    if path.is_dir():
+        info, weights, tokenizer = _open_hf_directory(path)
+    else:
+        info, weights, tokenizer = _open_gguf(path)
+    model_type = info.config["model_type"]
+    if model_type not in MODEL_CLASSES:
+        raise UnsupportedModelError(
+            f"{path.name}: model type {model_type!r} is not supported "
+            f"(supported: {', '.join(sorted(MODEL_CLASSES))})"
+        )
+    module, cls_name = MODEL_CLASSES[model_type]
+    model_cls = getattr(importlib.import_module(module), cls_name)
+    args_cls = importlib.import_module(module).ModelArgs
+    args = args_cls.from_config(info.config)
+    prepared = {
+        k: ops.prepare_weight(v) if k.endswith("proj.weight") or k == "lm_head.weight" else v
+        for k, v in weights.items()
+    }
+    net = model_cls(args, prepared, ops)
+    limit = args.max_position_embeddings
+    context = min(ctx_size, limit) if ctx_size else limit
+
+    from atlas_cli.backend.engine import Engine
+
+    engine = Engine(net, tokenizer, context)
+    return Model(info, engine, device, time.perf_counter() - t0)
+
+
+def _open_gguf(path: Path):
+    from atlas_cli import store
+    from atlas_cli.backend import tokenizer as tok
+    from atlas_cli.backend.loaders import gguf, quant
+
+    gf = gguf.open_gguf(path, cache_dir=store.cache_dir())
+    config = gguf.config_from_metadata(gf.metadata, set(gf.tensors))
+    weights = gguf.load_weights(gf, config)
+    tokenizer = tok.from_gguf_metadata(gf.metadata)
+    file_type = _dominant_type(gf, quant)
+    info = ModelInfo(
+        name=str(gf.metadata.get("general.name", path.stem)),
+        path=path,
+        format="gguf",
+        architecture=gf.architecture,
+        config=config,
+        file_type=file_type,
+    )
+    return info, weights, tokenizer
+
+
+def _dominant_type(gf, quant) -> str:
+    counts: dict[str, int] = {}
+    for t in gf.tensors.values():
+        if len(t.shape) == 2:
+            name = quant.GGML_TYPES[t.type_id].name if t.type_id in quant.GGML_TYPES else "?"
+            counts[name] = counts.get(name, 0) + 1
+    return max(counts, key=counts.get) if counts else "?"
+
+
+def _open_hf_directory(path: Path):
+    from atlas_cli.backend import tokenizer as tok
+    from atlas_cli.backend.loaders import safetensors as st
+
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except FileNotFoundError:
+        raise UnsupportedModelError(f"{path}: no config.json; not a Hugging Face model") from None
+    except ValueError as exc:
+        raise CorruptModelError(f"{path}/config.json: invalid JSON ({exc})") from None
+    weights = st.load_weights(path)
+    tokenizer = tok.from_hf_directory(path, config)
+    info = ModelInfo(
+        name=path.name,
+        path=path,
+        format="safetensors",
+        architecture=config.get("model_type", "unknown"),
+        config=config,
+        file_type=st.dominant_dtype(path),
+    )
+    return info, weights, tokenizer

@@ -1,0 +1,244 @@
+"""Generation: prefill, cached decode, sampling, stop conditions and streaming text.
+
+One `Engine` holds one model and one cache (single stream). The cache outlives a request:
+the next prompt that starts with the same tokens prefills only its new suffix.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from atlas_cli.backend.sample import Sampler, SamplingParams
+from atlas_cli.backend.tokenizer import TextTokenizer
+from atlas_cli.errors import ContextOverflowError
+
+PREFILL_CHUNK = 256  # bounds the attention score matrix during long prefills
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    token: int
+    text: str  # the decoded text this token completes ("" while a character is still partial)
+
+
+@dataclass
+class GenerationStats:
+    prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens whose KV came from the previous request
+    completion_tokens: int = 0
+    finish_reason: str = "length"  # "stop" | "length" | "interrupted"
+    prompt_s: float = 0.0
+    ttft_s: float = 0.0
+    eval_s: float = 0.0
+    total_s: float = 0.0
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+
+    @property
+    def prompt_rate(self) -> float:
+        new = self.prompt_tokens - self.cached_tokens
+        return new / self.prompt_s if self.prompt_s > 0 else 0.0
+
+    @property
+    def eval_rate(self) -> float:
+        # the first token comes out of the prefill; decode rate counts the ones after it
+        n = self.completion_tokens - 1
+        return n / self.eval_s if n > 0 and self.eval_s > 0 else 0.0
+
+
+class IncrementalDecoder:
+    """Turns a token stream into text without ever emitting half a UTF-8 character.
+
+    Decodes a short window of recent tokens and emits only text that no longer ends in U+FFFD
+    (the mark of an incomplete byte sequence), as vLLM and TGI do.
+    """
+
+    def __init__(self, tokenizer: TextTokenizer):
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.prefix = 0  # window start
+        self.read = 0  # tokens already turned into emitted text
+
+    def push(self, token: int) -> str:
+        self.ids.append(token)
+        done = self.tokenizer.decode(self.ids[self.prefix : self.read])
+        full = self.tokenizer.decode(self.ids[self.prefix :])
+        if len(full) > len(done) and not full.endswith("\ufffd"):
+            self.prefix, self.read = self.read, len(self.ids)
+            return full[len(done) :]
+        return ""
+
+    def flush(self) -> str:
+        done = self.tokenizer.decode(self.ids[self.prefix : self.read])
+        full = self.tokenizer.decode(self.ids[self.prefix :])
+        self.prefix = self.read = len(self.ids)
+        return full[len(done) :]
+
+
+class StopMatcher:
+    """Holds back text that might be the start of a stop string; cuts at the first match."""
+
+    def __init__(self, stops: Sequence[str]):
+        self.stops = [s for s in stops if s]
+        self.pending = ""
+        self.hit = False
+
+    def feed(self, text: str) -> str:
+        if not self.stops:
+            return text
+        self.pending += text
+        cut = min((i for i in (self.pending.find(s) for s in self.stops) if i >= 0), default=-1)
+        if cut >= 0:
+            self.hit = True
+            out, self.pending = self.pending[:cut], ""
+            return out
+        hold = max(
+            (k for s in self.stops for k in range(1, len(s)) if self.pending.endswith(s[:k])),
+            default=0,
+        )
+        out = self.pending[: len(self.pending) - hold]
+        self.pending = self.pending[len(out) :]
+        return out
+
+    def flush(self) -> str:
+        out, self.pending = self.pending, ""
+        return out
+
+
+class Engine:
+    def __init__(self, model, tokenizer: TextTokenizer, context_length: int):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.context_length = context_length
+        self.cache = model.new_cache(context_length)
+        self.cached_ids: list[int] = []  # tokens whose K/V are in the cache
+
+    # -- the raw forward ---------------------------------------------------------------------
+
+    def logits(self, token_ids: Sequence[int]) -> np.ndarray:
+        """Logits (T, V) float32 for a fresh sequence (the cache is reset)."""
+        ids = np.asarray(token_ids, dtype=np.int64)
+        self._check_fits(len(ids))
+        self.reset()
+        out = []
+        for start in range(0, len(ids), PREFILL_CHUNK):
+            chunk = ids[start : start + PREFILL_CHUNK]
+            out.append(self.model.logits(self._forward(chunk, start)))
+        self.cached_ids = list(token_ids)
+        return np.concatenate(out).astype(np.float32, copy=False)
+
+    def reset(self) -> None:
+        self.cache.truncate(0)
+        self.cached_ids = []
+
+    def _forward(self, ids: np.ndarray, start: int) -> np.ndarray:
+        self.cache.reserve(start + len(ids))
+        hidden = self.model.forward(ids, self.cache, start)
+        self.cache.length = start + len(ids)
+        return hidden
+
+    def _check_fits(self, n: int) -> None:
+        if n > self.context_length:
+            raise ContextOverflowError(
+                f"the prompt is {n:,} tokens but the context holds {self.context_length:,}; "
+                "shorten the prompt or raise --ctx-size (up to the model's limit)"
+            )
+
+    def prefill(self, ids: list[int]) -> tuple[np.ndarray, int]:
+        """Bring the cache to `ids` and return the last position's logits and how many prompt
+        tokens were reused from the cache."""
+        self._check_fits(len(ids))
+        common = 0
+        for a, b in zip(self.cached_ids, ids, strict=False):
+            if a != b:
+                break
+            common += 1
+        common = min(common, len(ids) - 1)  # recompute at least the last token for its logits
+        self.cache.truncate(common)
+        self.cached_ids = self.cached_ids[:common]
+        arr = np.asarray(ids, dtype=np.int64)
+        hidden = None
+        for start in range(common, len(ids), PREFILL_CHUNK):
+            hidden = self._forward(arr[start : start + PREFILL_CHUNK], start)
+        self.cached_ids = list(ids)
+        return self.model.logits(hidden[-1:])[0], common
+
+    def step(self, token: int) -> np.ndarray:
+        """Append one token and return the next-token logits (V,)."""
+        pos = len(self.cached_ids)
+        hidden = self._forward(np.asarray([token], dtype=np.int64), pos)
+        self.cached_ids.append(token)
+        return self.model.logits(hidden)[0]
+
+    # -- generation --------------------------------------------------------------------------
+
+    def generate(
+        self,
+        prompt: str | Sequence[int],
+        *,
+        max_tokens: int = 512,
+        sampling: SamplingParams | None = None,
+        stop: Sequence[str] = (),
+        add_special_tokens: bool = True,
+        stats: GenerationStats | None = None,
+    ) -> Iterator[TokenEvent]:
+        """Yield one event per generated token. `stats` (when given) is filled in as it goes,
+        and is complete once the iterator is exhausted or closed."""
+        stats = stats if stats is not None else GenerationStats()
+        t0 = time.perf_counter()
+        if isinstance(prompt, str):
+            ids = self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
+        else:
+            ids = [int(i) for i in prompt]
+        if not ids:
+            ids = [self.tokenizer.bos_id or 0]
+        stats.prompt_tokens = len(ids)
+        sampler = Sampler(sampling or SamplingParams())
+        decoder = IncrementalDecoder(self.tokenizer)
+        stopper = StopMatcher(stop)
+        pieces: list[str] = []
+        try:
+            logits, stats.cached_tokens = self.prefill(ids)
+            stats.prompt_s = time.perf_counter() - t0
+            history = list(ids)
+            t_first = None
+            stats.finish_reason = "length"
+            while stats.completion_tokens < max_tokens:
+                token = sampler(logits, history)
+                if t_first is None:
+                    t_first = time.perf_counter()
+                    stats.ttft_s = t_first - t0
+                if token in self.tokenizer.stop_ids:
+                    stats.finish_reason = "stop"
+                    break
+                stats.completion_tokens += 1
+                stats.token_ids.append(token)
+                history.append(token)
+                text = stopper.feed(decoder.push(token))
+                pieces.append(text)
+                yield TokenEvent(token, text)
+                if stopper.hit:
+                    stats.finish_reason = "stop"
+                    break
+                if len(self.cached_ids) >= self.context_length:
+                    break  # the context is full: "length"
+                if stats.completion_tokens < max_tokens:
+                    logits = self.step(token)
+            if not stopper.hit:
+                tail = stopper.feed(decoder.flush()) + stopper.flush()
+                if tail:
+                    pieces.append(tail)
+                    yield TokenEvent(-1, tail)
+        except (KeyboardInterrupt, GeneratorExit):
+            stats.finish_reason = "interrupted"
+            raise
+        finally:
+            now = time.perf_counter()
+            stats.eval_s = now - t_first if t_first is not None else 0.0
+            stats.total_s = now - t0
+            stats.text = "".join(pieces)

@@ -1,0 +1,277 @@
+"""GGUF files: metadata, tensor index and weights under Hugging Face names.
+
+Parsing goes through the `gguf` package. Its reader parses the 50K-entry tokenizer arrays field by
+field, which takes seconds, so the parsed header (metadata + tensor table) is cached as JSON next
+to atlas's other caches, keyed by the file's path, size and mtime. Tensor bytes are always read
+through a memory map of the file itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from atlas_cli.backend.loaders import quant
+from atlas_cli.errors import CorruptModelError, UnsupportedModelError
+
+GGUF_MAGIC = b"GGUF"
+HEADER_CACHE_VERSION = 1
+
+# GGUF tensor names -> Hugging Face names. `{i}` is the block index.
+TENSOR_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+    "rope_freqs.weight": "rope_freqs",
+    "blk.{i}.attn_norm.weight": "model.layers.{i}.input_layernorm.weight",
+    "blk.{i}.attn_q.weight": "model.layers.{i}.self_attn.q_proj.weight",
+    "blk.{i}.attn_k.weight": "model.layers.{i}.self_attn.k_proj.weight",
+    "blk.{i}.attn_v.weight": "model.layers.{i}.self_attn.v_proj.weight",
+    "blk.{i}.attn_q.bias": "model.layers.{i}.self_attn.q_proj.bias",
+    "blk.{i}.attn_k.bias": "model.layers.{i}.self_attn.k_proj.bias",
+    "blk.{i}.attn_v.bias": "model.layers.{i}.self_attn.v_proj.bias",
+    "blk.{i}.attn_output.weight": "model.layers.{i}.self_attn.o_proj.weight",
+    "blk.{i}.attn_q_norm.weight": "model.layers.{i}.self_attn.q_norm.weight",
+    "blk.{i}.attn_k_norm.weight": "model.layers.{i}.self_attn.k_norm.weight",
+    "blk.{i}.ffn_norm.weight": "model.layers.{i}.post_attention_layernorm.weight",
+    "blk.{i}.ffn_gate.weight": "model.layers.{i}.mlp.gate_proj.weight",
+    "blk.{i}.ffn_up.weight": "model.layers.{i}.mlp.up_proj.weight",
+    "blk.{i}.ffn_down.weight": "model.layers.{i}.mlp.down_proj.weight",
+}
+_BLOCK_NAME = re.compile(r"^blk\.(\d+)\.(.+)$")
+
+# Architectures whose converter permuted Q/K rows for ggml's interleaved RoPE (llama.cpp's
+# convert_hf_to_gguf.py `LlamaModel.permute`); we undo it so RoPE is the HF rotate_half form.
+PERMUTED_QK_ARCHS = {"llama"}
+SUPPORTED_ARCHS = {"llama", "qwen3"}
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str  # the GGUF name
+    type_id: int
+    shape: tuple[int, ...]  # numpy order: (rows, cols)
+    offset: int  # absolute byte offset in the file
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class QuantizedTensor:
+    """A weight kept in its GGUF blocks: `blocks` is (rows, bytes_per_row) uint8."""
+
+    type_id: int
+    shape: tuple[int, int]
+    blocks: np.ndarray
+
+    def dequantize(self) -> np.ndarray:
+        return quant.dequantize(self.blocks, self.type_id, self.shape)
+
+
+class GGUFFile:
+    """An opened GGUF file: `metadata` (plain Python values) and `tensors` by GGUF name."""
+
+    def __init__(self, path: Path, metadata: dict[str, Any], tensors: dict[str, TensorInfo]):
+        self.path = path
+        self.metadata = metadata
+        self.tensors = tensors
+        self._map = np.memmap(path, dtype=np.uint8, mode="r")
+
+    @property
+    def architecture(self) -> str:
+        return str(self.metadata.get("general.architecture", "unknown"))
+
+    def raw(self, name: str) -> np.ndarray:
+        """The tensor's bytes, zero-copy: (rows, bytes_per_row) uint8 for quantized types."""
+        info = self.tensors[name]
+        qtype = quant.GGML_TYPES.get(info.type_id)
+        if qtype is None:
+            raise UnsupportedModelError(
+                f"{self.path.name}: tensor {name} has GGML type {info.type_id}, which atlas does "
+                f"not support (supported: {', '.join(t.name for t in quant.GGML_TYPES.values())})"
+            )
+        data = self._map[info.offset : info.offset + info.nbytes]
+        rows = int(np.prod(info.shape[:-1])) if len(info.shape) > 1 else 1
+        return data.reshape(rows, -1)
+
+    def float32(self, name: str) -> np.ndarray:
+        info = self.tensors[name]
+        return quant.dequantize(self.raw(name), info.type_id, info.shape)
+
+
+def open_gguf(path: str | os.PathLike, cache_dir: Path | None = None) -> GGUFFile:
+    """Open and validate a GGUF file; the header is cached in `cache_dir` when given."""
+    path = Path(path)
+    if not path.is_file():
+        raise CorruptModelError(f"{path}: no such file")
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        if f.read(4) != GGUF_MAGIC:
+            raise CorruptModelError(f"{path}: not a GGUF file (bad magic bytes)")
+    header = _read_cached_header(path, cache_dir) if cache_dir else None
+    if header is None:
+        header = _parse_header(path)
+        if cache_dir:
+            _write_cached_header(path, cache_dir, header)
+    metadata, tensors = header
+    for info in tensors.values():
+        if info.offset + info.nbytes > size:
+            raise CorruptModelError(
+                f"{path}: file is truncated (tensor {info.name} ends at byte "
+                f"{info.offset + info.nbytes:,} but the file has {size:,} bytes); "
+                "download it again"
+            )
+    return GGUFFile(path, metadata, tensors)
+
+
+def _parse_header(path: Path) -> tuple[dict[str, Any], dict[str, TensorInfo]]:
+    import gguf  # heavy import: only when the header is not cached
+
+    try:
+        reader = gguf.GGUFReader(path, "r")
+    except Exception as exc:  # the gguf package raises ValueError, struct and index errors
+        raise CorruptModelError(f"{path}: cannot parse GGUF header ({exc}); the file is damaged")
+    metadata = {}
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF."):
+            continue
+        try:
+            metadata[key] = _plain(field.contents())
+        except Exception as exc:
+            raise CorruptModelError(f"{path}: cannot read metadata key {key} ({exc})")
+    tensors = {}
+    for t in reader.tensors:
+        shape = tuple(int(d) for d in reversed(t.shape.tolist()))
+        tensors[t.name] = TensorInfo(
+            t.name, int(t.tensor_type), shape, int(t.data_offset), int(t.n_bytes)
+        )
+    return metadata, tensors
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def _cache_path(path: Path, cache_dir: Path) -> Path:
+    st = path.stat()
+    key = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{HEADER_CACHE_VERSION}"
+    return cache_dir / f"gguf-{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
+
+
+def _read_cached_header(path: Path, cache_dir: Path):
+    try:
+        raw = json.loads(_cache_path(path, cache_dir).read_text())
+    except (OSError, ValueError):
+        return None
+    tensors = {t[0]: TensorInfo(t[0], t[1], tuple(t[2]), t[3], t[4]) for t in raw["tensors"]}
+    return raw["metadata"], tensors
+
+
+def _write_cached_header(path: Path, cache_dir: Path, header) -> None:
+    metadata, tensors = header
+    rows = [[t.name, t.type_id, list(t.shape), t.offset, t.nbytes] for t in tensors.values()]
+    target = _cache_path(path, cache_dir)
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"metadata": metadata, "tensors": rows}))
+        tmp.replace(target)
+    except OSError:
+        pass  # a cache we cannot write only costs time
+
+
+def hf_name(gguf_name: str) -> str | None:
+    """The Hugging Face name for a GGUF tensor name, or None when unknown."""
+    if gguf_name in TENSOR_NAMES:
+        return TENSOR_NAMES[gguf_name]
+    m = _BLOCK_NAME.match(gguf_name)
+    if m:
+        pattern = TENSOR_NAMES.get(f"blk.{{i}}.{m.group(2)}")
+        if pattern:
+            return pattern.format(i=m.group(1))
+    return None
+
+
+def config_from_metadata(md: dict[str, Any], tensor_names: set[str]) -> dict[str, Any]:
+    """A Hugging Face style config.json dict from GGUF metadata."""
+    arch = md.get("general.architecture")
+    if arch not in SUPPORTED_ARCHS:
+        raise UnsupportedModelError(
+            f"architecture {arch!r} is not supported by atlas "
+            f"(supported GGUF architectures: {', '.join(sorted(SUPPORTED_ARCHS))})"
+        )
+
+    def get(key, default=None):
+        return md.get(f"{arch}.{key}", default)
+
+    hidden = int(get("embedding_length"))
+    heads = int(get("attention.head_count"))
+    head_dim = int(get("attention.key_length", hidden // heads))
+    vocab = get("vocab_size") or len(md.get("tokenizer.ggml.tokens", []))
+    config = {
+        "model_type": arch,
+        "hidden_size": hidden,
+        "intermediate_size": int(get("feed_forward_length")),
+        "num_hidden_layers": int(get("block_count")),
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(get("attention.head_count_kv", heads)),
+        "head_dim": head_dim,
+        "rms_norm_eps": float(get("attention.layer_norm_rms_epsilon", 1e-6)),
+        "rope_theta": float(get("rope.freq_base", 10000.0)),
+        "max_position_embeddings": int(get("context_length", 4096)),
+        "vocab_size": int(vocab),
+        "tie_word_embeddings": "output.weight" not in tensor_names,
+        "attention_bias": "blk.0.attn_q.bias" in tensor_names,
+    }
+    scaling = get("rope.scaling.type")
+    if scaling == "linear":
+        config["rope_scaling"] = {
+            "rope_type": "linear",
+            "factor": float(get("rope.scaling.factor")),
+        }
+    elif scaling not in (None, "none"):
+        raise UnsupportedModelError(f"RoPE scaling {scaling!r} in GGUF files is not supported")
+    return config
+
+
+def load_weights(gf: GGUFFile, config: dict[str, Any], keep_quantized: bool = False):
+    """All tensors under Hugging Face names: float32 arrays, or QuantizedTensor for quantized
+    2-D weights when `keep_quantized` (norms and other 1-D tensors are always float32)."""
+    permute = gf.architecture in PERMUTED_QK_ARCHS
+    weights: dict[str, Any] = {}
+    for name, info in gf.tensors.items():
+        target = hf_name(name)
+        if target is None:
+            raise UnsupportedModelError(f"{gf.path.name}: unknown tensor {name}")
+        raw = gf.raw(name)
+        if permute and target.endswith(("q_proj.weight", "k_proj.weight")):
+            n_head = config["num_attention_heads" if "q_proj" in target else "num_key_value_heads"]
+            raw = unpermute_rows(raw, n_head)
+        quantized = info.type_id not in (0, 1, 30)  # F32, F16, BF16
+        if keep_quantized and quantized and len(info.shape) == 2:
+            weights[target] = QuantizedTensor(info.type_id, info.shape, raw)
+        else:
+            weights[target] = quant.dequantize(raw, info.type_id, info.shape)
+    return weights
+
+
+def unpermute_rows(rows: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo llama.cpp's Q/K row permutation. Rows are whole (quantized) rows, so this works on
+    GGUF blocks as well as on float weights. Matches transformers'
+    `LlamaTensorProcessor._reverse_permute_weights`."""
+    out_rows = rows.shape[0]
+    head_dim = out_rows // n_head
+    # GGUF rows are (n_head, head_dim/2, 2) ordered; HF rows are (n_head, 2, head_dim/2).
+    return np.ascontiguousarray(
+        rows.reshape(n_head, head_dim // 2, 2, -1).swapaxes(1, 2).reshape(rows.shape)
+    )

@@ -1,0 +1,89 @@
+"""Token sampling: repetition penalty, top-k, top-p, min-p, temperature, seeded RNG.
+
+The order follows llama.cpp's default sampler chain (penalties -> top-k -> top-p -> min-p ->
+temperature -> draw); temperature 0 is greedy (argmax, after penalties).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from atlas_cli.errors import UsageError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    seed: int | None = None
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise UsageError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise UsageError(f"top-k must be >= 0 (0 disables it), got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise UsageError(f"top-p must be in (0, 1], got {self.top_p}")
+        if not 0 <= self.min_p < 1:
+            raise UsageError(f"min-p must be in [0, 1), got {self.min_p}")
+        if self.repeat_penalty <= 0:
+            raise UsageError(f"repeat penalty must be > 0, got {self.repeat_penalty}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+class Sampler:
+    def __init__(self, params: SamplingParams):
+        self.params = params
+        self.rng = np.random.default_rng(params.seed)
+
+    def __call__(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
+        p = self.params
+        logits = np.asarray(logits, dtype=np.float32)
+        if p.repeat_penalty != 1.0 and len(history):
+            logits = apply_repeat_penalty(logits, history[-p.repeat_last_n :], p.repeat_penalty)
+        if p.greedy:
+            return int(np.argmax(logits))
+        ids, probs = filtered_distribution(logits, p.top_k, p.top_p, p.min_p, p.temperature)
+        return int(ids[self.rng.choice(len(ids), p=probs)])
+
+
+def apply_repeat_penalty(logits: np.ndarray, recent: Sequence[int], penalty: float):
+    """CTRL-style penalty (as llama.cpp and transformers): divide positive logits of tokens seen
+    recently by `penalty`, multiply negative ones."""
+    out = logits.copy()
+    seen = np.unique(np.asarray(recent, dtype=np.int64))
+    vals = out[seen]
+    out[seen] = np.where(vals > 0, vals / penalty, vals * penalty)
+    return out
+
+
+def filtered_distribution(
+    logits: np.ndarray, top_k: int, top_p: float, min_p: float, temperature: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """Candidate ids and their probabilities after top-k, top-p and min-p, at `temperature`."""
+    k = logits.shape[0] if top_k <= 0 else min(top_k, logits.shape[0])
+    ids = np.argpartition(-logits, k - 1)[:k] if k < logits.shape[0] else np.arange(len(logits))
+    ids = ids[np.argsort(-logits[ids], kind="stable")]  # best first
+    vals = logits[ids].astype(np.float64)
+    probs = np.exp(vals - vals[0])
+    probs /= probs.sum()
+    if top_p < 1.0:
+        # keep the smallest prefix whose mass reaches top_p
+        keep = int(np.searchsorted(np.cumsum(probs), top_p) + 1)
+        ids, vals, probs = ids[:keep], vals[:keep], probs[:keep]
+    if min_p > 0:
+        keep = probs >= min_p * probs[0]
+        ids, vals = ids[keep], vals[keep]
+    scaled = (vals - vals[0]) / temperature
+    probs = np.exp(scaled)
+    return ids, probs / probs.sum()

@@ -1,0 +1,47 @@
+"""Errors a user can cause. Each carries a message that says what to do next.
+
+The CLI prints `atlas: error: <message>` and exits non-zero; a traceback appears only with
+ATLAS_DEBUG=1.
+"""
+
+from __future__ import annotations
+
+
+class AtlasError(Exception):
+    """Base class: anything a user can cause and fix."""
+
+    exit_code = 1
+
+
+class ModelNotFoundError(AtlasError):
+    """An unknown model name or a path that does not exist."""
+
+
+class CorruptModelError(AtlasError):
+    """A model file that is truncated, damaged or not what its name says."""
+
+
+class UnsupportedModelError(AtlasError):
+    """A valid file whose architecture or tensor types atlas cannot run (yet)."""
+
+
+class ContextOverflowError(AtlasError):
+    """A prompt that does not fit the model's context window."""
+
+
+class DownloadError(AtlasError):
+    """A download that failed: network down, bad hash, full disk."""
+
+
+class TemplateError(AtlasError):
+    """A chat template that fails to render."""
+
+
+class DeviceError(AtlasError):
+    """A requested device that is missing or cannot be used."""
+
+
+class UsageError(AtlasError):
+    """A bad flag value or combination."""
+
+    exit_code = 2
