@@ -17,8 +17,6 @@ from atlas_cli.backend.loaders.quant import (
     dequantize_blocks,
 )
 
-SMOLLM_Q4_1 = Path("/work/dl/SmolLM2-135M-Instruct.Q4_1.gguf")
-
 BLOCK_TYPES = ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]
 ROW_COUNTS = [1, 3, 17, 64]
 
@@ -167,16 +165,15 @@ def test_shape_mismatch_rejected() -> None:
         dequantize(data, 2, (4, 48))
 
 
-@pytest.mark.skipif(not SMOLLM_Q4_1.exists(), reason=f"{SMOLLM_Q4_1} not downloaded")
-def test_real_smollm2_tensors() -> None:
-    reader = gguf.GGUFReader(SMOLLM_Q4_1)
+def test_real_smollm2_tensors(smollm2_path: Path) -> None:
+    reader = gguf.GGUFReader(smollm2_path)
     picked: dict[str, list[gguf.ReaderTensor]] = {"Q4_1": [], "Q8_0": [], "F32": []}
     for t in reader.tensors:
         kind = t.tensor_type.name
         if kind in picked and len(picked[kind]) < 3:
             picked[kind].append(t)
     for kind, tensors in picked.items():
-        assert tensors, f"no {kind} tensor in {SMOLLM_Q4_1.name}"
+        assert tensors, f"no {kind} tensor in {smollm2_path.name}"
         for t in tensors:
             shape = tuple(int(d) for d in reversed(t.shape))
             ours = dequantize(t.data, int(t.tensor_type), shape)
