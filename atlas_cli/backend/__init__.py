@@ -19,6 +19,12 @@ from typing import Any
 from atlas_cli.errors import CorruptModelError, DeviceError, UnsupportedModelError
 
 DEVICES = ("cpu", "cpu-ref")
+# The ops module behind each device: "cpu" computes on the GGUF blocks (numba kernels), "cpu-ref"
+# is the float32 numpy reference every other backend is tested against.
+OPS_MODULES = {
+    "cpu": "atlas_cli.backend.ops.cpu_fast",
+    "cpu-ref": "atlas_cli.backend.ops.numpy_ref",
+}
 MODEL_CLASSES = {
     "llama": ("atlas_cli.backend.models.llama", "LlamaModel"),
     "mistral": ("atlas_cli.backend.models.llama", "LlamaModel"),
@@ -105,11 +111,11 @@ def load_model(
         raise DeviceError(f"unknown device {device!r} (available here: {', '.join(DEVICES)})")
     path = store.resolve(name_or_path, progress=progress)
     t0 = time.perf_counter()
-    ops = importlib.import_module("atlas_cli.backend.ops.numpy_ref")
+    ops = importlib.import_module(OPS_MODULES[device])
     if path.is_dir():
         info, weights, tokenizer = _open_hf_directory(path)
     else:
-        info, weights, tokenizer = _open_gguf(path)
+        info, weights, tokenizer = _open_gguf(path, getattr(ops, "KEEP_QUANTIZED", False))
     model_type = info.config["model_type"]
     if model_type not in MODEL_CLASSES:
         raise UnsupportedModelError(
@@ -120,10 +126,7 @@ def load_model(
     model_cls = getattr(importlib.import_module(module), cls_name)
     args_cls = importlib.import_module(module).ModelArgs
     args = args_cls.from_config(info.config)
-    prepared = {
-        k: ops.prepare_weight(v) if k.endswith("proj.weight") or k == "lm_head.weight" else v
-        for k, v in weights.items()
-    }
+    prepared = {k: _prepare(ops, k, v) for k, v in weights.items()}
     net = model_cls(args, prepared, ops)
     limit = args.max_position_embeddings
     context = min(ctx_size, limit) if ctx_size else limit
@@ -134,14 +137,24 @@ def load_model(
     return Model(info, engine, device, time.perf_counter() - t0)
 
 
-def _open_gguf(path: Path):
+def _prepare(ops, name: str, weight):
+    """Matrices go through the backend's `prepare_weight` (which may keep quantized blocks);
+    other quantized tensors are dequantized, since only matrix ops take blocks."""
+    if name.endswith("proj.weight") or name in ("lm_head.weight", "model.embed_tokens.weight"):
+        return ops.prepare_weight(weight)
+    return weight.dequantize() if hasattr(weight, "dequantize") else weight
+
+
+def _open_gguf(path: Path, keep_quantized: bool = False):
     from atlas_cli import store
     from atlas_cli.backend import tokenizer as tok
     from atlas_cli.backend.loaders import gguf, quant
 
     gf = gguf.open_gguf(path, cache_dir=store.cache_dir())
     config = gguf.config_from_metadata(gf.metadata, set(gf.tensors))
-    weights = gguf.load_weights(gf, config)
+    weights = gguf.load_weights(
+        gf, config, keep_quantized=keep_quantized, lazy_unpermute=keep_quantized
+    )
     tokenizer = tok.from_gguf_metadata(gf.metadata)
     file_type = _dominant_type(gf, quant)
     info = ModelInfo(

@@ -64,14 +64,18 @@ class TensorInfo:
 
 @dataclass(frozen=True)
 class QuantizedTensor:
-    """A weight kept in its GGUF blocks: `blocks` is (rows, bytes_per_row) uint8."""
+    """A weight kept in its GGUF blocks: `blocks` is (rows, bytes_per_row) uint8. With
+    `row_perm`, logical row i is `blocks[row_perm[i]]` (llama.cpp's Q/K row order left in place,
+    see `load_weights(lazy_unpermute=True)`)."""
 
     type_id: int
     shape: tuple[int, int]
     blocks: np.ndarray
+    row_perm: np.ndarray | None = None
 
     def dequantize(self) -> np.ndarray:
-        return quant.dequantize(self.blocks, self.type_id, self.shape)
+        blocks = self.blocks if self.row_perm is None else self.blocks[self.row_perm]
+        return quant.dequantize(blocks, self.type_id, self.shape)
 
 
 class GGUFFile:
@@ -246,9 +250,16 @@ def config_from_metadata(md: dict[str, Any], tensor_names: set[str]) -> dict[str
     return config
 
 
-def load_weights(gf: GGUFFile, config: dict[str, Any], keep_quantized: bool = False):
+def load_weights(
+    gf: GGUFFile,
+    config: dict[str, Any],
+    keep_quantized: bool = False,
+    lazy_unpermute: bool = False,
+):
     """All tensors under Hugging Face names: float32 arrays, or QuantizedTensor for quantized
-    2-D weights when `keep_quantized` (norms and other 1-D tensors are always float32)."""
+    2-D weights when `keep_quantized` (norms and other 1-D tensors are always float32).
+    With `lazy_unpermute`, permuted Q/K QuantizedTensors keep the file's row order and carry
+    `row_perm` instead of a reordered copy, so every block stays in the memory map."""
     permute = gf.architecture in PERMUTED_QK_ARCHS
     weights: dict[str, Any] = {}
     for name, info in gf.tensors.items():
@@ -256,15 +267,28 @@ def load_weights(gf: GGUFFile, config: dict[str, Any], keep_quantized: bool = Fa
         if target is None:
             raise UnsupportedModelError(f"{gf.path.name}: unknown tensor {name}")
         raw = gf.raw(name)
+        perm = None
         if permute and target.endswith(("q_proj.weight", "k_proj.weight")):
             n_head = config["num_attention_heads" if "q_proj" in target else "num_key_value_heads"]
-            raw = unpermute_rows(raw, n_head)
+            perm = unpermute_index(raw.shape[0], n_head)
         quantized = info.type_id not in (0, 1, 30)  # F32, F16, BF16
         if keep_quantized and quantized and len(info.shape) == 2:
-            weights[target] = QuantizedTensor(info.type_id, info.shape, raw)
+            if perm is not None and not lazy_unpermute:
+                raw, perm = np.ascontiguousarray(raw[perm]), None
+            weights[target] = QuantizedTensor(info.type_id, info.shape, raw, perm)
         else:
+            if perm is not None:
+                raw = np.ascontiguousarray(raw[perm])
             weights[target] = quant.dequantize(raw, info.type_id, info.shape)
     return weights
+
+
+def unpermute_index(n_rows: int, n_head: int) -> np.ndarray:
+    """Row i of the un-permuted (HF) tensor is row `index[i]` of the GGUF tensor: the index form
+    of `unpermute_rows`."""
+    head_dim = n_rows // n_head
+    rows = np.arange(n_rows, dtype=np.int64)
+    return rows.reshape(n_head, head_dim // 2, 2).swapaxes(1, 2).reshape(-1)
 
 
 def unpermute_rows(rows: np.ndarray, n_head: int) -> np.ndarray:

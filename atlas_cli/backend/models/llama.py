@@ -84,10 +84,15 @@ class LlamaModel:
         self.inv_freq = rope_inv_freq(args, weights.get("rope_freqs"))
         if args.tie_word_embeddings or "lm_head.weight" not in weights:
             self.w["lm_head.weight"] = weights["model.embed_tokens.weight"]
+        # Backends may run a whole decode step in one call (ops.fuse_decoder); None: op by op.
+        fuse = getattr(ops, "fuse_decoder", None)
+        self.fused = fuse(self) if fuse is not None else None
 
     def forward(self, ids: np.ndarray, cache, start: int) -> np.ndarray:
         """Hidden states after the final norm, (T, H), for `ids` (T,) at positions start...;
         writes their keys and values into `cache`."""
+        if self.fused is not None and len(ids) == 1:
+            return self.fused.decode(int(ids[0]), cache, start)
         ops, a = self.ops, self.args
         positions = np.arange(start, start + len(ids))
         x = ops.embedding(self.w["model.embed_tokens.weight"], ids)  # (T, H)
@@ -131,5 +136,7 @@ class LlamaModel:
     def new_cache(self, max_len: int):
         from atlas_cli.backend.cache import KVCache
 
+        if self.fused is not None:
+            return self.fused.new_cache(max_len)
         a = self.args
         return KVCache(a.num_hidden_layers, a.num_key_value_heads, a.dim_per_head, max_len)

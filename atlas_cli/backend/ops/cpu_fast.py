@@ -1,0 +1,335 @@
+"""The fast CPU ops (`--device cpu`): GGUF weights stay in their quantized blocks.
+
+Same op names and signatures as `numpy_ref` (every op not defined here is numpy_ref's), plus the
+fused decoder hook. Matrix products run on the blocks (cpu_kernels.py):
+
+- a few tokens (decode): each row's blocks are read once and dotted with every token's float32
+  activations, dequantizing on the fly; rows are split across cores;
+- many tokens (prefill): tiles of rows are dequantized to float32 (bit-exact with the
+  reference) and multiplied by BLAS, so the blocks are decoded once per tile for all tokens.
+
+`fuse_decoder` gives Llama-family models one numba call per decoded token for all layers,
+which removes the Python overhead of ~15 ops per layer.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from atlas_cli.backend.cache import GROW_STEP, KVCache, LayerKV
+from atlas_cli.backend.ops import cpu_kernels as _k
+from atlas_cli.backend.ops import numpy_ref as _ref
+from atlas_cli.backend.ops.numpy_ref import *  # noqa: F403  (ops this backend does not override)
+
+NAME = "cpu"
+KEEP_QUANTIZED = True  # load_model keeps GGUF blocks (QuantizedTensor) for this backend
+
+GEMV_MAX_TOKENS = 4  # up to this many tokens, products dot each row's blocks directly
+
+
+def _set_threads() -> None:
+    n = os.environ.get("ATLAS_THREADS")
+    if n:
+        import numba
+
+        numba.set_num_threads(max(1, min(int(n), numba.config.NUMBA_NUM_THREADS)))
+
+
+_set_threads()
+
+
+@dataclass(frozen=True)
+class PackedMatrix:
+    """A (rows, cols) weight as GGUF blocks inside a flat uint8 buffer (usually the memory map
+    of the whole file): logical row r is stored at byte `offset + perm[r] * row_bytes`."""
+
+    type_id: int
+    shape: tuple[int, int]
+    buf: np.ndarray  # (n,) uint8
+    offset: int
+    row_bytes: int
+    perm: np.ndarray  # (rows,) int64
+
+    @property
+    def blocks_per_row(self) -> int:
+        return self.shape[1] // _k.BLOCKS[self.type_id][0]
+
+    def dequantize(self) -> np.ndarray:
+        out = np.empty(self.shape, np.float32)
+        self._dequant_rows(0, out)
+        return out
+
+    def _dequant_rows(self, r0: int, out: np.ndarray) -> None:
+        _k.dequant_rows(
+            self.type_id,
+            self.buf,
+            self.offset,
+            self.row_bytes,
+            self.blocks_per_row,
+            self.perm,
+            r0,
+            out,
+        )
+
+
+def _root(a: np.ndarray) -> np.ndarray:
+    """The array that owns `a`'s memory (the file's memory map for weights from a GGUF)."""
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a
+
+
+def pack(qt: Any) -> PackedMatrix | None:
+    """A QuantizedTensor as a PackedMatrix, or None when its type has no kernel here."""
+    rows, cols = qt.shape
+    if qt.type_id not in _k.BLOCKS or cols % _k.BLOCKS[qt.type_id][0] != 0:
+        return None
+    blocks = qt.blocks
+    if not blocks.flags.c_contiguous:
+        blocks = np.ascontiguousarray(blocks)
+    root = _root(blocks)
+    if not root.flags.c_contiguous:
+        root = blocks
+    buf = np.asarray(root).reshape(-1).view(np.uint8)  # no copy: the same memory
+    offset = blocks.__array_interface__["data"][0] - buf.__array_interface__["data"][0]
+    perm = getattr(qt, "row_perm", None)
+    perm = np.arange(rows, dtype=np.int64) if perm is None else np.asarray(perm, np.int64)
+    return PackedMatrix(qt.type_id, (rows, cols), buf, int(offset), blocks.shape[1], perm)
+
+
+def prepare_weight(w):
+    """Quantized GGUF weights stay packed; anything else is numpy_ref's float32."""
+    if isinstance(w, PackedMatrix):
+        return w
+    if hasattr(w, "blocks") and hasattr(w, "type_id"):
+        packed = pack(w)
+        if packed is not None:
+            return packed
+    return _ref.prepare_weight(w)
+
+
+def embedding(table, ids: np.ndarray) -> np.ndarray:
+    """table (V, H), ids (T,) -> (T, H) float32."""
+    if not isinstance(table, PackedMatrix):
+        return _ref.embedding(table, ids)
+    out = np.empty((len(ids), table.shape[1]), np.float32)
+    stored = table.perm[np.asarray(ids, dtype=np.int64)]
+    _k.gather_rows(
+        table.type_id,
+        table.buf,
+        table.offset,
+        table.row_bytes,
+        table.blocks_per_row,
+        stored,
+        out,
+    )
+    return out
+
+
+def linear(x: np.ndarray, w, bias: np.ndarray | None = None) -> np.ndarray:
+    """x (..., in) @ w (out, in)^T -> (..., out)."""
+    if not isinstance(w, PackedMatrix):
+        return _ref.linear(x, w, bias)
+    rows, cols = w.shape
+    x2 = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, cols)  # (T, in)
+    out = np.empty((x2.shape[0], rows), np.float32)
+    kernel = _k.gemv_batch if x2.shape[0] <= GEMV_MAX_TOKENS else _k.gemm
+    kernel(w.type_id, w.buf, w.offset, w.row_bytes, w.blocks_per_row, w.perm, x2, out)
+    if bias is not None:
+        out += bias
+    return out.reshape(*x.shape[:-1], rows)
+
+
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int) -> np.ndarray:
+    """Causal GQA attention of new queries against the whole cache (numpy_ref.attention):
+    q (T, nh, hd) at positions start..start+T-1; k, v (nkv, S, hd), S = start + T."""
+    out = np.empty(q.shape, np.float32)
+    _k.attention(
+        np.ascontiguousarray(q, np.float32),
+        np.ascontiguousarray(k, np.float32),
+        np.ascontiguousarray(v, np.float32),
+        start,
+        out,
+    )
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Fused decode
+
+
+class StackedKVCache(KVCache):
+    """KVCache whose layers are views of two (L, nkv, capacity, hd) arrays, so the fused decode
+    step reaches every layer's cache through one argument. Grows like KVCache."""
+
+    def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, max_len: int):
+        self.max_len = max_len
+        self.length = 0
+        cap = min(GROW_STEP, max_len)
+        self._alloc(np.zeros((n_layers, n_kv_heads, cap, head_dim), np.float32))
+
+    def _alloc(self, k: np.ndarray, v: np.ndarray | None = None) -> None:
+        self.k = k
+        self.v = np.zeros_like(k) if v is None else v
+        self.layers = [LayerKV(self.k[i], self.v[i]) for i in range(k.shape[0])]
+
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[2]
+
+    def reserve(self, new_len: int) -> None:
+        if new_len > self.max_len:
+            raise ValueError(f"cache holds {self.max_len} positions, {new_len} requested")
+        if new_len <= self.capacity:
+            return
+        cap = self.capacity
+        while cap < new_len:
+            cap *= 2
+        cap = min(cap, self.max_len)
+        shape = (*self.k.shape[:2], cap, self.k.shape[3])
+        k, v = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
+        k[:, :, : self.length] = self.k[:, :, : self.length]
+        v[:, :, : self.length] = self.v[:, :, : self.length]
+        self._alloc(k, v)
+
+
+_PROJ = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class FusedDecoder:
+    """All layers of a Llama-family decoder for one token per numba call (cpu_kernels.decode_step).
+    Built by `fuse_decoder`; it reads the same packed weights as the per-op path."""
+
+    def __init__(self, model, buf: np.ndarray, packed: dict[str, PackedMatrix]):
+        a, w = model.args, model.w
+        n_layers, hd = a.num_hidden_layers, a.dim_per_head
+        self.n_layers, self.n_heads, self.n_kv, self.head_dim = (
+            n_layers,
+            a.num_attention_heads,
+            a.num_key_value_heads,
+            hd,
+        )
+        self.buf = buf
+        self.mats = np.zeros((n_layers, 7, 4), np.int64)
+        for i in range(n_layers):
+            for j, name in enumerate(_PROJ):
+                m = packed[_proj_key(i, name)]
+                self.mats[i, j] = (m.type_id, m.offset, m.row_bytes, m.blocks_per_row)
+        self.perm_q = packed[_proj_key(0, "q_proj")].perm
+        self.perm_k = packed[_proj_key(0, "k_proj")].perm
+        e = packed["model.embed_tokens.weight"]
+        self.embed = np.array([e.type_id, e.offset, e.row_bytes, e.blocks_per_row], np.int64)
+        self.embed_perm = e.perm
+        p = "model.layers.{}."
+        self.norms = np.stack(
+            [
+                np.stack(
+                    [
+                        w[p.format(i) + "input_layernorm.weight"],
+                        w[p.format(i) + "post_attention_layernorm.weight"],
+                    ]
+                )
+                for i in range(n_layers)
+            ]
+        ).astype(np.float32)  # (L, 2, H)
+        self.final_norm = np.asarray(w["model.norm.weight"], np.float32)
+        nq, nk = self.n_heads * hd, self.n_kv * hd
+        self.bias = np.zeros((n_layers, nq + 2 * nk), np.float32)
+        self.qk_norm = np.ones((n_layers, 2, hd), np.float32)
+        for i in range(n_layers):
+            sa = p.format(i) + "self_attn."
+            for name, lo, hi in (
+                ("q_proj", 0, nq),
+                ("k_proj", nq, nq + nk),
+                ("v_proj", nq + nk, nq + 2 * nk),
+            ):
+                b = w.get(sa + name + ".bias")
+                if b is not None:
+                    self.bias[i, lo:hi] = b
+            if model.qk_norm:
+                self.qk_norm[i, 0] = w[sa + "q_norm.weight"]
+                self.qk_norm[i, 1] = w[sa + "k_norm.weight"]
+        self.use_qk_norm = bool(model.qk_norm)
+        self.inv_freq = np.ascontiguousarray(model.inv_freq, np.float32)
+        self.eps = float(a.rms_norm_eps)
+        self.hidden = a.hidden_size
+        inter = packed[_proj_key(0, "gate_proj")].shape[0]
+        self.qkv = np.empty(nq + 2 * nk, np.float32)
+        self.act = np.empty(inter, np.float32)
+        self.x = np.empty(a.hidden_size, np.float32)
+        self.scores = np.empty((self.n_heads, 0), np.float32)
+
+    def new_cache(self, max_len: int) -> StackedKVCache:
+        return StackedKVCache(self.n_layers, self.n_kv, self.head_dim, max_len)
+
+    def decode(self, token: int, cache: StackedKVCache, pos: int) -> np.ndarray:
+        """Run one token at position `pos` (its K/V land in `cache`); returns the final normed
+        hidden state (1, H)."""
+        if self.scores.shape[1] < cache.capacity:
+            self.scores = np.empty((self.n_heads, cache.capacity), np.float32)
+        out = np.empty(self.hidden, np.float32)
+        _k.decode_step(
+            self.buf,
+            self.mats,
+            self.perm_q,
+            self.perm_k,
+            self.embed,
+            int(self.embed_perm[token]),
+            pos,
+            self.norms,
+            self.final_norm,
+            self.bias,
+            self.qk_norm,
+            self.use_qk_norm,
+            self.inv_freq,
+            self.eps,
+            cache.k,
+            cache.v,
+            self.qkv,
+            self.act,
+            self.scores,
+            self.x,
+            out,
+        )
+        return out[None, :]
+
+
+def _proj_key(layer: int, name: str) -> str:
+    group = "mlp" if name in ("gate_proj", "up_proj", "down_proj") else "self_attn"
+    return f"model.layers.{layer}.{group}.{name}.weight"
+
+
+def fuse_decoder(model) -> FusedDecoder | None:
+    """A FusedDecoder for `model` (a LlamaModel), or None when its weights or shape are outside
+    what decode_step handles; the model then runs op by op."""
+    a, w = model.args, model.w
+    if a.hidden_size % _k.GROUP or a.dim_per_head % 2 or a.partial_rotary_factor != 1.0:
+        return None
+    names = [_proj_key(i, n) for i in range(a.num_hidden_layers) for n in _PROJ]
+    names.append("model.embed_tokens.weight")
+    packed = {n: w.get(n) for n in names}
+    if not all(isinstance(m, PackedMatrix) for m in packed.values()):
+        return None
+    buf = packed[names[0]].buf
+    addr = buf.__array_interface__["data"][0]
+    for m in packed.values():  # all weights must live in one buffer
+        if m.buf.__array_interface__["data"][0] != addr or m.buf.size != buf.size:
+            return None
+    q0, k0 = packed[names[0]], packed[names[1]]
+    for i in range(a.num_hidden_layers):
+        for n in _PROJ:
+            m = packed[_proj_key(i, n)]
+            ref = {"q_proj": q0.perm, "k_proj": k0.perm}.get(n)
+            if ref is None:  # decode_step reads these rows in stored order
+                if not np.array_equal(m.perm, np.arange(m.shape[0])):
+                    return None
+            elif not np.array_equal(m.perm, ref):
+                return None
+    inter = packed[_proj_key(0, "gate_proj")].shape[0]
+    if inter % _k.GROUP or (a.num_attention_heads * a.dim_per_head) % _k.GROUP:
+        return None
+    return FusedDecoder(model, buf, packed)

@@ -1,0 +1,701 @@
+"""Numba kernels of the fast CPU path: products straight on GGUF blocks, and the fused decode step.
+
+Weights stay in their GGUF blocks. The inner loops, one block of a row at a time, are written as
+LLVM vector IR (numba `@intrinsic`): numba's own loop vectoriser unrolls the 16-byte nibble loops
+of these formats completely and then leaves them scalar, or vectorises across rows with gathers,
+which is 2-3x slower. Here each block becomes a handful of <16 x float> operations: load the
+quants, widen, convert, multiply with x, and accumulate scaled by the block's float16 scale.
+Activations and accumulators are float32 (llama.cpp instead rounds x to int8 first).
+
+Every @njit function lives in this one file and is cached on disk (`cache=True`): numba checks
+only the timestamp of the file that holds a cached function, so keeping callers and callees
+together keeps the cache valid. Shapes: H hidden size, I MLP size, L layers, S cached positions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import math
+import os
+import sys
+
+import numpy as np
+
+
+def _preload_tbb() -> None:
+    """Make numba's default threading layer TBB where the `tbb` wheel is installed.
+
+    TBB hands out work by stealing, so when another process takes one of the cores the other
+    thread finishes the loop; OpenMP's static split waits for the preempted thread, and on a
+    busy 2-core machine that made each decode step 10-50x slower (docs/architecture.md).
+    numba's PyPI wheel looks for libtbb.so.12 only on the system library path, while the tbb
+    wheel installs it into <prefix>/lib: loading it first makes it resolvable by soname."""
+    if sys.platform != "linux":
+        return
+    for prefix in dict.fromkeys((sys.prefix, sys.base_prefix)):
+        path = os.path.join(prefix, "lib", "libtbb.so.12")
+        if os.path.exists(path):
+            with contextlib.suppress(OSError):  # numba then falls back to OpenMP
+                ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+            return
+
+
+_preload_tbb()
+
+from llvmlite import ir  # noqa: E402  (after the TBB preload, before numba starts its threads)
+from numba import njit, prange, types  # noqa: E402
+from numba.core import cgutils  # noqa: E402
+from numba.extending import intrinsic  # noqa: E402
+
+# GGML type ids (loaders/quant.py) that have kernels here, and their (block elements, bytes).
+F32, F16, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K, BF16 = 0, 1, 2, 3, 8, 12, 13, 14, 30
+BLOCKS = {
+    F32: (16, 64),
+    F16: (16, 32),
+    BF16: (16, 32),
+    Q4_0: (32, 18),
+    Q4_1: (32, 20),
+    Q8_0: (32, 34),
+    Q4_K: (256, 144),
+    Q5_K: (256, 176),
+    Q6_K: (256, 210),
+}
+GROUP = 32  # the "x sums" every kernel receives are sums over consecutive 32-element groups
+
+# ---------------------------------------------------------------------------------------------
+# LLVM IR building blocks
+
+_F32 = ir.FloatType()
+_I8, _I16, _I32, _I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
+_HALF = ir.HalfType()
+_VF = ir.VectorType(_F32, 16)
+_VI32 = ir.VectorType(_I32, 16)
+_FAST = ("fast",)  # reassociation and contraction: only in the dot products, never in dequant
+
+
+def _i64(n: int) -> ir.Constant:
+    return ir.Constant(_I64, n)
+
+
+def _vi(n: int) -> ir.Constant:
+    return ir.Constant(_VI32, [n] * 16)
+
+
+def _at(b: ir.IRBuilder, ptr, offset: int):
+    return b.gep(ptr, [_i64(offset)]) if offset else ptr
+
+
+def _splat(b: ir.IRBuilder, value) -> ir.Value:
+    vec = b.insert_element(ir.Constant(_VF, ir.Undefined), value, ir.Constant(_I32, 0))
+    return b.shuffle_vector(vec, ir.Constant(_VF, ir.Undefined), ir.Constant(_VI32, [0] * 16))
+
+
+def _half(b: ir.IRBuilder, p, offset: int) -> ir.Value:
+    """The float16 at byte `offset` of block `p`, as float32 (exact)."""
+    return b.fpext(b.load(b.bitcast(_at(b, p, offset), _HALF.as_pointer()), align=1), _F32)
+
+
+def _byte(b: ir.IRBuilder, p, offset: int) -> ir.Value:
+    return b.zext(b.load(_at(b, p, offset)), _I32)
+
+
+def _bytes16(b: ir.IRBuilder, p, offset: int, signed: bool = False) -> ir.Value:
+    """16 bytes from byte `offset` of `p`, widened to <16 x i32>."""
+    v = b.load(b.bitcast(_at(b, p, offset), ir.VectorType(_I8, 16).as_pointer()), align=1)
+    return b.sext(v, _VI32) if signed else b.zext(v, _VI32)
+
+
+def _floats16(b: ir.IRBuilder, p_f32, offset: int) -> ir.Value:
+    return b.load(b.bitcast(_at(b, p_f32, offset), _VF.as_pointer()), align=4)
+
+
+class _Group:
+    """Values `scale * q (+|-) offset` for some 16-element pieces of a block. `q` vectors are
+    float32; `scale` None means 1; `xs_index` is the 32-group whose x-sum multiplies `offset`."""
+
+    def __init__(self, scale, pieces, offset=None, sign=1, xs_index=0):
+        self.scale, self.pieces, self.offset, self.sign, self.xs_index = (
+            scale,
+            pieces,
+            offset,
+            sign,
+            xs_index,
+        )
+
+
+# Per-type block decoders: (builder, i8* block) -> [_Group]. Element order and the order of the
+# float operations follow loaders/quant.py (and ggml's dequantize_row_*), so dequantization here
+# is bit-exact with the reference.
+
+
+def _emit_f32(b, p):
+    q = b.load(b.bitcast(p, _VF.as_pointer()), align=1)
+    return [_Group(None, [(q, 0)])]
+
+
+def _emit_f16(b, p):
+    vh = ir.VectorType(_HALF, 16)
+    q = b.fpext(b.load(b.bitcast(p, vh.as_pointer()), align=1), _VF)
+    return [_Group(None, [(q, 0)])]
+
+
+def _emit_bf16(b, p):
+    v16 = ir.VectorType(_I16, 16)
+    bits = b.zext(b.load(b.bitcast(p, v16.as_pointer()), align=1), _VI32)
+    return [_Group(None, [(b.bitcast(b.shl(bits, _vi(16)), _VF), 0)])]
+
+
+def _emit_q4_0(b, p):
+    d = _half(b, p, 0)
+    q = _bytes16(b, p, 2)
+    lo = b.sitofp(b.sub(b.and_(q, _vi(15)), _vi(8)), _VF)
+    hi = b.sitofp(b.sub(b.lshr(q, _vi(4)), _vi(8)), _VF)
+    return [_Group(d, [(lo, 0), (hi, 16)])]
+
+
+def _emit_q4_1(b, p):
+    d, m = _half(b, p, 0), _half(b, p, 2)
+    q = _bytes16(b, p, 4)
+    lo = b.uitofp(b.and_(q, _vi(15)), _VF)
+    hi = b.uitofp(b.lshr(q, _vi(4)), _VF)
+    return [_Group(d, [(lo, 0), (hi, 16)], offset=m, sign=1)]
+
+
+def _emit_q8_0(b, p):
+    d = _half(b, p, 0)
+    q0 = b.sitofp(_bytes16(b, p, 2, signed=True), _VF)
+    q1 = b.sitofp(_bytes16(b, p, 18, signed=True), _VF)
+    return [_Group(d, [(q0, 0), (q1, 16)])]
+
+
+def _k_scales(b, p):
+    """(d * sc, dmin * m) as float32 for the 8 sub-blocks of a Q4_K/Q5_K block (ggml's
+    get_scale_min_k4 on the 12 packed bytes at offset 4)."""
+    d, dmin = _half(b, p, 0), _half(b, p, 2)
+    s = [_byte(b, p, 4 + i) for i in range(12)]
+    c63, c15, c6, c4 = (ir.Constant(_I32, n) for n in (63, 15, 6, 4))
+    out = []
+    for j in range(8):
+        if j < 4:
+            sc, mn = b.and_(s[j], c63), b.and_(s[j + 4], c63)
+        else:
+            sc = b.or_(b.and_(s[j + 4], c15), b.shl(b.lshr(s[j - 4], c6), c4))
+            mn = b.or_(b.lshr(s[j + 4], c4), b.shl(b.lshr(s[j], c6), c4))
+        out.append((b.fmul(d, b.uitofp(sc, _F32)), b.fmul(dmin, b.uitofp(mn, _F32))))
+    return out
+
+
+def _emit_q4_k(b, p):
+    scales = _k_scales(b, p)
+    groups = []
+    for c in range(4):  # qs[32c + l]: sub-block 2c in the low nibble, 2c+1 in the high one
+        qa, qb = _bytes16(b, p, 16 + 32 * c), _bytes16(b, p, 32 + 32 * c)
+        for nib in range(2):
+            j = 2 * c + nib
+
+            def part(q, nib=nib):
+                return b.uitofp(b.and_(q, _vi(15)) if nib == 0 else b.lshr(q, _vi(4)), _VF)
+
+            base = 64 * c + 32 * nib
+            pieces = [(part(qa), base), (part(qb), base + 16)]
+            groups.append(_Group(scales[j][0], pieces, scales[j][1], sign=-1, xs_index=j))
+    return groups
+
+
+def _emit_q5_k(b, p):
+    scales = _k_scales(b, p)
+    qh = (_bytes16(b, p, 16), _bytes16(b, p, 32))
+    groups = []
+    for c in range(4):
+        qs = (_bytes16(b, p, 48 + 32 * c), _bytes16(b, p, 64 + 32 * c))
+        for nib in range(2):
+            j = 2 * c + nib
+            pieces = []
+            for half in range(2):
+                low = b.and_(qs[half], _vi(15)) if nib == 0 else b.lshr(qs[half], _vi(4))
+                high = b.shl(b.and_(b.lshr(qh[half], _vi(j)), _vi(1)), _vi(4))  # bit j of qh[l]
+                pieces.append((b.uitofp(b.or_(low, high), _VF), 64 * c + 32 * nib + 16 * half))
+            groups.append(_Group(scales[j][0], pieces, scales[j][1], sign=-1, xs_index=j))
+    return groups
+
+
+def _emit_q6_k(b, p):
+    d = _half(b, p, 208)
+    groups = []
+    for h in range(2):  # two 128-element halves
+        for k in range(4):  # element 32k + l: nibble of ql[l + 32 (k % 2)], bits 2k.. of qh[l]
+            for lh in range(2):
+                ql = _bytes16(b, p, 64 * h + 32 * (k % 2) + 16 * lh)
+                qh = _bytes16(b, p, 128 + 32 * h + 16 * lh)
+                low = b.and_(ql, _vi(15)) if k < 2 else b.lshr(ql, _vi(4))
+                high = b.shl(b.and_(b.lshr(qh, _vi(2 * k)), _vi(3)), _vi(4))
+                q = b.sitofp(b.sub(b.or_(low, high), _vi(32)), _VF)
+                s = 8 * h + 2 * k + lh  # the int8 scale of these 16 elements
+                sc = b.sitofp(b.sext(b.load(_at(b, p, 192 + s)), _I32), _F32)
+                groups.append(_Group(b.fmul(d, sc), [(q, 128 * h + 32 * k + 16 * lh)]))
+    return groups
+
+
+_EMITTERS = {
+    F32: _emit_f32,
+    F16: _emit_f16,
+    BF16: _emit_bf16,
+    Q4_0: _emit_q4_0,
+    Q4_1: _emit_q4_1,
+    Q8_0: _emit_q8_0,
+    Q4_K: _emit_q4_k,
+    Q5_K: _emit_q5_k,
+    Q6_K: _emit_q6_k,
+}
+
+
+def _ptr(context, builder, aryty, value):
+    return context.make_array(aryty)(context, builder, value).data
+
+
+def _make_row_dot(type_id: int):
+    emit = _EMITTERS[type_id]
+    elems, nbytes = BLOCKS[type_id]
+
+    @intrinsic
+    def row_dot(typingctx, w, woff, x, xoff, xs, xsoff, nblocks):
+        """sum(row * x) for the `nblocks` blocks at byte `woff` of uint8 `w` and the float32
+        `x[xoff:]`; `xs[xsoff:]` holds the 32-element sums of that x (for min/offset terms)."""
+        sig = types.float32(w, woff, x, xoff, xs, xsoff, nblocks)
+
+        def codegen(context, b, signature, args):
+            wv, woffv, xv, xoffv, xsv, xsoffv, nbv = args
+            ats = signature.args
+            row = b.gep(_ptr(context, b, ats[0], wv), [woffv])
+            xrow = b.gep(_ptr(context, b, ats[2], xv), [xoffv])
+            xsrow = b.gep(_ptr(context, b, ats[4], xsv), [xsoffv])
+            accs = [cgutils.alloca_once_value(b, ir.Constant(_VF, [0.0] * 16)) for _ in range(2)]
+            accm = cgutils.alloca_once_value(b, ir.Constant(_F32, 0.0))
+            with cgutils.for_range(b, nbv) as loop:
+                blk = b.gep(row, [b.mul(loop.index, _i64(nbytes))])
+                xb = b.gep(xrow, [b.mul(loop.index, _i64(elems))])
+                for gi, g in enumerate(emit(b, blk)):
+                    t = None
+                    for q, off in g.pieces:
+                        prod = b.fmul(q, _floats16(b, xb, off), flags=_FAST)
+                        t = prod if t is None else b.fadd(t, prod, flags=_FAST)
+                    if g.scale is not None:
+                        t = b.fmul(_splat(b, g.scale), t, flags=_FAST)
+                    acc = accs[gi % 2]  # two chains: K-quant blocks have 8-16 groups
+                    b.store(b.fadd(b.load(acc), t, flags=_FAST), acc)
+                    if g.offset is not None:
+                        gidx = b.add(b.mul(loop.index, _i64(elems // GROUP)), _i64(g.xs_index))
+                        term = b.fmul(g.offset, b.load(b.gep(xsrow, [gidx])), flags=_FAST)
+                        op = b.fadd if g.sign > 0 else b.fsub
+                        b.store(op(b.load(accm), term, flags=_FAST), accm)
+            total = b.fadd(b.load(accs[0]), b.load(accs[1]), flags=_FAST)
+            fnty = ir.FunctionType(_F32, [_F32, _VF])
+            name = "llvm.vector.reduce.fadd.v16f32"
+            reduce = cgutils.get_or_insert_function(b.module, fnty, name)
+            hsum = b.call(reduce, [ir.Constant(_F32, -0.0), total], fastmath=_FAST)
+            return b.fadd(hsum, b.load(accm), flags=_FAST)
+
+        return sig, codegen
+
+    return row_dot
+
+
+def _make_row_dequant(type_id: int):
+    emit = _EMITTERS[type_id]
+    elems, nbytes = BLOCKS[type_id]
+
+    @intrinsic
+    def row_dequant(typingctx, w, woff, out, ooff, nblocks):
+        """out[ooff : ooff + nblocks * block_elems] = the float32 values of the blocks at byte
+        `woff` of `w`. No fast-math: bit-exact with loaders/quant.py."""
+        sig = types.none(w, woff, out, ooff, nblocks)
+
+        def codegen(context, b, signature, args):
+            wv, woffv, ov, ooffv, nbv = args
+            ats = signature.args
+            row = b.gep(_ptr(context, b, ats[0], wv), [woffv])
+            orow = b.gep(_ptr(context, b, ats[2], ov), [ooffv])
+            with cgutils.for_range(b, nbv) as loop:
+                blk = b.gep(row, [b.mul(loop.index, _i64(nbytes))])
+                ob = b.gep(orow, [b.mul(loop.index, _i64(elems))])
+                for g in emit(b, blk):
+                    for q, off in g.pieces:
+                        v = q if g.scale is None else b.fmul(_splat(b, g.scale), q)
+                        if g.offset is not None:
+                            op = b.fadd if g.sign > 0 else b.fsub
+                            v = op(v, _splat(b, g.offset))
+                        b.store(v, b.bitcast(_at(b, ob, off), _VF.as_pointer()), align=4)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return row_dequant
+
+
+_dot_f32, _deq_f32 = _make_row_dot(F32), _make_row_dequant(F32)
+_dot_f16, _deq_f16 = _make_row_dot(F16), _make_row_dequant(F16)
+_dot_bf16, _deq_bf16 = _make_row_dot(BF16), _make_row_dequant(BF16)
+_dot_q4_0, _deq_q4_0 = _make_row_dot(Q4_0), _make_row_dequant(Q4_0)
+_dot_q4_1, _deq_q4_1 = _make_row_dot(Q4_1), _make_row_dequant(Q4_1)
+_dot_q8_0, _deq_q8_0 = _make_row_dot(Q8_0), _make_row_dequant(Q8_0)
+_dot_q4_k, _deq_q4_k = _make_row_dot(Q4_K), _make_row_dequant(Q4_K)
+_dot_q5_k, _deq_q5_k = _make_row_dot(Q5_K), _make_row_dequant(Q5_K)
+_dot_q6_k, _deq_q6_k = _make_row_dot(Q6_K), _make_row_dequant(Q6_K)
+
+
+# ---------------------------------------------------------------------------------------------
+# Type dispatch (a branch per row is noise next to a row's hundreds of elements)
+
+
+@njit(cache=True)
+def row_dot(t, w, woff, x, xoff, xs, xsoff, nb):
+    """Dot product of one stored row (type `t`, `nb` blocks at byte `woff` of `w`) with x."""
+    if t == Q4_1:
+        return _dot_q4_1(w, woff, x, xoff, xs, xsoff, nb)
+    if t == Q8_0:
+        return _dot_q8_0(w, woff, x, xoff, xs, xsoff, nb)
+    if t == Q4_0:
+        return _dot_q4_0(w, woff, x, xoff, xs, xsoff, nb)
+    if t == Q4_K:
+        return _dot_q4_k(w, woff, x, xoff, xs, xsoff, nb)
+    if t == Q6_K:
+        return _dot_q6_k(w, woff, x, xoff, xs, xsoff, nb)
+    if t == Q5_K:
+        return _dot_q5_k(w, woff, x, xoff, xs, xsoff, nb)
+    if t == F16:
+        return _dot_f16(w, woff, x, xoff, xs, xsoff, nb)
+    if t == BF16:
+        return _dot_bf16(w, woff, x, xoff, xs, xsoff, nb)
+    return _dot_f32(w, woff, x, xoff, xs, xsoff, nb)
+
+
+@njit(cache=True)
+def row_dequant(t, w, woff, out, ooff, nb):
+    """Write the float32 values of one stored row into out[ooff:]."""
+    if t == Q4_1:
+        _deq_q4_1(w, woff, out, ooff, nb)
+    elif t == Q8_0:
+        _deq_q8_0(w, woff, out, ooff, nb)
+    elif t == Q4_0:
+        _deq_q4_0(w, woff, out, ooff, nb)
+    elif t == Q4_K:
+        _deq_q4_k(w, woff, out, ooff, nb)
+    elif t == Q6_K:
+        _deq_q6_k(w, woff, out, ooff, nb)
+    elif t == Q5_K:
+        _deq_q5_k(w, woff, out, ooff, nb)
+    elif t == F16:
+        _deq_f16(w, woff, out, ooff, nb)
+    elif t == BF16:
+        _deq_bf16(w, woff, out, ooff, nb)
+    else:
+        _deq_f32(w, woff, out, ooff, nb)
+
+
+@njit(cache=True, fastmath=True)
+def group_sums(x, xs):
+    """xs[g] = sum(x[32g : 32g + 32]) for each whole 32-group of the 1-D x."""
+    for g in range(xs.shape[0]):
+        s = np.float32(0.0)
+        for i in range(GROUP * g, GROUP * g + GROUP):
+            s += x[i]
+        xs[g] = s
+
+
+# ---------------------------------------------------------------------------------------------
+# Matrix products on a stored matrix: w is the flat uint8 buffer, the matrix starts at byte
+# `off`, stored row `perm[r]` is logical row r (llama.cpp's Q/K row order, undone for free).
+
+
+@njit(parallel=True, cache=True, fastmath=True)
+def gemv_batch(t, w, off, rowbytes, nb, perm, x, out):
+    """out (T, rows) = x (T, cols) @ W^T for a few tokens: each row is read once for all T."""
+    n_tok, cols = x.shape
+    rows = perm.shape[0]
+    xf = x.reshape(-1)  # (T * cols,)
+    xs = np.empty(n_tok * (cols // GROUP), np.float32)
+    ng = cols // GROUP
+    for i in range(n_tok):
+        group_sums(x[i], xs[i * ng : (i + 1) * ng])
+    for r in prange(rows):
+        woff = off + perm[r] * rowbytes
+        for i in range(n_tok):
+            out[i, r] = row_dot(t, w, woff, xf, i * cols, xs, i * ng, nb)
+
+
+@njit(parallel=True, cache=True)
+def dequant_rows(t, w, off, rowbytes, nb, perm, r0, out):
+    """out (R, cols) = float32 values of logical rows r0 .. r0 + R - 1."""
+    rows, cols = out.shape
+    of = out.reshape(-1)
+    for i in prange(rows):
+        row_dequant(t, w, off + perm[r0 + i] * rowbytes, of, i * cols, nb)
+
+
+@njit(parallel=True, cache=True)
+def gather_rows(t, w, off, rowbytes, nb, ids, out):
+    """Embedding lookup: out (T, cols) = float32 values of rows `ids` (stored order)."""
+    cols = out.shape[1]
+    of = out.reshape(-1)
+    for i in prange(ids.shape[0]):
+        row_dequant(t, w, off + ids[i] * rowbytes, of, i * cols, nb)
+
+
+@njit(cache=True, fastmath=True)
+def tile_dots(x, b, nrows, out, r0):
+    """out[t, r0 + j] = x[t] . b[j] for every token t and j < nrows: x (T, K), b (>= nrows, K).
+    Two tokens times four rows per inner loop: each loaded x and b value feeds several
+    multiply-adds, which is what lets this reach most of BLAS's single-core speed."""
+    n_tok, k_len = x.shape
+    t = 0
+    while t + 1 < n_tok:
+        j = 0
+        while j + 3 < nrows:
+            a0 = a1 = a2 = a3 = c0 = c1 = c2 = c3 = np.float32(0.0)
+            for k in range(k_len):
+                x0, x1 = x[t, k], x[t + 1, k]
+                b0, b1, b2, b3 = b[j, k], b[j + 1, k], b[j + 2, k], b[j + 3, k]
+                a0 += x0 * b0
+                a1 += x0 * b1
+                a2 += x0 * b2
+                a3 += x0 * b3
+                c0 += x1 * b0
+                c1 += x1 * b1
+                c2 += x1 * b2
+                c3 += x1 * b3
+            out[t, r0 + j], out[t, r0 + j + 1] = a0, a1
+            out[t, r0 + j + 2], out[t, r0 + j + 3] = a2, a3
+            out[t + 1, r0 + j], out[t + 1, r0 + j + 1] = c0, c1
+            out[t + 1, r0 + j + 2], out[t + 1, r0 + j + 3] = c2, c3
+            j += 4
+        while j < nrows:
+            a0 = c0 = np.float32(0.0)
+            for k in range(k_len):
+                a0 += x[t, k] * b[j, k]
+                c0 += x[t + 1, k] * b[j, k]
+            out[t, r0 + j], out[t + 1, r0 + j] = a0, c0
+            j += 1
+        t += 2
+    if t < n_tok:
+        for j in range(nrows):
+            a0 = np.float32(0.0)
+            for k in range(k_len):
+                a0 += x[t, k] * b[j, k]
+            out[t, r0 + j] = a0
+
+
+TILE_ROWS = 16  # rows dequantized per task: small tasks keep both cores busy to the end
+
+
+@njit(parallel=True, cache=True, fastmath=True)
+def gemm(t, w, off, rowbytes, nb, perm, x, out):
+    """out (T, rows) = x (T, cols) @ W^T for many tokens: each task dequantizes TILE_ROWS rows
+    once (bit-exact) and multiplies them with every token."""
+    cols = x.shape[1]
+    rows = perm.shape[0]
+    n_tiles = (rows + TILE_ROWS - 1) // TILE_ROWS
+    for ti in prange(n_tiles):
+        r0 = ti * TILE_ROWS
+        n = min(TILE_ROWS, rows - r0)
+        tile = np.empty((TILE_ROWS, cols), np.float32)
+        flat = tile.reshape(-1)
+        for j in range(n):
+            row_dequant(t, w, off + perm[r0 + j] * rowbytes, flat, j * cols, nb)
+        tile_dots(x, tile, n, out, r0)
+
+
+QUERY_BLOCK = 16
+
+
+@njit(parallel=True, cache=True, fastmath=True)
+def attention(q, k, v, start, out):
+    """Causal GQA attention (as numpy_ref.attention): q (T, nh, hd) at positions start..,
+    k, v (nkv, S, hd) with S = start + T; out (T, nh, hd). One task per head and block of
+    queries; scores come from tile_dots, so each key feeds a block of queries."""
+    n_tok, n_heads, hd = q.shape
+    n_kv = k.shape[0]
+    group = n_heads // n_kv
+    n_blocks = (n_tok + QUERY_BLOCK - 1) // QUERY_BLOCK
+    scale = np.float32(1.0 / math.sqrt(hd))
+    for job in prange(n_heads * n_blocks):
+        h = job // n_blocks
+        i0 = (job % n_blocks) * QUERY_BLOCK
+        nq = min(QUERY_BLOCK, n_tok - i0)
+        n_keys = start + i0 + nq  # the last query of the block sees this many keys
+        qb = np.empty((nq, hd), np.float32)
+        for i in range(nq):
+            for d in range(hd):
+                qb[i, d] = q[i0 + i, h, d] * scale
+        scores = np.empty((nq, n_keys), np.float32)
+        keys = k[h // group]
+        vals = v[h // group]
+        tile_dots(qb, keys, n_keys, scores, 0)
+        for i in range(nq):
+            seen = start + i0 + i + 1  # causal: keys 0 .. start + i0 + i
+            best = np.float32(-np.inf)
+            for s in range(seen):
+                best = max(best, scores[i, s])
+            total = np.float32(0.0)
+            for s in range(seen):
+                e = np.exp(scores[i, s] - best)
+                scores[i, s] = e
+                total += e
+            acc = np.zeros(hd, np.float32)
+            for s in range(seen):
+                p = scores[i, s]
+                for d in range(hd):
+                    acc[d] += p * vals[s, d]
+            inv = np.float32(1.0) / total
+            for d in range(hd):
+                out[i0 + i, h, d] = acc[d] * inv
+
+
+# ---------------------------------------------------------------------------------------------
+# The fused decode step: every layer of a Llama-family decoder for one token in one call.
+#
+# mats (L, 7, 4) int64: for q, k, v, o, gate, up, down: [type, byte offset, row bytes, blocks].
+# norms (L, 2, H): input and post-attention RMSNorm weights. bias (L, nq*hd + 2*nkv*hd): q/k/v
+# biases (zeros when the model has none). qk_norm (L, 2, hd): per-head q/k norms (used when
+# `use_qk_norm`). kc, vc (L, nkv, capacity, hd): the KV cache.
+
+Q, K, V, O, GATE, UP, DOWN = range(7)
+
+
+@njit(cache=True, fastmath=True)
+def _rms_norm_into(x, w, eps, out):
+    n = x.shape[0]
+    ss = np.float32(0.0)
+    for i in range(n):
+        ss += x[i] * x[i]
+    scale = np.float32(1.0) / np.sqrt(ss / np.float32(n) + np.float32(eps))
+    for i in range(n):
+        out[i] = x[i] * scale * w[i]
+
+
+@njit(cache=True, fastmath=True)
+def _rope_neox(v, n_heads, hd, cos, sin):
+    """In place on v (n_heads * hd,): rotate_half RoPE on the first 2 * len(cos) dims of each
+    head (as numpy_ref.rope)."""
+    half = cos.shape[0]
+    for h in range(n_heads):
+        base = h * hd
+        for i in range(half):
+            a = v[base + i]
+            b = v[base + half + i]
+            v[base + i] = a * cos[i] - b * sin[i]
+            v[base + half + i] = b * cos[i] + a * sin[i]
+
+
+@njit(parallel=True, cache=True, fastmath=True)
+def decode_step(
+    w,  # uint8 (file bytes)
+    mats,  # int64 (L, 7, 4)
+    perm_q,  # int64 (nq * hd,)
+    perm_k,  # int64 (nkv * hd,)
+    embed,  # int64 (4,): [type, offset, row bytes, blocks] of the embedding table
+    token,
+    pos,
+    norms,  # float32 (L, 2, H)
+    final_norm,  # float32 (H,)
+    bias,  # float32 (L, nq*hd + 2*nkv*hd)
+    qk_norm,  # float32 (L, 2, hd)
+    use_qk_norm,
+    inv_freq,  # float32 (rot/2,)
+    eps,
+    kc,  # float32 (L, nkv, cap, hd)
+    vc,
+    qkv,  # float32 scratch (nq*hd + 2*nkv*hd,)
+    act,  # float32 scratch (I,)
+    scores,  # float32 scratch (nq, cap)
+    x,  # float32 scratch (H,): the residual stream
+    out,  # float32 (H,): the final normed hidden state
+):
+    n_layers = mats.shape[0]
+    n_kv, hd = kc.shape[1], kc.shape[3]
+    n_heads = scores.shape[0]
+    hidden, inter = x.shape[0], act.shape[0]
+    nq, nk = n_heads * hd, n_kv * hd
+    n_qkv = nq + 2 * nk
+    xn = np.empty(hidden, np.float32)
+    att = np.empty(nq, np.float32)
+    xs = np.empty(max(hidden, inter, nq) // GROUP, np.float32)  # 32-group sums of the input
+
+    half = inv_freq.shape[0]
+    cos = np.empty(half, np.float32)
+    sin = np.empty(half, np.float32)
+    for i in range(half):
+        angle = np.float32(pos) * inv_freq[i]  # float32, as numpy_ref.rope
+        cos[i] = np.cos(angle)
+        sin[i] = np.sin(angle)
+    row_dequant(embed[0], w, embed[1] + token * embed[2], x, 0, embed[3])
+
+    group = n_heads // n_kv
+    n_pos = pos + 1
+    inv_sqrt = np.float32(1.0 / math.sqrt(hd))
+    for layer in range(n_layers):
+        m = mats[layer]
+        # --- attention block
+        _rms_norm_into(x, norms[layer, 0], eps, xn)
+        group_sums(xn, xs[: hidden // GROUP])
+        for r in prange(n_qkv):
+            if r < nq:
+                t, off, rb, nb, src = m[Q, 0], m[Q, 1], m[Q, 2], m[Q, 3], perm_q[r]
+            elif r < nq + nk:
+                t, off, rb, nb, src = m[K, 0], m[K, 1], m[K, 2], m[K, 3], perm_k[r - nq]
+            else:
+                t, off, rb, nb, src = m[V, 0], m[V, 1], m[V, 2], m[V, 3], r - nq - nk
+            qkv[r] = row_dot(t, w, off + src * rb, xn, 0, xs, 0, nb) + bias[layer, r]
+        q = qkv[:nq]
+        k = qkv[nq : nq + nk]
+        v = qkv[nq + nk :]
+        if use_qk_norm:
+            for h in range(n_heads):
+                seg = q[h * hd : (h + 1) * hd]
+                _rms_norm_into(seg, qk_norm[layer, 0], eps, seg)
+            for h in range(n_kv):
+                seg = k[h * hd : (h + 1) * hd]
+                _rms_norm_into(seg, qk_norm[layer, 1], eps, seg)
+        _rope_neox(q, n_heads, hd, cos, sin)
+        _rope_neox(k, n_kv, hd, cos, sin)
+        for h in range(n_kv):
+            kc[layer, h, pos, :] = k[h * hd : (h + 1) * hd]
+            vc[layer, h, pos, :] = v[h * hd : (h + 1) * hd]
+        for h in prange(n_heads):
+            keys = kc[layer, h // group]  # (cap, hd)
+            vals = vc[layer, h // group]
+            qh = q[h * hd : (h + 1) * hd]
+            sc = scores[h]
+            best = np.float32(-np.inf)
+            for s in range(n_pos):
+                dot = np.float32(0.0)
+                for i in range(hd):
+                    dot += qh[i] * keys[s, i]
+                dot *= inv_sqrt
+                sc[s] = dot
+                best = max(best, dot)
+            total = np.float32(0.0)
+            for s in range(n_pos):
+                e = np.exp(sc[s] - best)
+                sc[s] = e
+                total += e
+            o = att[h * hd : (h + 1) * hd]
+            o[:] = 0.0
+            for s in range(n_pos):
+                p = sc[s] / total
+                for i in range(hd):
+                    o[i] += p * vals[s, i]
+        group_sums(att, xs[: nq // GROUP])
+        for r in prange(hidden):
+            x[r] += row_dot(m[O, 0], w, m[O, 1] + r * m[O, 2], att, 0, xs, 0, m[O, 3])
+        # --- MLP block
+        _rms_norm_into(x, norms[layer, 1], eps, xn)
+        group_sums(xn, xs[: hidden // GROUP])
+        for r in prange(inter):
+            g = row_dot(m[GATE, 0], w, m[GATE, 1] + r * m[GATE, 2], xn, 0, xs, 0, m[GATE, 3])
+            u = row_dot(m[UP, 0], w, m[UP, 1] + r * m[UP, 2], xn, 0, xs, 0, m[UP, 3])
+            act[r] = g / (np.float32(1.0) + np.exp(-g)) * u
+        group_sums(act, xs[: inter // GROUP])
+        for r in prange(hidden):
+            x[r] += row_dot(m[DOWN, 0], w, m[DOWN, 1] + r * m[DOWN, 2], act, 0, xs, 0, m[DOWN, 3])
+    _rms_norm_into(x, final_norm, eps, out)
