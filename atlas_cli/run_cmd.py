@@ -5,7 +5,6 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from atlas_cli.backend.engine import GenerationStats
@@ -24,7 +23,7 @@ def split_model_and_prompt(
 
 
 def looks_like_model(text: str, store) -> bool:
-    if text.lower() in store.EMBEDDED or Path(text).expanduser().exists():
+    if text.lower() in store.EMBEDDED or store.existing_path(text):
         return True
     return " " not in text and text.endswith((".gguf", "/")) or text.startswith("hf.co/")
 

@@ -109,8 +109,8 @@ def cache_dir() -> Path:
 
 def resolve(name_or_path: str, progress=None) -> Path:
     """A local file or directory for `name_or_path`, downloading the default when needed."""
-    candidate = Path(name_or_path).expanduser()
-    if candidate.exists():
+    candidate = existing_path(name_or_path)
+    if candidate is not None:
         return candidate
     key = name_or_path.lower()
     if key in EMBEDDED:
@@ -124,6 +124,15 @@ def resolve(name_or_path: str, progress=None) -> Path:
         f"unknown model {name_or_path!r}{hint} (known: {', '.join(EMBEDDED)}; "
         "or give a path to a .gguf file or a Hugging Face model directory)"
     )
+
+
+def existing_path(text: str) -> Path | None:
+    """`text` as a path when it names an existing file or directory."""
+    try:
+        path = Path(text).expanduser()
+        return path if path.exists() else None
+    except (OSError, ValueError):  # names too long for the filesystem, NUL bytes
+        return None
 
 
 def installed_path(spec: EmbeddedModel) -> Path:

@@ -201,11 +201,11 @@ class Engine:
         decoder = IncrementalDecoder(self.tokenizer)
         stopper = StopMatcher(stop)
         pieces: list[str] = []
+        t_first = None
         try:
             logits, stats.cached_tokens = self.prefill(ids)
             stats.prompt_s = time.perf_counter() - t0
             history = list(ids)
-            t_first = None
             stats.finish_reason = "length"
             while stats.completion_tokens < max_tokens:
                 token = sampler(logits, history)
