@@ -23,6 +23,8 @@ MODEL_CLASSES = {
     "llama": ("atlas_cli.backend.models.llama", "LlamaModel"),
     "mistral": ("atlas_cli.backend.models.llama", "LlamaModel"),
     "qwen3": ("atlas_cli.backend.models.qwen3", "Qwen3Model"),
+    "qwen3_5": ("atlas_cli.backend.models.qwen3_5", "Qwen3_5Model"),
+    "qwen3_5_text": ("atlas_cli.backend.models.qwen3_5", "Qwen3_5Model"),
 }
 
 
@@ -120,10 +122,7 @@ def load_model(
     model_cls = getattr(importlib.import_module(module), cls_name)
     args_cls = importlib.import_module(module).ModelArgs
     args = args_cls.from_config(info.config)
-    prepared = {
-        k: ops.prepare_weight(v) if k.endswith("proj.weight") or k == "lm_head.weight" else v
-        for k, v in weights.items()
-    }
+    prepared = {k: ops.prepare_weight(v) if _is_matrix(k, v) else v for k, v in weights.items()}
     net = model_cls(args, prepared, ops)
     limit = args.max_position_embeddings
     context = min(ctx_size, limit) if ctx_size else limit
@@ -132,6 +131,14 @@ def load_model(
 
     engine = Engine(net, tokenizer, context)
     return Model(info, engine, device, time.perf_counter() - t0)
+
+
+def _is_matrix(name: str, value) -> bool:
+    """Weights that `linear` multiplies by: quantized ones, and float 2-D ones other than the
+    embedding table (which is only indexed)."""
+    if hasattr(value, "dequantize"):
+        return True
+    return name.endswith(".weight") and getattr(value, "ndim", 0) == 2 and "embed" not in name
 
 
 def _open_gguf(path: Path):
