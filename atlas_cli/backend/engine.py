@@ -158,14 +158,20 @@ class Engine:
                 break
             common += 1
         common = min(common, len(ids) - 1)  # recompute at least the last token for its logits
-        self.cache.truncate(common)
+        # a linear-attention state cannot be cut anywhere: the cache may keep less
+        kept = self.cache.truncate(common)
+        common = common if kept is None else kept
         self.cached_ids = self.cached_ids[:common]
         arr = np.asarray(ids, dtype=np.int64)
-        hidden = None
-        for start in range(common, len(ids), PREFILL_CHUNK):
-            hidden = self._forward(arr[start : start + PREFILL_CHUNK], start)
+        for start in range(common, len(ids) - 1, PREFILL_CHUNK):
+            self._forward(arr[start : min(start + PREFILL_CHUNK, len(ids) - 1)], start)
+        # a restart point just before the last prompt token: the same prompt again, or one that
+        # shares it and then differs inside this reply, resumes from here
+        if hasattr(self.cache, "checkpoint"):
+            self.cache.checkpoint()
+        hidden = self._forward(arr[-1:], len(ids) - 1)
         self.cached_ids = list(ids)
-        return self.model.logits(hidden[-1:])[0], common
+        return self.model.logits(hidden)[0], common
 
     def step(self, token: int) -> np.ndarray:
         """Append one token and return the next-token logits (V,)."""
