@@ -98,9 +98,15 @@ class Model:
 
 
 def load_model(
-    name_or_path: str, device: str = "cpu", ctx_size: int | None = None, progress=None
+    name_or_path: str,
+    device: str = "cpu",
+    ctx_size: int | None = None,
+    progress=None,
+    draft: int | None = None,
 ) -> Model:
-    """Resolve `name_or_path` (fetching the embedded default if needed) and load it."""
+    """Resolve `name_or_path` (fetching the embedded default if needed) and load it.
+    `draft`: tokens drafted per step by the model's MTP head (None: the default when it has
+    one; 0: no speculative decoding)."""
     from atlas_cli import store
 
     if device not in DEVICES:
@@ -129,7 +135,7 @@ def load_model(
 
     from atlas_cli.backend.engine import Engine
 
-    engine = Engine(net, tokenizer, context)
+    engine = Engine(net, tokenizer, context, draft=draft)
     return Model(info, engine, device, time.perf_counter() - t0)
 
 

@@ -140,6 +140,10 @@ class HybridCache:
                     np.zeros((n_kv_heads, cap, head_dim), np.float32),
                 )
         self._cap = cap
+        # the linear state after each token of the last recorded forward, by length, so that
+        # rejected draft tokens can be dropped exactly (see `start_trail`)
+        self.recording = False
+        self.trail: dict[int, dict[int, LinearState]] = {}
 
     @property
     def capacity(self) -> int:
@@ -165,6 +169,21 @@ class HybridCache:
         entry.v[:, start:end] = v.transpose(1, 0, 2)
         return entry.k[:, :end], entry.v[:, :end]
 
+    def start_trail(self) -> None:
+        """Record the state after every token of the next forward (a speculative verify):
+        `truncate` can then stop at any of those positions without recomputing."""
+        self.recording = True
+        self.trail = {}
+
+    def stop_trail(self) -> None:
+        self.recording = False
+
+    def record(self, layer: int, start: int, conv: np.ndarray, recurrent: np.ndarray) -> None:
+        """Called by the model while recording: conv (T, K-1, C) and recurrent (T, nv, dk, dv)
+        hold the state of linear layer `layer` after each of the T tokens from `start` on."""
+        for i in range(conv.shape[0]):
+            self.trail.setdefault(start + i + 1, {})[layer] = LinearState(conv[i], recurrent[i])
+
     def snapshot(self) -> CacheSnapshot:
         """A copy of the linear states at the current length (KV needs no copy: positions
         before `length` are never overwritten while they are kept)."""
@@ -176,6 +195,7 @@ class HybridCache:
             self.linear[i] = state.copy()
         self.length = snap.length
         self.checkpoints = [c for c in self.checkpoints if c.length <= snap.length]
+        self.trail = {n: s for n, s in self.trail.items() if n <= snap.length}
 
     def checkpoint(self) -> None:
         """Remember the state at the current length, so that a later prompt sharing this
@@ -187,11 +207,17 @@ class HybridCache:
 
     def truncate(self, length: int) -> int:
         """Keep at most `length` positions; returns how many were kept: `length` itself when
-        nothing past it was added, else the latest checkpoint at or before it (or 0)."""
+        nothing past it was added or it lies in the recorded trail, else the latest checkpoint
+        at or before it (or 0)."""
         if length >= self.length:
             return self.length
+        recorded = [
+            CacheSnapshot(n, states)
+            for n, states in self.trail.items()
+            if len(states) == len(self.linear)
+        ]
         best = max(
-            (c for c in self.checkpoints if c.length <= length),
+            (c for c in [*self.checkpoints, *recorded] if c.length <= length),
             default=None,
             key=lambda c: c.length,
         )
@@ -201,6 +227,7 @@ class HybridCache:
                 state.recurrent[:] = 0
             self.length = 0
             self.checkpoints = []
+            self.trail = {}
         else:
             self.restore(best)
         return self.length

@@ -120,7 +120,7 @@ class Qwen3_5Model:
             p = f"model.layers.{i}."
             h = ops.rms_norm(x, self.w[p + "input_layernorm.weight"], a.rms_norm_eps, True)
             if kind == LINEAR:
-                x = x + self.gated_deltanet(h, p + "linear_attn.", cache.linear[i])
+                x = x + self.gated_deltanet(h, p + "linear_attn.", cache, i, start)
             else:
                 x = x + self.attention(h, p + "self_attn.", i, positions, cache, start)
             h = ops.rms_norm(x, self.w[p + "post_attention_layernorm.weight"], a.rms_norm_eps, True)
@@ -149,9 +149,13 @@ class Qwen3_5Model:
             out = out * ops.sigmoid(gate.reshape(t, nh * hd))
         return ops.linear(out, w[p + "o_proj.weight"])
 
-    def gated_deltanet(self, h, p: str, state) -> np.ndarray:
-        """Gated DeltaNet (transformers' Qwen3_5GatedDeltaNet); updates `state` in place."""
+    def gated_deltanet(self, h, p: str, cache, layer: int, start: int) -> np.ndarray:
+        """Gated DeltaNet (transformers' Qwen3_5GatedDeltaNet); updates the layer's conv and
+        recurrent state in `cache`, and records the state after each token when the cache
+        asks (a speculative verify, so that rejected tokens can be dropped)."""
         ops, a, w = self.ops, self.args, self.w
+        state = cache.linear[layer]
+        record = getattr(cache, "recording", False)
         t = h.shape[0]
         nk, dk = a.linear_num_key_heads, a.linear_key_head_dim
         nv, dv = a.linear_num_value_heads, a.linear_value_head_dim
@@ -159,15 +163,23 @@ class Qwen3_5Model:
         z = ops.linear(h, w[p + "in_proj_z.weight"]).reshape(t, nv, dv)
         b = ops.linear(h, w[p + "in_proj_b.weight"])  # (T, nv)
         alpha = ops.linear(h, w[p + "in_proj_a.weight"])  # (T, nv)
-        conv, state.conv = ops.causal_conv1d(qkv, w[p + "conv1d.weight"], state.conv)
+        conv, conv_states = ops.causal_conv1d(
+            qkv, w[p + "conv1d.weight"], state.conv, all_states=record
+        )
         conv = ops.silu(conv)
         q = ops.l2norm(conv[:, : nk * dk].reshape(t, nk, dk))
         k = ops.l2norm(conv[:, nk * dk : 2 * nk * dk].reshape(t, nk, dk))
         v = conv[:, 2 * nk * dk :].reshape(t, nv, dv)
         beta = ops.sigmoid(b)
         g = w[p + "A"] * ops.softplus(alpha + w[p + "dt_bias"])  # (T, nv) log-decay
-        rule = ops.gated_delta_rule if t == 1 else ops.gated_delta_rule_chunked
-        out, state.recurrent = rule(q, k, v, g, beta, state.recurrent)  # (T, nv, dv)
+        if record:  # token by token, keeping every intermediate state
+            out, states = ops.gated_delta_rule(q, k, v, g, beta, state.recurrent, all_states=True)
+            cache.record(layer, start, conv_states, states)
+            state.conv, state.recurrent = conv_states[-1].copy(), states[-1].copy()
+        else:
+            rule = ops.gated_delta_rule if t == 1 else ops.gated_delta_rule_chunked
+            out, state.recurrent = rule(q, k, v, g, beta, state.recurrent)  # (T, nv, dv)
+            state.conv = conv_states
         out = ops.rms_norm_gated(out, z, w[p + "norm.weight"], a.rms_norm_eps)
         return ops.linear(out.reshape(t, nv * dv), w[p + "out_proj.weight"])
 
@@ -176,6 +188,38 @@ class Qwen3_5Model:
         gate = ops.linear(h, w[p + "gate_proj.weight"])
         up = ops.linear(h, w[p + "up_proj.weight"])
         return ops.linear(ops.silu_mul(gate, up), w[p + "down_proj.weight"])
+
+    # -- multi-token prediction (vLLM qwen3_5_mtp.py / qwen3_next_mtp.py) ----------------------
+
+    @property
+    def has_mtp(self) -> bool:
+        return "mtp.fc.weight" in self.w
+
+    def mtp_forward(self, hidden: np.ndarray, ids: np.ndarray, cache, start: int) -> np.ndarray:
+        """The MTP block on pairs (main-model final hidden state at position p, the token at
+        p + 1), for positions start..start+T-1: hidden (T, H), ids (T,). Returns the MTP's
+        hidden states after `mtp.norm` (T, H): `logits` of row i predicts the token at
+        start + i + 2, and row i is the hidden state the next draft step pairs with its token.
+        Writes the MTP attention layer's K/V at those positions into `cache` (a 1-layer KV)."""
+        ops, a, w = self.ops, self.args, self.w
+        eps = a.rms_norm_eps
+        e = ops.embedding(w.get("mtp.embed_tokens.weight", w["model.embed_tokens.weight"]), ids)
+        e = ops.rms_norm(e, w["mtp.pre_fc_norm_embedding.weight"], eps, unit_offset=True)
+        h = ops.rms_norm(hidden, w["mtp.pre_fc_norm_hidden.weight"], eps, unit_offset=True)
+        x = ops.linear(np.concatenate([e, h], axis=-1), w["mtp.fc.weight"])  # embedding first
+        p = "mtp.layers.0."
+        positions = np.arange(start, start + x.shape[0])
+        h = ops.rms_norm(x, w[p + "input_layernorm.weight"], eps, unit_offset=True)
+        x = x + self.attention(h, p + "self_attn.", 0, positions, cache, start)
+        h = ops.rms_norm(x, w[p + "post_attention_layernorm.weight"], eps, unit_offset=True)
+        x = x + self.mlp(h, p + "mlp.")
+        return ops.rms_norm(x, w["mtp.norm.weight"], eps, unit_offset=True)
+
+    def new_mtp_cache(self, max_len: int):
+        from atlas_cli.backend.cache import KVCache
+
+        a = self.args
+        return KVCache(1, a.num_key_value_heads, a.head_dim, max_len)
 
     def logits(self, hidden: np.ndarray) -> np.ndarray:
         """(T, H) final hidden states -> (T, V) float32 logits."""

@@ -116,12 +116,13 @@ def rms_norm_gated(x: np.ndarray, gate: np.ndarray, weight: np.ndarray, eps: flo
     return rms_norm(x, weight, eps) * silu(gate)
 
 
-def causal_conv1d(x: np.ndarray, weight: np.ndarray, state: np.ndarray):
+def causal_conv1d(x: np.ndarray, weight: np.ndarray, state: np.ndarray, all_states=False):
     """Depthwise causal conv over time, no bias, no activation.
 
     x (T, C) new inputs; weight (C, K) with weight[:, K-1] multiplying the current token;
     state (K-1, C) the inputs before x (zeros at the start of a sequence).
-    Returns (out (T, C) float32, new_state (K-1, C): the last K-1 inputs including x).
+    Returns (out (T, C) float32, new_state (K-1, C): the last K-1 inputs including x), or with
+    `all_states` the state after every token, (T, K-1, C), in place of new_state.
     """
     t = x.shape[0]
     k = weight.shape[1]
@@ -129,6 +130,9 @@ def causal_conv1d(x: np.ndarray, weight: np.ndarray, state: np.ndarray):
     out = np.zeros((t, x.shape[1]), np.float32)
     for j in range(k):  # tap j sees the input j-(K-1) steps back
         out += weight[:, j] * full[j : j + t]
+    if all_states:
+        windows = np.lib.stride_tricks.sliding_window_view(full, k - 1, axis=0)  # (T+1, C, K-1)
+        return out, np.ascontiguousarray(windows[1:].transpose(0, 2, 1))
     return out, np.ascontiguousarray(full[full.shape[0] - (k - 1) :])
 
 
@@ -140,19 +144,21 @@ def _expand_heads(q: np.ndarray, k: np.ndarray, nv: int):
     return q, k
 
 
-def gated_delta_rule(q, k, v, g, beta, state, scale: float | None = None):
+def gated_delta_rule(q, k, v, g, beta, state, scale: float | None = None, all_states=False):
     """The gated delta rule, one token at a time (transformers' `torch_recurrent_gated_delta_rule`).
 
     q, k (T, nk, dk), already L2-normalised; v (T, nv, dv); g (T, nv) log-decay (<= 0);
     beta (T, nv); state (nv, dk, dv). q is scaled by `scale` (default dk^-0.5). Per token:
     S *= exp(g); d = (v - k.S) * beta; S += k (x) d; o = q.S.
-    Returns (out (T, nv, dv) float32, new_state (nv, dk, dv) float32).
+    Returns (out (T, nv, dv) float32, new_state (nv, dk, dv) float32), or with `all_states`
+    the state after every token, (T, nv, dk, dv), in place of new_state (to roll back drafts).
     """
     nv = v.shape[1]
     q, k = _expand_heads(q, k, nv)  # (T, nv, dk)
     q = q * np.float32(scale if scale is not None else q.shape[-1] ** -0.5)
     s = state.astype(np.float32, copy=True)
     out = np.empty(v.shape, np.float32)
+    states = np.empty((v.shape[0], *s.shape), np.float32) if all_states else None
     decay = np.exp(g.astype(np.float32))
     for t in range(v.shape[0]):
         s *= decay[t][:, None, None]
@@ -160,7 +166,9 @@ def gated_delta_rule(q, k, v, g, beta, state, scale: float | None = None):
         delta = (v[t] - kv) * beta[t][:, None]
         s += k[t][:, :, None] * delta[:, None, :]
         out[t] = np.einsum("hk,hkv->hv", q[t], s)
-    return out, s
+        if states is not None:
+            states[t] = s
+    return out, (states if states is not None else s)
 
 
 def gated_delta_rule_chunked(q, k, v, g, beta, state, scale: float | None = None, chunk=64):
