@@ -343,3 +343,49 @@ def test_gguf_keep_quantized_rows():
     for k, v in packed.items():
         w = v.dequantize() if hasattr(v, "dequantize") else v
         assert np.array_equal(w, plain[k]), k
+
+
+def _write_safetensors(path: Path, tensors: dict[str, tuple[str, tuple[int, ...], bytes]]) -> None:
+    """A safetensors file by hand (the numpy API cannot write fp8)."""
+    header, offset, blobs = {}, 0, []
+    for name, (dtype, shape, data) in tensors.items():
+        header[name] = {
+            "dtype": dtype,
+            "shape": list(shape),
+            "data_offsets": [offset, offset + len(data)],
+        }
+        offset += len(data)
+        blobs.append(data)
+    raw = json.dumps(header).encode()
+    path.write_bytes(len(raw).to_bytes(8, "little") + raw + b"".join(blobs))
+
+
+def test_fp8_weights_with_tensor_row_and_block_scales(tmp_path):
+    rng = np.random.default_rng(0)
+    codes = rng.integers(0, 256, (4, 6), dtype=np.uint8)
+    codes[(codes & 0x7F) == 0x7F] = 0x10  # no NaNs
+    values = np.array([[_e4m3(int(b)) for b in row] for row in codes], np.float32)
+    tensor = np.float32(0.5)
+    rows = rng.random((4, 1), dtype=np.float32)
+    blocks = rng.random((2, 2), dtype=np.float32)  # 2x3 tiles (the last may be partial)
+    f32 = lambda a: np.ascontiguousarray(a, np.float32).tobytes()  # noqa: E731
+    _write_safetensors(
+        tmp_path / "model.safetensors",
+        {
+            "a.weight": ("F8_E4M3", (4, 6), codes.tobytes()),
+            "a.weight_scale": ("F32", (), f32(tensor)),
+            "b.weight": ("F8_E4M3", (4, 6), codes.tobytes()),
+            "b.weight_scale": ("F32", (4, 1), f32(rows)),
+            "c.weight": ("F8_E4M3", (4, 6), codes.tobytes()),
+            "c.weight_scale_inv": ("F32", (2, 2), f32(blocks)),
+            "norm.weight": ("BF16", (2,), np.array([0x3F80, 0x4000], np.uint16).tobytes()),
+        },
+    )
+    weights = st.load_weights(tmp_path)
+    assert set(weights) == {"a.weight", "b.weight", "c.weight", "norm.weight"}
+    assert np.array_equal(weights["a.weight"].dequantize(), values * tensor)
+    assert np.array_equal(weights["b.weight"].dequantize(), values * rows)
+    tiles = np.repeat(np.repeat(blocks, 2, axis=0), 3, axis=1)
+    assert np.array_equal(weights["c.weight"].dequantize(), values * tiles)
+    assert weights["norm.weight"].tolist() == [1.0, 2.0]
+    assert st.dominant_dtype(tmp_path) == "fp8"
