@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from atlas_cli.backend.engine import GenerationStats
+from atlas_cli.errors import UsageError
 
 
 def split_model_and_prompt(
@@ -114,6 +115,11 @@ def run(
 
     t0 = time.perf_counter()
     model = load_model(model_name, device=device, ctx_size=ctx_size, draft=draft)
+    if draft and model.engine.speculator is None:
+        raise UsageError(
+            f"--draft: {model.info.name} has no multi-token-prediction head to draft with; "
+            "drop --draft"
+        )
     load_s = time.perf_counter() - t0
     if raw:
         ids = model.tokenizer.encode(prompt, add_special_tokens=True)

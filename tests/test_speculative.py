@@ -146,3 +146,5 @@ def test_cli_draft_flags():
     assert verbose.exit_code == 0 and "mean accepted length" in verbose.output
     bad = runner.invoke(app, [*base, "--draft", "-1"])
     assert bad.exit_code != 0
+    no_mtp = runner.invoke(app, ["run", str(FIXTURES / "qwen3-tied-bf16"), "hi", "--draft", "2"])
+    assert no_mtp.exit_code == 2 and "no multi-token-prediction head" in no_mtp.output
