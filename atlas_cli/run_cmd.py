@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from atlas_cli.backend.engine import GenerationStats
+from atlas_cli.errors import UsageError
 
 
 def split_model_and_prompt(
@@ -52,6 +53,18 @@ class RunResult:
                 "prompt_tokens_per_s": round(s.prompt_rate, 2),
                 "eval_tokens_per_s": round(s.eval_rate, 2),
             },
+            **(
+                {
+                    "speculative": {
+                        "rounds": s.draft_rounds,
+                        "drafted": s.draft_tokens,
+                        "accepted": s.accepted_tokens,
+                        "mean_accepted_length": round(s.mean_accepted_length, 3),
+                    }
+                }
+                if s.draft_rounds
+                else {}
+            ),
         }
 
     def stats_block(self) -> str:
@@ -68,6 +81,14 @@ class RunResult:
             ("eval rate", f"{s.eval_rate:.2f} tokens/s"),
             ("time to first token", _dur(s.ttft_s)),
         ]
+        if s.draft_rounds:
+            rows.append(
+                (
+                    "draft acceptance",
+                    f"{s.mean_accepted_length:.2f} mean accepted length "
+                    f"({s.accepted_tokens}/{s.draft_tokens} drafted tokens)",
+                )
+            )
         return "\n".join(f"{k + ':':22}{v}" for k, v in rows)
 
 
@@ -87,11 +108,17 @@ def run(
     device: str,
     ctx_size: int | None,
     stream: bool,
+    draft: int | None = None,
 ) -> RunResult:
     from atlas_cli.backend import load_model
 
     t0 = time.perf_counter()
-    model = load_model(model_name, device=device, ctx_size=ctx_size)
+    model = load_model(model_name, device=device, ctx_size=ctx_size, draft=draft)
+    if draft and model.engine.speculator is None:
+        raise UsageError(
+            f"--draft: {model.info.name} has no multi-token-prediction head to draft with; "
+            "drop --draft"
+        )
     load_s = time.perf_counter() - t0
     if raw:
         ids = model.tokenizer.encode(prompt, add_special_tokens=True)

@@ -23,6 +23,8 @@ MODEL_CLASSES = {
     "llama": ("atlas_cli.backend.models.llama", "LlamaModel"),
     "mistral": ("atlas_cli.backend.models.llama", "LlamaModel"),
     "qwen3": ("atlas_cli.backend.models.qwen3", "Qwen3Model"),
+    "qwen3_5": ("atlas_cli.backend.models.qwen3_5", "Qwen3_5Model"),
+    "qwen3_5_text": ("atlas_cli.backend.models.qwen3_5", "Qwen3_5Model"),
 }
 
 
@@ -96,9 +98,15 @@ class Model:
 
 
 def load_model(
-    name_or_path: str, device: str = "cpu", ctx_size: int | None = None, progress=None
+    name_or_path: str,
+    device: str = "cpu",
+    ctx_size: int | None = None,
+    progress=None,
+    draft: int | None = None,
 ) -> Model:
-    """Resolve `name_or_path` (fetching the embedded default if needed) and load it."""
+    """Resolve `name_or_path` (fetching the embedded default if needed) and load it.
+    `draft`: tokens drafted per step by the model's MTP head (None: the default when it has
+    one; 0: no speculative decoding)."""
     from atlas_cli import store
 
     if device not in DEVICES:
@@ -120,18 +128,23 @@ def load_model(
     model_cls = getattr(importlib.import_module(module), cls_name)
     args_cls = importlib.import_module(module).ModelArgs
     args = args_cls.from_config(info.config)
-    prepared = {
-        k: ops.prepare_weight(v) if k.endswith("proj.weight") or k == "lm_head.weight" else v
-        for k, v in weights.items()
-    }
+    prepared = {k: ops.prepare_weight(v) if _is_matrix(k, v) else v for k, v in weights.items()}
     net = model_cls(args, prepared, ops)
     limit = args.max_position_embeddings
     context = min(ctx_size, limit) if ctx_size else limit
 
     from atlas_cli.backend.engine import Engine
 
-    engine = Engine(net, tokenizer, context)
+    engine = Engine(net, tokenizer, context, draft=draft)
     return Model(info, engine, device, time.perf_counter() - t0)
+
+
+def _is_matrix(name: str, value) -> bool:
+    """Weights that `linear` multiplies by: quantized ones, and float 2-D ones other than the
+    embedding table (which is only indexed)."""
+    if hasattr(value, "dequantize"):
+        return True
+    return name.endswith(".weight") and getattr(value, "ndim", 0) == 2 and "embed" not in name
 
 
 def _open_gguf(path: Path):
