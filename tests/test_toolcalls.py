@@ -380,6 +380,19 @@ CASES = [
         calls=[("bash", {"command": "ls"})],
     ),
     Case(
+        "hermes-closing-tag-inside-a-string",  # an agent writing a tool-call parser
+        HermesParser,
+        json_call("write_file", {"path": "p.py", "content": TAGGY_CODE}),
+        content="",
+        calls=[("write_file", {"path": "p.py", "content": TAGGY_CODE})],
+    ),
+    Case(
+        "hermes-unbalanced-quote",  # the newline ends the broken string: the block still ends
+        HermesParser,
+        '<tool_call>\n{"name": "bash, "arguments": {}}\n</tool_call>\nok',
+        content='<tool_call>\n{"name": "bash, "arguments": {}}\n</tool_call>\nok',
+    ),
+    Case(
         "hermes-empty-call",
         HermesParser,
         "<tool_call>\n</tool_call>",
@@ -525,9 +538,9 @@ CASES = [
     Case(
         "xml-deeply-nested-array",
         Qwen3CoderParser,
-        xml_call("search", [("tags", "[" * 3000 + "]" * 3000)]),
+        xml_call("search", [("tags", "[" * 1500 + "]" * 1500)]),
         content="",
-        calls=[("search", {"tags": "[" * 3000 + "]" * 3000})],
+        calls=[("search", {"tags": "[" * 1500 + "]" * 1500})],
     ),
     Case(
         "xml-given-json",  # Qwen3.5 answering in Qwen3's JSON format
@@ -655,6 +668,7 @@ SOUP = [
     "limit", "tags", "{", "}", "[", "]", '"name": ', '"arguments": ', '"bash"', ", ", "1", "true",
     "None", "'", '{"name": "bash", "arguments": {"command": "ls"}}', "<tool", "_call>", "</thi",
     "nk>", "<func", "tion=", "</para", "meter>", "<think", "</tool_", "call>", "text", "é🙂",
+    '"', "\\", '\\"', '"x": "</tool_call>"', '"a\\n</tool_call>"',
 ]  # fmt: skip
 
 

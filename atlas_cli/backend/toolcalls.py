@@ -20,7 +20,7 @@ same text give the same message for every split into deltas (tested on random sp
 XML blocks are scanned by their structure, as newer vLLM does: a `</parameter>`,
 `</function>` or `</tool_call>` inside a value (code that contains these tags) counts as a
 closing tag only when what follows it fits the format. JSON blocks end at the first
-`</tool_call>`.
+`</tool_call>` outside a JSON string.
 
 Malformed output never raises: a tool-call block that yields no call (bad JSON, no function
 name, empty) is kept as content text; unterminated blocks, missing `</parameter>`,
@@ -346,6 +346,36 @@ def _json_call(obj: Any) -> _CallScan | None:
     return _CallScan(name.strip(), [text], True)
 
 
+_JSON_OUTSIDE = re.compile('"|' + re.escape(TOOL_CALL_CLOSE))
+_JSON_IN_STRING = re.compile(r'[\\"\n]')
+
+
+def _json_block_close(text: str, start: int, final: bool, memo: dict[str, int]) -> int | None:
+    """Index of the `</tool_call>` that ends a JSON block whose body starts at `start`: the
+    first one outside a JSON string (code in an argument may hold the tag). A raw newline
+    cannot be inside a JSON string, so one ends a broken string and the scan resyncs. None
+    while unknown (or, when `final`, if there is none). `memo` keeps the lexer's place."""
+    pos, in_string = memo.get("pos", start), bool(memo.get("in_string", 0))
+    while True:
+        if not in_string:
+            match = _JSON_OUTSIDE.search(text, pos)
+            if match is None:
+                memo["pos"], memo["in_string"] = max(pos, len(text) - len(TOOL_CALL_CLOSE)), 0
+                return None
+            if match.group() == TOOL_CALL_CLOSE:
+                return match.start()
+            pos, in_string = match.end(), True
+            continue
+        match = _JSON_IN_STRING.search(text, pos)
+        if match is None or (match.group() == "\\" and match.end() == len(text) and not final):
+            memo["pos"], memo["in_string"] = (match.start() if match else len(text)), 1
+            return None
+        if match.group() == "\\":
+            pos = match.end() + 1  # an escaped character
+        else:  # `"` closes the string; a newline means it was broken
+            pos, in_string = match.end(), False
+
+
 class _Wait(Exception):
     """The text so far cannot settle this yet: wait for the next delta."""
 
@@ -382,7 +412,7 @@ class _XmlBlock:
         final: bool,
         schemas: Mapping[str, dict],
         bare: bool,
-        memo: dict[int, int],
+        memo: dict[Any, int],
     ):
         self.text, self.final, self.schemas, self.bare = text, final, schemas, bare
         # value start -> where its end search may resume: every tag before it was already
@@ -558,7 +588,7 @@ class ToolParser:
         cls.tags = (*cls.blocks, *closers)
 
     def scan_block(
-        self, text: str, start: int, opener: str, final: bool, memo: dict[int, int]
+        self, text: str, start: int, opener: str, final: bool, memo: dict[Any, int]
     ) -> tuple[list[_CallScan], int | None]:
         """The calls in a block whose body starts at `text[start]` (after `opener`), as far
         as `text` settles them, and the index just after the block (None while unknown;
@@ -589,16 +619,13 @@ class HermesParser(ToolParser):
     blocks = {TOOL_CALL_OPEN: TOOL_CALL_CLOSE}
 
     def scan_block(
-        self, text: str, start: int, opener: str, final: bool, memo: dict[int, int]
+        self, text: str, start: int, opener: str, final: bool, memo: dict[Any, int]
     ) -> tuple[list[_CallScan], int | None]:
         # A JSON call is known only once whole, so it comes out when its block closes.
-        close = text.find(TOOL_CALL_CLOSE, memo.get(0, start))
-        if close != -1:
+        close = _json_block_close(text, start, final, memo)
+        if close is not None:
             return _json_calls(text[start:close]), close + len(TOOL_CALL_CLOSE)
-        if final:
-            return _json_calls(text[start:]), len(text)
-        memo[0] = max(start, len(text) - len(TOOL_CALL_CLOSE) + 1)
-        return [], None
+        return (_json_calls(text[start:]), len(text)) if final else ([], None)
 
 
 class Qwen3CoderParser(ToolParser):
@@ -611,7 +638,7 @@ class Qwen3CoderParser(ToolParser):
     keep_opener = frozenset({FUNCTION_OPEN})
 
     def scan_block(
-        self, text: str, start: int, opener: str, final: bool, memo: dict[int, int]
+        self, text: str, start: int, opener: str, final: bool, memo: dict[Any, int]
     ) -> tuple[list[_CallScan], int | None]:
         bare = opener == FUNCTION_OPEN
         block = _XmlBlock(text, start, final, self.schemas, bare, memo)
@@ -713,7 +740,7 @@ class _Block:
     body_start: int
     opener: str
     call_indices: list[int] = field(default_factory=list)
-    memo: dict[int, int] = field(default_factory=dict)
+    memo: dict[Any, int] = field(default_factory=dict)
 
 
 @dataclass
