@@ -99,11 +99,11 @@ def load_model(
     name_or_path: str, device: str = "cpu", ctx_size: int | None = None, progress=None
 ) -> Model:
     """Resolve `name_or_path` (fetching the embedded default if needed) and load it."""
-    from atlas_cli import store
+    from atlas_cli import fit, store
 
     if device not in DEVICES:
         raise DeviceError(f"unknown device {device!r} (available here: {', '.join(DEVICES)})")
-    path = store.resolve(name_or_path, progress=progress)
+    path = store.resolve(name_or_path, progress=progress, device=device)
     t0 = time.perf_counter()
     ops = importlib.import_module("atlas_cli.backend.ops.numpy_ref")
     if path.is_dir():
@@ -120,13 +120,15 @@ def load_model(
     model_cls = getattr(importlib.import_module(module), cls_name)
     args_cls = importlib.import_module(module).ModelArgs
     args = args_cls.from_config(info.config)
+    limit = args.max_position_embeddings
+    context = min(ctx_size, limit) if ctx_size else limit
+    # refuse before dequantizing: that is where the memory goes
+    fit.check_loaded(path.name, info.config, weights, context, device)
     prepared = {
         k: ops.prepare_weight(v) if k.endswith("proj.weight") or k == "lm_head.weight" else v
         for k, v in weights.items()
     }
     net = model_cls(args, prepared, ops)
-    limit = args.max_position_embeddings
-    context = min(ctx_size, limit) if ctx_size else limit
 
     from atlas_cli.backend.engine import Engine
 
