@@ -118,7 +118,7 @@ def ensure_fits(what: str, est: FitEstimate, smaller: list[str] = ()) -> None:
 
 
 def gb(n: int) -> str:
-    return f"{n / 1e9:.1f} GB" if n >= 1e8 else f"{n / 1e6:.0f} MB"
+    return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB"
 
 
 def shape_from_config(config: dict[str, Any]) -> KVShape:

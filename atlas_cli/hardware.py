@@ -145,7 +145,7 @@ def classify(probe: Probe, override: str | None = None) -> Classification:
         kind = "NVIDIA" if backend == "cuda" else "AMD"
         if not gpus:
             if tc.problem and tc.device_seen:
-                notes[backend].append(f"a {kind} GPU is present, but {tc.problem}")
+                notes[backend].append(f"an {kind} GPU is present, but {tc.problem}")
             elif tc.problem:
                 notes[backend].append(f"no {kind} GPU found ({tc.problem})")
             else:

