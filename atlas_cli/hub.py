@@ -533,8 +533,7 @@ def _network_down(exc: BaseException, filename: str | None) -> DownloadError:
         )
     return HubUnreachable(
         f"cannot reach the Hugging Face Hub at {endpoint()} ({reason}); check the network, or "
-        "use --offline (HF_HUB_OFFLINE=1) for models already downloaded; a partial download "
-        "resumes when you run the command again"
+        "use --offline (HF_HUB_OFFLINE=1) for models already downloaded"
     )
 
 

