@@ -8,6 +8,7 @@ machine to death or dying in an allocator.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,8 +106,9 @@ def ensure_fits(what: str, est: FitEstimate, smaller: list[str] = ()) -> None:
         ideas.append(f"a shorter context (--ctx-size {ctx} fits)")
     if est.kv_dtype in ("bf16", "f16") and est.device != "cpu":
         ideas.append("an 8-bit KV cache (kv_cache_dtype fp8)")
-    ideas += [f"a smaller variant ({s})" for s in smaller]
-    if not smaller:
+    if smaller:
+        ideas.append(f"a smaller variant or model ({', '.join(smaller)})")
+    else:
         ideas.append("a smaller model (`atlas list --available`)")
     raise ModelTooLargeError(
         f"{what} does not fit: it needs {gb(est.total_bytes)} (weights {gb(est.weights_bytes)} "
@@ -150,9 +152,15 @@ def count_parameters(weights: dict[str, Any]) -> int:
 
 
 def check_loaded(
-    name: str, config: dict[str, Any], weights: dict[str, Any], context: int, device: str
+    name: str,
+    config: dict[str, Any],
+    weights: dict[str, Any],
+    context: int,
+    device: str,
+    alternatives: Callable[[], list[str]] | None = None,
 ) -> FitEstimate:
-    """The check `load_model` runs on the CPU backends before materializing weights."""
+    """The check `load_model` runs on the CPU backends before materializing weights.
+    `alternatives` names smaller models to suggest (asked only when it does not fit)."""
     from atlas_cli.hardware import system_memory
 
     _, available = system_memory()
@@ -160,5 +168,6 @@ def check_loaded(
     est = estimate(
         params * CPU_WEIGHT_BYTES, shape_from_config(config), context, "f32", available, "cpu"
     )
-    ensure_fits(name, est)
+    if not est.fits:
+        ensure_fits(name, est, alternatives() if alternatives else [])
     return est

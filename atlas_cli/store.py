@@ -294,6 +294,34 @@ def hardware_class(device: str | None = None) -> str:
     return hardware.detect(device).hw_class
 
 
+def alternatives(path: Path, limit: int = 3) -> list[str]:
+    """Smaller choices than the pulled model at `path`: its recipe's smaller variants, then
+    smaller models of the same family (for the fit check's refusal)."""
+    from atlas_cli import recipes
+
+    entry = next((e for e in installed() if e.path == path), None)
+    recipe = recipes.get(entry.name) if entry is not None else None
+    if recipe is None:
+        return []
+    current = recipe.variants[entry.variant].size if entry.variant in recipe.variants else None
+    out = [
+        f"{recipe.name}:{k}"
+        for k, v in sorted(recipe.variants.items(), key=lambda kv: -(kv[1].size or 0))
+        if current and v.size and v.size < current
+    ]
+    family = sorted(
+        (
+            r
+            for r in recipes.all_recipes().values()
+            if r.model.family == recipe.model.family
+            and r.model.parameter_count < recipe.model.parameter_count
+        ),
+        key=lambda r: -r.model.parameter_count,
+    )
+    out += [r.name for r in family]
+    return out[:limit]
+
+
 # -- pulling -----------------------------------------------------------------------------------
 
 

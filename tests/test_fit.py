@@ -36,7 +36,7 @@ def test_fits_and_does_not():
 
 def test_weights_alone_too_big_suggests_smaller_variants():
     est = fit.estimate(32 * GB, SMOLLM2, 8192, "bf16", 24 * GB, "cuda")
-    with pytest.raises(ModelTooLargeError, match=r"8-bit KV cache.*smaller variant \(qwen3-8b:q4"):
+    with pytest.raises(ModelTooLargeError, match=r"8-bit KV cache.*variant or model \(qwen3-8b:q4"):
         fit.ensure_fits("qwen3-8b:bf16", est, smaller=["qwen3-8b:q4_k_m"])
     assert est.max_context() == 0
 
@@ -76,3 +76,13 @@ def test_load_model_refuses_before_loading(smollm2_path, monkeypatch):
     monkeypatch.setattr(hardware, "system_memory", lambda: (2 * GB, 1 * GB))
     with pytest.raises(ModelTooLargeError, match=r"does not fit.*--ctx-size \d+ fits"):
         load_model(str(smollm2_path), device="cpu-ref", ctx_size=8192)
+
+
+def test_refusals_name_smaller_variants_and_models(monkeypatch, tmp_path):
+    from atlas_cli import store
+
+    path = tmp_path / "snapshot"
+    entry = store.Installed("qwen3-8b", "bf16", "safetensors", "BF16", path, (), 16 * GB, "hub")
+    monkeypatch.setattr(store, "installed", lambda: [entry])
+    assert store.alternatives(path) == ["qwen3-8b:q4_k_m", "qwen3-4b", "qwen3-1.7b"]
+    assert store.alternatives(tmp_path / "other.gguf") == []

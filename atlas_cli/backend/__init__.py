@@ -123,7 +123,9 @@ def load_model(
     limit = args.max_position_embeddings
     context = min(ctx_size, limit) if ctx_size else limit
     # refuse before dequantizing: that is where the memory goes
-    fit.check_loaded(path.name, info.config, weights, context, device)
+    fit.check_loaded(
+        path.name, info.config, weights, context, device, lambda: store.alternatives(path)
+    )
     prepared = {
         k: ops.prepare_weight(v) if k.endswith("proj.weight") or k == "lm_head.weight" else v
         for k, v in weights.items()
