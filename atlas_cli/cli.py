@@ -143,6 +143,12 @@ def run(
         typer.echo(result.stats_block(), err=True)
 
 
+# pull, list, show, rm, hw: the model store and hardware (atlas_cli/models_cli.py)
+from atlas_cli import models_cli  # noqa: E402
+
+models_cli.register(app, handle_errors)
+
+
 def main() -> None:
     app()
 

@@ -24,7 +24,11 @@ def split_model_and_prompt(
 
 
 def looks_like_model(text: str, store) -> bool:
+    from atlas_cli import recipes
+
     if text.lower() in store.EMBEDDED or store.existing_path(text):
+        return True
+    if " " not in text and recipes.is_model_name(text):
         return True
     return " " not in text and text.endswith((".gguf", "/")) or text.startswith("hf.co/")
 

@@ -107,11 +107,11 @@ def load_model(
     """Resolve `name_or_path` (fetching the embedded default if needed) and load it.
     `draft`: tokens drafted per step by the model's MTP head (None: the default when it has
     one; 0: no speculative decoding)."""
-    from atlas_cli import store
+    from atlas_cli import fit, store
 
     if device not in DEVICES:
         raise DeviceError(f"unknown device {device!r} (available here: {', '.join(DEVICES)})")
-    path = store.resolve(name_or_path, progress=progress)
+    path = store.resolve(name_or_path, progress=progress, device=device)
     t0 = time.perf_counter()
     ops = importlib.import_module("atlas_cli.backend.ops.numpy_ref")
     if path.is_dir():
@@ -128,10 +128,14 @@ def load_model(
     model_cls = getattr(importlib.import_module(module), cls_name)
     args_cls = importlib.import_module(module).ModelArgs
     args = args_cls.from_config(info.config)
-    prepared = {k: ops.prepare_weight(v) if _is_matrix(k, v) else v for k, v in weights.items()}
-    net = model_cls(args, prepared, ops)
     limit = args.max_position_embeddings
     context = min(ctx_size, limit) if ctx_size else limit
+    # refuse before dequantizing: that is where the memory goes
+    fit.check_loaded(
+        path.name, info.config, weights, context, device, lambda: store.alternatives(path)
+    )
+    prepared = {k: ops.prepare_weight(v) if _is_matrix(k, v) else v for k, v in weights.items()}
+    net = model_cls(args, prepared, ops)
 
     from atlas_cli.backend.engine import Engine
 
