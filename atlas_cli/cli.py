@@ -101,6 +101,13 @@ def run(
     verbose: Verbose = False,
     device: Device = "cpu",
     ctx_size: CtxSize = None,
+    draft: Annotated[
+        int | None,
+        typer.Option("--draft", min=0, help="Tokens to draft per step with the model's MTP head."),
+    ] = None,
+    no_speculative: Annotated[
+        bool, typer.Option("--no-speculative", help="Turn speculative decoding off.")
+    ] = False,
 ):
     """Generate a reply to one prompt, streamed as it is produced."""
     from atlas_cli import run_cmd
@@ -128,11 +135,18 @@ def run(
         device=device,
         ctx_size=ctx_size,
         stream=not json_output,
+        draft=0 if no_speculative else draft,
     )
     if json_output:
         typer.echo(json.dumps(result.as_json(), ensure_ascii=False))
     elif verbose:
         typer.echo(result.stats_block(), err=True)
+
+
+# pull, list, show, rm, hw: the model store and hardware (atlas_cli/models_cli.py)
+from atlas_cli import models_cli  # noqa: E402
+
+models_cli.register(app, handle_errors)
 
 
 def main() -> None:

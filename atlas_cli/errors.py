@@ -45,3 +45,11 @@ class UsageError(AtlasError):
     """A bad flag value or combination."""
 
     exit_code = 2
+
+
+class RecipeError(AtlasError):
+    """A recipe file that does not match the schema (names the file and the field)."""
+
+
+class ModelTooLargeError(AtlasError):
+    """A model whose weights and KV cache do not fit the device's memory."""

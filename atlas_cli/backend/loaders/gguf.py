@@ -44,13 +44,34 @@ TENSOR_NAMES = {
     "blk.{i}.ffn_gate.weight": "model.layers.{i}.mlp.gate_proj.weight",
     "blk.{i}.ffn_up.weight": "model.layers.{i}.mlp.up_proj.weight",
     "blk.{i}.ffn_down.weight": "model.layers.{i}.mlp.down_proj.weight",
+    # qwen35 (Qwen3.5/3.6): Gated DeltaNet layers and the post-attention norm
+    "blk.{i}.post_attention_norm.weight": "model.layers.{i}.post_attention_layernorm.weight",
+    "blk.{i}.attn_qkv.weight": "model.layers.{i}.linear_attn.in_proj_qkv.weight",
+    "blk.{i}.attn_gate.weight": "model.layers.{i}.linear_attn.in_proj_z.weight",
+    "blk.{i}.ssm_beta.weight": "model.layers.{i}.linear_attn.in_proj_b.weight",
+    "blk.{i}.ssm_alpha.weight": "model.layers.{i}.linear_attn.in_proj_a.weight",
+    "blk.{i}.ssm_conv1d.weight": "model.layers.{i}.linear_attn.conv1d.weight",
+    "blk.{i}.ssm_a": "model.layers.{i}.linear_attn.A_log",
+    "blk.{i}.ssm_dt.bias": "model.layers.{i}.linear_attn.dt_bias",
+    "blk.{i}.ssm_norm.weight": "model.layers.{i}.linear_attn.norm.weight",
+    "blk.{i}.ssm_out.weight": "model.layers.{i}.linear_attn.out_proj.weight",
+}
+# The multi-token-prediction block, stored by llama.cpp as block `num_hidden_layers` (the decoder
+# tensors of that block map to `mtp.layers.0.*`).
+NEXTN_NAMES = {
+    "nextn.eh_proj.weight": "mtp.fc.weight",
+    "nextn.enorm.weight": "mtp.pre_fc_norm_embedding.weight",
+    "nextn.hnorm.weight": "mtp.pre_fc_norm_hidden.weight",
+    "nextn.shared_head_norm.weight": "mtp.norm.weight",
+    "nextn.embed_tokens.weight": "mtp.embed_tokens.weight",
+    "nextn.shared_head_head.weight": "mtp.lm_head.weight",
 }
 _BLOCK_NAME = re.compile(r"^blk\.(\d+)\.(.+)$")
 
 # Architectures whose converter permuted Q/K rows for ggml's interleaved RoPE (llama.cpp's
 # convert_hf_to_gguf.py `LlamaModel.permute`); we undo it so RoPE is the HF rotate_half form.
 PERMUTED_QK_ARCHS = {"llama"}
-SUPPORTED_ARCHS = {"llama", "qwen3"}
+SUPPORTED_ARCHS = {"llama", "qwen3", "qwen35"}
 
 
 @dataclass(frozen=True)
@@ -196,16 +217,24 @@ def _write_cached_header(path: Path, cache_dir: Path, header) -> None:
         pass  # a cache we cannot write only costs time
 
 
-def hf_name(gguf_name: str) -> str | None:
-    """The Hugging Face name for a GGUF tensor name, or None when unknown."""
+def hf_name(gguf_name: str, n_layers: int | None = None) -> str | None:
+    """The Hugging Face name for a GGUF tensor name, or None when unknown. Blocks from
+    `n_layers` on are MTP blocks (`mtp.layers.{i - n_layers}.*`)."""
     if gguf_name in TENSOR_NAMES:
         return TENSOR_NAMES[gguf_name]
     m = _BLOCK_NAME.match(gguf_name)
-    if m:
-        pattern = TENSOR_NAMES.get(f"blk.{{i}}.{m.group(2)}")
-        if pattern:
-            return pattern.format(i=m.group(1))
-    return None
+    if not m:
+        return None
+    i, leaf = int(m.group(1)), m.group(2)
+    if n_layers is not None and i >= n_layers:
+        if leaf in NEXTN_NAMES:
+            return NEXTN_NAMES[leaf]
+        pattern = TENSOR_NAMES.get(f"blk.{{i}}.{leaf}")
+        if pattern and pattern.startswith("model.layers.{i}."):
+            return f"mtp.layers.{i - n_layers}." + pattern[len("model.layers.{i}.") :]
+        return None
+    pattern = TENSOR_NAMES.get(f"blk.{{i}}.{leaf}")
+    return pattern.format(i=i) if pattern else None
 
 
 def config_from_metadata(md: dict[str, Any], tensor_names: set[str]) -> dict[str, Any]:
@@ -220,6 +249,8 @@ def config_from_metadata(md: dict[str, Any], tensor_names: set[str]) -> dict[str
     def get(key, default=None):
         return md.get(f"{arch}.{key}", default)
 
+    if arch == "qwen35":
+        return _qwen35_config(md, tensor_names)
     hidden = int(get("embedding_length"))
     heads = int(get("attention.head_count"))
     head_dim = int(get("attention.key_length", hidden // heads))
@@ -250,6 +281,44 @@ def config_from_metadata(md: dict[str, Any], tensor_names: set[str]) -> dict[str
     return config
 
 
+def _qwen35_config(md: dict[str, Any], tensor_names: set[str]) -> dict[str, Any]:
+    """A `qwen3_5_text` config from qwen35 metadata (as transformers' `_qwen35_config`)."""
+
+    def get(key, default=None):
+        value = md.get(f"qwen35.{key}", default)
+        if value is None:
+            raise CorruptModelError(f"GGUF metadata lacks qwen35.{key}")
+        return value
+
+    head_dim = int(get("attention.key_length"))
+    value_heads = int(get("ssm.time_step_rank"))
+    mtp_layers = int(md.get("qwen35.nextn_predict_layers", 0))
+    vocab = md.get("qwen35.vocab_size") or len(md.get("tokenizer.ggml.tokens", []))
+    return {
+        "model_type": "qwen3_5_text",
+        "hidden_size": int(get("embedding_length")),
+        "intermediate_size": int(get("feed_forward_length")),
+        # the file counts the MTP block as a layer; the decoder stack does not
+        "num_hidden_layers": int(get("block_count")) - mtp_layers,
+        "mtp_num_hidden_layers": mtp_layers,
+        "num_attention_heads": int(get("attention.head_count")),
+        "num_key_value_heads": int(get("attention.head_count_kv")),
+        "head_dim": head_dim,
+        "rms_norm_eps": float(get("attention.layer_norm_rms_epsilon", 1e-6)),
+        "rope_theta": float(get("rope.freq_base", 10_000_000.0)),
+        "partial_rotary_factor": int(get("rope.dimension_count")) / head_dim,
+        "max_position_embeddings": int(get("context_length", 262144)),
+        "vocab_size": int(vocab),
+        "tie_word_embeddings": "output.weight" not in tensor_names,
+        "full_attention_interval": int(get("full_attention_interval", 4)),
+        "linear_conv_kernel_dim": int(get("ssm.conv_kernel")),
+        "linear_key_head_dim": int(get("ssm.state_size")),
+        "linear_num_key_heads": int(get("ssm.group_count")),
+        "linear_num_value_heads": value_heads,
+        "linear_value_head_dim": int(get("ssm.inner_size")) // value_heads,
+    }
+
+
 def load_weights(
     gf: GGUFFile,
     config: dict[str, Any],
@@ -258,12 +327,16 @@ def load_weights(
 ):
     """All tensors under Hugging Face names: float32 arrays, or QuantizedTensor for quantized
     2-D weights when `keep_quantized` (norms and other 1-D tensors are always float32).
-    With `lazy_unpermute`, permuted Q/K QuantizedTensors keep the file's row order and carry
+    llama.cpp's layout changes are undone here: the llama Q/K row permutation, and for qwen35
+    the `w + 1` norms, `-exp(A_log)`, the squeezed conv and the tiled value heads. With
+    `lazy_unpermute`, permuted Q/K QuantizedTensors keep the file's row order and carry
     `row_perm` instead of a reordered copy, so every block stays in the memory map."""
-    permute = gf.architecture in PERMUTED_QK_ARCHS
+    arch = gf.architecture
+    permute = arch in PERMUTED_QK_ARCHS
+    n_layers = config["num_hidden_layers"] if arch == "qwen35" else None
     weights: dict[str, Any] = {}
     for name, info in gf.tensors.items():
-        target = hf_name(name)
+        target = hf_name(name, n_layers)
         if target is None:
             raise UnsupportedModelError(f"{gf.path.name}: unknown tensor {name}")
         raw = gf.raw(name)
@@ -271,6 +344,9 @@ def load_weights(
         if permute and target.endswith(("q_proj.weight", "k_proj.weight")):
             n_head = config["num_attention_heads" if "q_proj" in target else "num_key_value_heads"]
             perm = unpermute_index(raw.shape[0], n_head)
+        if arch == "qwen35":
+            weights[target] = _qwen35_tensor(target, raw, info, config, keep_quantized)
+            continue
         quantized = info.type_id not in (0, 1, 30)  # F32, F16, BF16
         if keep_quantized and quantized and len(info.shape) == 2:
             if perm is not None and not lazy_unpermute:
@@ -289,6 +365,54 @@ def unpermute_index(n_rows: int, n_head: int) -> np.ndarray:
     head_dim = n_rows // n_head
     rows = np.arange(n_rows, dtype=np.int64)
     return rows.reshape(n_head, head_dim // 2, 2).swapaxes(1, 2).reshape(-1)
+
+
+def _qwen35_tensor(target: str, raw: np.ndarray, info: TensorInfo, config, keep_quantized: bool):
+    """Undo llama.cpp's qwen35 conversion (convert_hf_to_gguf.py `Qwen3_5TextModel`, mirrored
+    by transformers' gguf_conversion_mapping.py `_qwen35`) for one tensor."""
+    nk, nv = config["linear_num_key_heads"], config["linear_num_value_heads"]
+    dk, dv = config["linear_key_head_dim"], config["linear_value_head_dim"]
+    r = nv // nk
+    leaf = target.rsplit(".", 2)[-2] + "." + target.rsplit(".", 1)[-1]
+    if "linear_attn." in target:
+        # rows that carry value heads: whole (possibly quantized) rows move, so blocks stay intact
+        if leaf in ("in_proj_qkv.weight", "conv1d.weight"):
+            raw = np.concatenate([raw[: 2 * nk * dk], grouped_rows(raw[2 * nk * dk :], nk, r, dv)])
+        elif leaf == "in_proj_z.weight":
+            raw = grouped_rows(raw, nk, r, dv)
+        elif leaf in ("in_proj_a.weight", "in_proj_b.weight"):
+            raw = grouped_rows(raw, nk, r, 1)
+    quantized = info.type_id not in (0, 1, 30)
+    if target.endswith("linear_attn.out_proj.weight"):
+        # the value heads run along the columns, across quantization blocks: dequantize
+        w = quant.dequantize(raw, info.type_id, info.shape)
+        return np.ascontiguousarray(grouped_rows(w.T, nk, r, dv).T)
+    if keep_quantized and quantized and len(info.shape) == 2:
+        return QuantizedTensor(info.type_id, info.shape, np.ascontiguousarray(raw))
+    w = quant.dequantize(raw, info.type_id, info.shape)
+    if target.endswith(("linear_attn.A_log", "linear_attn.dt_bias")):
+        w = grouped_rows(w.reshape(-1, 1), nk, r, 1).reshape(-1)
+        if target.endswith("A_log"):
+            w = np.log(-w)  # stored as ssm_a = -exp(A_log)
+    elif target.endswith("linear_attn.conv1d.weight"):
+        w = w.reshape(w.shape[0], 1, -1)  # (C, K) -> (C, 1, K) as in HF
+    elif _is_offset_norm(target):
+        w = w - np.float32(1.0)  # zero-centred (1 + w) norms are stored as w + 1
+    return np.ascontiguousarray(w, dtype=np.float32)
+
+
+def _is_offset_norm(target: str) -> bool:
+    """The zero-centred (1 + w) norms, which llama.cpp stores as w + 1: every norm weight,
+    the MTP pre-fc norms included, except the Gated DeltaNet output norm."""
+    module = target.removesuffix(".weight").rsplit(".", 1)[-1]
+    return target.endswith(".weight") and "norm" in module and "linear_attn.norm" not in target
+
+
+def grouped_rows(rows: np.ndarray, nk: int, r: int, head_dim: int) -> np.ndarray:
+    """Rows of `nk * r` value heads of `head_dim` rows each, from llama.cpp's tiled order
+    (head j of key group g at position j*nk + g) back to HF's grouped order (g*r + j)."""
+    tail = rows.shape[1:]
+    return rows.reshape(r, nk, head_dim, *tail).swapaxes(0, 1).reshape(rows.shape)
 
 
 def unpermute_rows(rows: np.ndarray, n_head: int) -> np.ndarray:

@@ -80,3 +80,133 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int) -> np.nda
 
 def argmax(logits: np.ndarray) -> int:
     return int(np.argmax(logits))
+
+
+# -- Qwen3.5 / Qwen3-Next: gated attention and Gated DeltaNet -----------------------------------
+# Shapes: T tokens, C conv channels, K conv kernel width, nk/nv key/value heads, dk/dv their
+# head dims. Recurrent states are float32 (nv, dk, dv), as transformers and FLA keep them.
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    """1 / (1 + exp(-x)), elementwise, any shape."""
+    return (1.0 / (1.0 + np.exp(-x))).astype(np.float32, copy=False)
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    """x * sigmoid(x), elementwise, any shape."""
+    return (x / (1.0 + np.exp(-x))).astype(np.float32, copy=False)
+
+
+def softplus(x: np.ndarray) -> np.ndarray:
+    """log(1 + exp(x)), elementwise, without overflow."""
+    return np.logaddexp(np.float32(0.0), x).astype(np.float32, copy=False)
+
+
+def l2norm(x: np.ndarray, eps: float = 1e-6) -> np.ndarray:
+    """x (..., d) / sqrt(sum(x^2) + eps) over the last axis (FLA's and transformers' `l2norm`)."""
+    inv = 1.0 / np.sqrt(np.sum(np.square(x), axis=-1, keepdims=True) + np.float32(eps))
+    return (x * inv).astype(np.float32, copy=False)
+
+
+def rms_norm_gated(x: np.ndarray, gate: np.ndarray, weight: np.ndarray, eps: float):
+    """Qwen3.5's `RMSNormGated`: rms_norm(x) * w * silu(gate), normalising over the last axis.
+
+    x, gate (..., d); weight (d,) (a plain weight, not 1 + w). Returns float32 (..., d).
+    """
+    return rms_norm(x, weight, eps) * silu(gate)
+
+
+def causal_conv1d(x: np.ndarray, weight: np.ndarray, state: np.ndarray, all_states=False):
+    """Depthwise causal conv over time, no bias, no activation.
+
+    x (T, C) new inputs; weight (C, K) with weight[:, K-1] multiplying the current token;
+    state (K-1, C) the inputs before x (zeros at the start of a sequence).
+    Returns (out (T, C) float32, new_state (K-1, C): the last K-1 inputs including x), or with
+    `all_states` the state after every token, (T, K-1, C), in place of new_state.
+    """
+    t = x.shape[0]
+    k = weight.shape[1]
+    full = np.concatenate([state, x.astype(np.float32, copy=False)], axis=0)  # (K-1+T, C)
+    out = np.zeros((t, x.shape[1]), np.float32)
+    for j in range(k):  # tap j sees the input j-(K-1) steps back
+        out += weight[:, j] * full[j : j + t]
+    if all_states:
+        windows = np.lib.stride_tricks.sliding_window_view(full, k - 1, axis=0)  # (T+1, C, K-1)
+        return out, np.ascontiguousarray(windows[1:].transpose(0, 2, 1))
+    return out, np.ascontiguousarray(full[full.shape[0] - (k - 1) :])
+
+
+def _expand_heads(q: np.ndarray, k: np.ndarray, nv: int):
+    """Repeat key heads so value head h uses key head h // (nv // nk) (repeat_interleave)."""
+    r = nv // q.shape[1]
+    if r > 1:
+        q, k = np.repeat(q, r, axis=1), np.repeat(k, r, axis=1)
+    return q, k
+
+
+def gated_delta_rule(q, k, v, g, beta, state, scale: float | None = None, all_states=False):
+    """The gated delta rule, one token at a time (transformers' `torch_recurrent_gated_delta_rule`).
+
+    q, k (T, nk, dk), already L2-normalised; v (T, nv, dv); g (T, nv) log-decay (<= 0);
+    beta (T, nv); state (nv, dk, dv). q is scaled by `scale` (default dk^-0.5). Per token:
+    S *= exp(g); d = (v - k.S) * beta; S += k (x) d; o = q.S.
+    Returns (out (T, nv, dv) float32, new_state (nv, dk, dv) float32), or with `all_states`
+    the state after every token, (T, nv, dk, dv), in place of new_state (to roll back drafts).
+    """
+    nv = v.shape[1]
+    q, k = _expand_heads(q, k, nv)  # (T, nv, dk)
+    q = q * np.float32(scale if scale is not None else q.shape[-1] ** -0.5)
+    s = state.astype(np.float32, copy=True)
+    out = np.empty(v.shape, np.float32)
+    states = np.empty((v.shape[0], *s.shape), np.float32) if all_states else None
+    decay = np.exp(g.astype(np.float32))
+    for t in range(v.shape[0]):
+        s *= decay[t][:, None, None]
+        kv = np.einsum("hk,hkv->hv", k[t], s)
+        delta = (v[t] - kv) * beta[t][:, None]
+        s += k[t][:, :, None] * delta[:, None, :]
+        out[t] = np.einsum("hk,hkv->hv", q[t], s)
+        if states is not None:
+            states[t] = s
+    return out, (states if states is not None else s)
+
+
+def gated_delta_rule_chunked(q, k, v, g, beta, state, scale: float | None = None, chunk=64):
+    """The same result as `gated_delta_rule`, computed `chunk` tokens at a time with the UT
+    transform (transformers' `torch_chunk_gated_delta_rule`): within a chunk the delta-rule
+    updates become triangular solves and matmuls; the state is carried between chunks.
+
+    Same shapes and return value as `gated_delta_rule`. The last chunk may be shorter.
+    """
+    nv = v.shape[1]
+    q, k = _expand_heads(q, k, nv)
+    q = q * np.float32(scale if scale is not None else q.shape[-1] ** -0.5)
+    # (nv, T, d) so that each head is a batch of matmuls
+    q, k, v = (np.ascontiguousarray(x.transpose(1, 0, 2), np.float32) for x in (q, k, v))
+    g, beta = (np.ascontiguousarray(x.T, np.float32) for x in (g, beta))  # (nv, T)
+    s = state.astype(np.float32, copy=True)
+    out = np.empty(v.shape, np.float32)  # (nv, T, dv)
+    for c0 in range(0, v.shape[1], chunk):
+        sl = slice(c0, min(c0 + chunk, v.shape[1]))
+        qc, kc, vc, bc = q[:, sl], k[:, sl], v[:, sl], beta[:, sl]
+        n = qc.shape[1]
+        cum = np.cumsum(g[:, sl], axis=1)  # (nv, n) log-decay from the chunk start
+        lower = np.tril(np.ones((n, n), bool))
+        pair = np.where(lower, np.exp(np.where(lower, cum[:, :, None] - cum[:, None, :], 0)), 0)
+        k_beta = kc * bc[:, :, None]
+        # (I + A) X = B with A the strictly lower part of (k_beta k^T) * decay: forward substitution
+        a = np.tril((k_beta @ kc.swapaxes(1, 2)) * pair, -1)  # (nv, n, n)
+        rhs = np.concatenate([vc * bc[:, :, None], k_beta * np.exp(cum)[:, :, None]], axis=2)
+        sol = np.empty_like(rhs)
+        for i in range(n):
+            sol[:, i] = rhs[:, i] - np.einsum("hj,hjd->hd", a[:, i, :i], sol[:, :i])
+        u, w = sol[:, :, : vc.shape[2]], sol[:, :, vc.shape[2] :]
+        v_new = u - w @ s  # (nv, n, dv): what the old state does not already predict
+        attn = (qc @ kc.swapaxes(1, 2)) * pair  # (nv, n, n), causal incl. the diagonal
+        out[:, sl] = (qc * np.exp(cum)[:, :, None]) @ s + attn @ v_new
+        last = cum[:, -1:]  # (nv, 1)
+        s = (
+            s * np.exp(last)[:, :, None]
+            + (kc * np.exp(last - cum)[:, :, None]).swapaxes(1, 2) @ v_new
+        )
+    return out.transpose(1, 0, 2), s

