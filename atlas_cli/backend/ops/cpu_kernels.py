@@ -587,6 +587,40 @@ def _rope_neox(v, n_heads, hd, cos, sin):
             v[base + half + i] = b * cos[i] + a * sin[i]
 
 
+@njit(cache=True, fastmath=True)
+def _attend_group(q, keys, vals, n_pos, scale, scores, out):
+    """Attention of one GQA group's query heads q (g * hd,) over keys/vals (>= n_pos, hd);
+    scores (g, >= n_pos) scratch; writes out (g * hd,)."""
+    g = scores.shape[0]
+    hd = keys.shape[1]
+    qs = np.empty((g, hd), np.float32)
+    for j in range(g):
+        for d in range(hd):
+            qs[j, d] = q[j * hd + d] * scale
+    tile_dots(qs, keys, n_pos, scores, 0)
+    acc = np.zeros((g, hd), np.float32)
+    for j in range(g):
+        best = np.float32(-np.inf)
+        for s in range(n_pos):
+            best = max(best, scores[j, s])
+        total = np.float32(0.0)
+        for s in range(n_pos):
+            e = np.exp(scores[j, s] - best)
+            scores[j, s] = e
+            total += e
+        inv = np.float32(1.0) / total
+        for s in range(n_pos):
+            scores[j, s] *= inv
+    for s in range(n_pos):
+        for j in range(g):
+            p = scores[j, s]
+            for d in range(hd):
+                acc[j, d] += p * vals[s, d]
+    for j in range(g):
+        for d in range(hd):
+            out[j * hd + d] = acc[j, d]
+
+
 @njit(parallel=True, cache=True, fastmath=True)
 def decode_step(
     w,  # uint8 (file bytes)
@@ -661,30 +695,17 @@ def decode_step(
         for h in range(n_kv):
             kc[layer, h, pos, :] = k[h * hd : (h + 1) * hd]
             vc[layer, h, pos, :] = v[h * hd : (h + 1) * hd]
-        for h in prange(n_heads):
-            keys = kc[layer, h // group]  # (cap, hd)
-            vals = vc[layer, h // group]
-            qh = q[h * hd : (h + 1) * hd]
-            sc = scores[h]
-            best = np.float32(-np.inf)
-            for s in range(n_pos):
-                dot = np.float32(0.0)
-                for i in range(hd):
-                    dot += qh[i] * keys[s, i]
-                dot *= inv_sqrt
-                sc[s] = dot
-                best = max(best, dot)
-            total = np.float32(0.0)
-            for s in range(n_pos):
-                e = np.exp(sc[s] - best)
-                sc[s] = e
-                total += e
-            o = att[h * hd : (h + 1) * hd]
-            o[:] = 0.0
-            for s in range(n_pos):
-                p = sc[s] / total
-                for i in range(hd):
-                    o[i] += p * vals[s, i]
+        for kvh in prange(n_kv):  # the query heads of one KV head share each key and value read
+            h0 = kvh * group
+            _attend_group(
+                q[h0 * hd : (h0 + group) * hd],
+                kc[layer, kvh],
+                vc[layer, kvh],
+                n_pos,
+                inv_sqrt,
+                scores[h0 : h0 + group],
+                att[h0 * hd : (h0 + group) * hd],
+            )
         group_sums(att, xs[: nq // GROUP])
         for r in prange(hidden):
             x[r] += row_dot(m[O, 0], w, m[O, 1] + r * m[O, 2], att, 0, xs, 0, m[O, 3])
