@@ -262,6 +262,10 @@ class FusedDecoder:
         self.act = np.empty(inter, np.float32)
         self.x = np.empty(a.hidden_size, np.float32)
         self.scores = np.empty((self.n_heads, 0), np.float32)
+        # Load the kernels now, before the weights are first read, then let go of the JIT
+        # compiler's pages: the two are never resident together (docs/performance.md).
+        _k.warm_up()
+        _k.release_compiler_memory()
 
     def new_cache(self, max_len: int) -> StackedKVCache:
         return StackedKVCache(self.n_layers, self.n_kv, self.head_dim, max_len)

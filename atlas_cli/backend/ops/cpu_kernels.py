@@ -720,3 +720,80 @@ def decode_step(
         for r in prange(hidden):
             x[r] += row_dot(m[DOWN, 0], w, m[DOWN, 1] + r * m[DOWN, 2], act, 0, xs, 0, m[DOWN, 3])
     _rms_norm_into(x, final_norm, eps, out)
+
+
+# ---------------------------------------------------------------------------------------------
+# Start-up
+
+
+def warm_up() -> None:
+    """Load every kernel a generation uses (from numba's disk cache, or compile it) by running
+    each once on a tiny dummy model with the argument types of real calls."""
+    hidden, hd, heads, kv, inter = 32, 16, 2, 1, 32
+    nb, rb = 1, BLOCKS[Q8_0][1]  # one Q8_0 block per 32-wide row
+    w = np.zeros(64 * rb, np.uint8)
+    perm = np.arange(32, dtype=np.int64)
+    x = np.zeros((1, hidden), np.float32)
+    gemv_batch(Q8_0, w, 0, rb, nb, perm, x, np.empty((1, 32), np.float32))
+    x = np.zeros((GEMV_WARM_TOKENS, hidden), np.float32)
+    gemm(Q8_0, w, 0, rb, nb, perm, x, np.empty((GEMV_WARM_TOKENS, 32), np.float32))
+    gather_rows(Q8_0, w, 0, rb, nb, np.zeros(2, np.int64), np.empty((2, hidden), np.float32))
+    q = np.ones((2, heads, hd), np.float32)
+    kc = np.ones((kv, 2, hd), np.float32)
+    attention(q, kc, kc, 0, np.empty_like(q))
+    mats = np.zeros((1, 7, 4), np.int64)
+    mats[0, :, 0], mats[0, :, 2], mats[0, :, 3] = Q8_0, rb, nb
+    mats[0, O, 3] = mats[0, DOWN, 3] = 1  # o_proj and down_proj read 32 columns too
+    cache = np.zeros((1, kv, 4, hd), np.float32)
+    decode_step(
+        w,
+        mats,
+        perm,
+        perm[: kv * hd],
+        np.array([Q8_0, 0, rb, nb], np.int64),
+        0,
+        0,
+        np.ones((1, 2, hidden), np.float32),
+        np.ones(hidden, np.float32),
+        np.zeros((1, (heads + 2 * kv) * hd), np.float32),
+        np.ones((1, 2, hd), np.float32),
+        False,
+        np.ones(hd // 2, np.float32),
+        1e-5,
+        cache,
+        cache.copy(),
+        np.empty((heads + 2 * kv) * hd, np.float32),
+        np.empty(inter, np.float32),
+        np.empty((heads, 4), np.float32),
+        np.empty(hidden, np.float32),
+        np.empty(hidden, np.float32),
+    )
+
+
+GEMV_WARM_TOKENS = 8  # any count above cpu_fast.GEMV_MAX_TOKENS: the gemm kernel
+
+
+def release_compiler_memory() -> None:
+    """Drop LLVM's code pages from this process's resident memory (Linux, MADV_PAGEOUT).
+
+    Once the kernels are loaded, the ~60-70 MB of libllvmlite code that loading touched is
+    not run again (unless a new kernel has to be compiled, when the pages fault back in from
+    the page cache). Called after `warm_up` and before the weights are first read, it keeps
+    the compiler and the weights from being resident at the same time."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        madvise = libc.madvise
+        madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        with open("/proc/self/maps") as maps:
+            ranges = [
+                line.split()[0]
+                for line in maps
+                if line.rstrip().endswith(".so") and "libllvmlite" in line.rsplit("/", 1)[-1]
+            ]
+    except (OSError, AttributeError):
+        return
+    for span in ranges:
+        lo, hi = (int(v, 16) for v in span.split("-"))
+        madvise(lo, hi - lo, 21)  # MADV_PAGEOUT; clean file pages only, errors are harmless
