@@ -12,9 +12,11 @@ llama.cpp first in odd ones, so a change in machine load hits both) and measures
 - the command line: process start to first token, and peak resident memory of a whole
   `--tg`-token reply (`atlas run` vs the same through llama-cpp-python), from `wait4`.
 
-It prints median [min-max] per engine, the ratio of the medians (atlas / llama.cpp, > 1 means
-atlas is faster, or uses more for memory and time) and the spread of per-round ratios, the
-load average, and the threading setup. Both engines get the same thread count.
+It prints median [min-max] per engine, the ratio of the medians (atlas / llama.cpp) and the
+spread of per-round ratios, the load average and the threading setup. Both engines get the
+same thread count. CPU milliseconds per token (all threads of the process) are reported next
+to the rates: on a machine shared with other work they show efficiency independent of how
+much of the machine each run happened to get.
 """
 
 from __future__ import annotations
@@ -53,23 +55,25 @@ def work_atlas_engine(model: str, threads: int, pp: int, tg: int) -> dict:
     prompt = [1000 + (i * 37) % 20000 for i in range(pp)]
     engine.prefill(prompt[:8])  # first calls load the cached kernels: not part of the rates
     engine.reset()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     engine.prefill(prompt)
-    pp_s = time.perf_counter() - t0
+    pp_s, pp_cpu = time.perf_counter() - t0, time.process_time() - c0
     engine.reset()
     chat = m.chat_prompt([{"role": "user", "content": PROMPT}])
     logits, _ = engine.prefill(chat)
     token = int(np.argmax(logits))
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for _ in range(tg):
         token = int(np.argmax(engine.step(token)))
-    tg_s = time.perf_counter() - t0
+    tg_s, tg_cpu = time.perf_counter() - t0, time.process_time() - c0
     import numba
 
     return {
         "load_s": load_s,
         "pp_tok_s": pp / pp_s,
         "tg_tok_s": tg / tg_s,
+        "pp_cpu_ms": 1e3 * pp_cpu / pp,
+        "tg_cpu_ms": 1e3 * tg_cpu / tg,
         "layer": numba.threading_layer(),
         "threads": numba.get_num_threads(),
     }
@@ -102,19 +106,25 @@ def work_llama_engine(model: str, threads: int, pp: int, tg: int) -> dict:
     prompt = [1000 + (i * 37) % 20000 for i in range(pp)]
     llm.eval(prompt[:8])  # warm-up, as for atlas
     llm.reset()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     llm.eval(prompt)
-    pp_s = time.perf_counter() - t0
+    pp_s, pp_cpu = time.perf_counter() - t0, time.process_time() - c0
     llm.reset()
     chat = llm.tokenize(_chat_text(llm).encode(), add_bos=False, special=True)
     llm.eval(chat)
     token = int(np.argmax(last_logits()))
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for _ in range(tg):
         llm.eval([token])
         token = int(np.argmax(last_logits()))
-    tg_s = time.perf_counter() - t0
-    return {"load_s": load_s, "pp_tok_s": pp / pp_s, "tg_tok_s": tg / tg_s}
+    tg_s, tg_cpu = time.perf_counter() - t0, time.process_time() - c0
+    return {
+        "load_s": load_s,
+        "pp_tok_s": pp / pp_s,
+        "tg_tok_s": tg / tg_s,
+        "pp_cpu_ms": 1e3 * pp_cpu / pp,
+        "tg_cpu_ms": 1e3 * tg_cpu / tg,
+    }
 
 
 def _chat_text(llm) -> str:
@@ -255,7 +265,7 @@ def main() -> None:
             out, _, _, _ = _spawn(_worker_cmd(worker, args), args.threads)
             res = json.loads(out.strip().splitlines()[-1])
             layer = res.get("layer", layer)
-            for key in ("pp_tok_s", "tg_tok_s", "load_s"):
+            for key in ("pp_tok_s", "tg_tok_s", "pp_cpu_ms", "tg_cpu_ms", "load_s"):
                 rows[engine].setdefault(key, []).append(res[key])
         cli = [
             ("atlas", _atlas_cli_cmd(args, 1, PROMPT), _atlas_cli_cmd(args, args.tg, LONG_PROMPT)),
@@ -283,11 +293,14 @@ def main() -> None:
     labels = {
         "pp_tok_s": f"prompt tok/s (pp{args.pp})",
         "tg_tok_s": f"decode tok/s (tg{args.tg})",
+        "pp_cpu_ms": "prompt CPU ms/token",
+        "tg_cpu_ms": "decode CPU ms/token",
         "load_s": "load, in-process (s)",
         "cli_first_token_s": "start to 1st token (s)",
         "peak_rss_mb": "peak RSS, whole reply (MB)",
     }
     print(f"\natlas threading layer: {layer}; load avg at end {os.getloadavg()[0]:.2f}")
+    print("ratio = atlas / llama.cpp: above 1 is better for tok/s, worse for time and memory")
     print(f"{'':28s} {'atlas median [min-max]':>26s} {'llama.cpp median [min-max]':>28s}  ratio")
     for key, label in labels.items():
         a, b = rows["atlas"][key], rows["llama.cpp"][key]

@@ -15,6 +15,7 @@ which removes the Python overhead of ~15 ops per layer.
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -264,6 +265,12 @@ class FusedDecoder:
         self.scores = np.empty((self.n_heads, 0), np.float32)
         # Load the kernels now, before the weights are first read, then let go of the JIT
         # compiler's pages: the two are never resident together (docs/performance.md).
+        if not _k.kernels_cached() and sys.stderr.isatty():
+            print(
+                "atlas: compiling the CPU kernels (once per install, about a minute)...",
+                file=sys.stderr,
+                flush=True,
+            )
         _k.warm_up()
         _k.release_compiler_memory()
 

@@ -770,6 +770,16 @@ def warm_up() -> None:
     )
 
 
+def kernels_cached() -> bool:
+    """Whether numba's disk cache already holds the kernels for this source file (so loading
+    takes a fraction of a second instead of a compile). Best effort: numba's cache index is
+    not public API, and any surprise counts as cached."""
+    try:
+        return bool(decode_step._cache._cache_file._load_index())
+    except Exception:
+        return True
+
+
 GEMV_WARM_TOKENS = 8  # any count above cpu_fast.GEMV_MAX_TOKENS: the gemm kernel
 
 
