@@ -289,3 +289,67 @@ def test_default_model_greedy_golden(smollm2_fast):
     stop = golden["greedy_ids_float32"][-1]  # <|im_end|> ends the turn and is not emitted
     assert tokens + [stop] == golden["greedy_ids_float32"]
     assert smollm2_fast.tokenizer.decode(tokens) == "The capital of France is Paris."
+
+
+# ---------------------------------------------------------------------------------------------
+# Loader and cache pieces the fast path relies on
+
+
+def test_unpermute_index_matches_unpermute_rows(rng):
+    rows = rng.integers(0, 256, (4 * 64, 20), dtype=np.uint8)  # 4 heads of 64 rows
+    index = gguf.unpermute_index(rows.shape[0], 4)
+    np.testing.assert_array_equal(rows[index], gguf.unpermute_rows(rows, 4))
+
+
+@pytest.mark.slow
+def test_lazy_unpermute_keeps_blocks_in_the_map(smollm2_path):
+    from atlas_cli import store
+
+    gf = gguf.open_gguf(smollm2_path, cache_dir=store.cache_dir())
+    config = gguf.config_from_metadata(gf.metadata, set(gf.tensors))
+    lazy = gguf.load_weights(gf, config, keep_quantized=True, lazy_unpermute=True)
+    copied = gguf.load_weights(gf, config, keep_quantized=True)
+    for name in (
+        "model.layers.3.self_attn.q_proj.weight",
+        "model.layers.3.self_attn.k_proj.weight",
+    ):
+        assert lazy[name].row_perm is not None and copied[name].row_perm is None
+        assert np.shares_memory(lazy[name].blocks, gf._map)  # a view of the file, not a copy
+        np.testing.assert_array_equal(lazy[name].dequantize(), copied[name].dequantize())
+        w = cpu_fast.prepare_weight(lazy[name])
+        np.testing.assert_array_equal(w.dequantize(), copied[name].dequantize())
+
+
+def test_fit_counts_kept_blocks_at_their_size(rng):
+    from atlas_cli import fit
+
+    blocks = random_blocks(3, 8, 64, rng)  # Q4_1: 2 blocks of 20 bytes per row
+    weights = {"a": gguf.QuantizedTensor(3, (8, 64), blocks), "b": np.zeros((8, 64), np.float32)}
+    assert fit.weight_bytes(weights) == 8 * 40 + 8 * 64 * 4
+
+
+def test_stacked_cache_grows_and_keeps_contents():
+    cache = cpu_fast.StackedKVCache(2, 3, 8, max_len=600)
+    assert cache.capacity == cpu_fast.GROW_STEP and cache.k.shape == (2, 3, 256, 8)
+    k = np.arange(5 * 3 * 8, dtype=np.float32).reshape(5, 3, 8)
+    keys, _ = cache.update(1, 0, k, -k)
+    cache.length = 5
+    assert keys.shape == (3, 5, 8)
+    cache.reserve(300)
+    assert cache.capacity == 512 and cache.layers[1].k.base is cache.k
+    np.testing.assert_array_equal(cache.k[1, :, :5], k.transpose(1, 0, 2))
+    np.testing.assert_array_equal(cache.v[1, :, :5], -k.transpose(1, 0, 2))
+    cache.reserve(600)
+    assert cache.capacity == 600  # capped at the context
+    with pytest.raises(ValueError):
+        cache.reserve(601)
+    assert cache.truncate(2) == 2
+
+
+def test_kernels_still_run_after_releasing_compiler_pages(rng):
+    cpu_kernels.release_compiler_memory()
+    blocks = random_blocks(3, 16, 64, rng)
+    w = packed(3, blocks)
+    x = rng.standard_normal((1, 64)).astype(np.float32)
+    want = x @ quant.dequantize(blocks, 3, (16, 64)).T
+    assert rel_err(cpu_fast.linear(x, w), want) < 1e-5

@@ -6,10 +6,10 @@ fused decoder hook. Matrix products run on the blocks (cpu_kernels.py):
 - a few tokens (decode): each row's blocks are read once and dotted with every token's float32
   activations, dequantizing on the fly; rows are split across cores;
 - many tokens (prefill): tiles of rows are dequantized to float32 (bit-exact with the
-  reference) and multiplied by BLAS, so the blocks are decoded once per tile for all tokens.
+  reference) and multiplied with all tokens, so each block is decoded once per call.
 
 `fuse_decoder` gives Llama-family models one numba call per decoded token for all layers,
-which removes the Python overhead of ~15 ops per layer.
+which removes the Python overhead of ~15 ops per layer. Design notes: docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -59,22 +59,15 @@ class PackedMatrix:
     def blocks_per_row(self) -> int:
         return self.shape[1] // _k.BLOCKS[self.type_id][0]
 
+    @property
+    def kernel_args(self) -> tuple:
+        """(type, buffer, offset, row bytes, blocks per row): how the kernels address it."""
+        return self.type_id, self.buf, self.offset, self.row_bytes, self.blocks_per_row
+
     def dequantize(self) -> np.ndarray:
         out = np.empty(self.shape, np.float32)
-        self._dequant_rows(0, out)
+        _k.dequant_rows(*self.kernel_args, self.perm, 0, out)
         return out
-
-    def _dequant_rows(self, r0: int, out: np.ndarray) -> None:
-        _k.dequant_rows(
-            self.type_id,
-            self.buf,
-            self.offset,
-            self.row_bytes,
-            self.blocks_per_row,
-            self.perm,
-            r0,
-            out,
-        )
 
 
 def _root(a: np.ndarray) -> np.ndarray:
@@ -118,16 +111,7 @@ def embedding(table, ids: np.ndarray) -> np.ndarray:
     if not isinstance(table, PackedMatrix):
         return _ref.embedding(table, ids)
     out = np.empty((len(ids), table.shape[1]), np.float32)
-    stored = table.perm[np.asarray(ids, dtype=np.int64)]
-    _k.gather_rows(
-        table.type_id,
-        table.buf,
-        table.offset,
-        table.row_bytes,
-        table.blocks_per_row,
-        stored,
-        out,
-    )
+    _k.gather_rows(*table.kernel_args, table.perm[np.asarray(ids, dtype=np.int64)], out)
     return out
 
 
@@ -139,7 +123,7 @@ def linear(x: np.ndarray, w, bias: np.ndarray | None = None) -> np.ndarray:
     x2 = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, cols)  # (T, in)
     out = np.empty((x2.shape[0], rows), np.float32)
     kernel = _k.gemv_batch if x2.shape[0] <= GEMV_MAX_TOKENS else _k.gemm
-    kernel(w.type_id, w.buf, w.offset, w.row_bytes, w.blocks_per_row, w.perm, x2, out)
+    kernel(*w.kernel_args, w.perm, x2, out)
     if bias is not None:
         out += bias
     return out.reshape(*x.shape[:-1], rows)
@@ -208,59 +192,49 @@ class FusedDecoder:
     def __init__(self, model, buf: np.ndarray, packed: dict[str, PackedMatrix]):
         a, w = model.args, model.w
         n_layers, hd = a.num_hidden_layers, a.dim_per_head
-        self.n_layers, self.n_heads, self.n_kv, self.head_dim = (
-            n_layers,
-            a.num_attention_heads,
-            a.num_key_value_heads,
-            hd,
-        )
+        self.n_layers, self.n_kv, self.head_dim = n_layers, a.num_key_value_heads, hd
+        self.n_heads = a.num_attention_heads
+        nq, nk = self.n_heads * hd, self.n_kv * hd
         self.buf = buf
-        self.mats = np.zeros((n_layers, 7, 4), np.int64)
-        for i in range(n_layers):
-            for j, name in enumerate(_PROJ):
-                m = packed[_proj_key(i, name)]
-                self.mats[i, j] = (m.type_id, m.offset, m.row_bytes, m.blocks_per_row)
+        self.mats = np.array(  # (L, 7, 4): type, offset, row bytes, blocks per row
+            [
+                [
+                    (m.type_id, m.offset, m.row_bytes, m.blocks_per_row)
+                    for m in (packed[_proj_key(i, n)] for n in _PROJ)
+                ]
+                for i in range(n_layers)
+            ],
+            np.int64,
+        )
         self.perm_q = packed[_proj_key(0, "q_proj")].perm
         self.perm_k = packed[_proj_key(0, "k_proj")].perm
         e = packed["model.embed_tokens.weight"]
         self.embed = np.array([e.type_id, e.offset, e.row_bytes, e.blocks_per_row], np.int64)
         self.embed_perm = e.perm
-        p = "model.layers.{}."
-        self.norms = np.stack(
-            [
-                np.stack(
-                    [
-                        w[p.format(i) + "input_layernorm.weight"],
-                        w[p.format(i) + "post_attention_layernorm.weight"],
-                    ]
-                )
-                for i in range(n_layers)
-            ]
-        ).astype(np.float32)  # (L, 2, H)
+        layer = [f"model.layers.{i}." for i in range(n_layers)]
+        norms = ("input_layernorm.weight", "post_attention_layernorm.weight")
+        self.norms = np.array([[w[p + n] for n in norms] for p in layer], np.float32)  # (L, 2, H)
         self.final_norm = np.asarray(w["model.norm.weight"], np.float32)
-        nq, nk = self.n_heads * hd, self.n_kv * hd
+        # q/k/v biases (zeros when absent) and q/k norms (Qwen3), one row per layer
         self.bias = np.zeros((n_layers, nq + 2 * nk), np.float32)
         self.qk_norm = np.ones((n_layers, 2, hd), np.float32)
-        for i in range(n_layers):
-            sa = p.format(i) + "self_attn."
-            for name, lo, hi in (
-                ("q_proj", 0, nq),
-                ("k_proj", nq, nq + nk),
-                ("v_proj", nq + nk, nq + 2 * nk),
-            ):
-                b = w.get(sa + name + ".bias")
+        spans = {"q_proj": (0, nq), "k_proj": (nq, nq + nk), "v_proj": (nq + nk, nq + 2 * nk)}
+        for i, p in enumerate(layer):
+            for name, (lo, hi) in spans.items():
+                b = w.get(f"{p}self_attn.{name}.bias")
                 if b is not None:
                     self.bias[i, lo:hi] = b
             if model.qk_norm:
-                self.qk_norm[i, 0] = w[sa + "q_norm.weight"]
-                self.qk_norm[i, 1] = w[sa + "k_norm.weight"]
+                self.qk_norm[i] = (
+                    w[p + "self_attn.q_norm.weight"],
+                    w[p + "self_attn.k_norm.weight"],
+                )
         self.use_qk_norm = bool(model.qk_norm)
         self.inv_freq = np.ascontiguousarray(model.inv_freq, np.float32)
         self.eps = float(a.rms_norm_eps)
-        self.hidden = a.hidden_size
-        inter = packed[_proj_key(0, "gate_proj")].shape[0]
+        # buffers reused by every step (scores grows with the cache)
         self.qkv = np.empty(nq + 2 * nk, np.float32)
-        self.act = np.empty(inter, np.float32)
+        self.act = np.empty(packed[_proj_key(0, "gate_proj")].shape[0], np.float32)
         self.x = np.empty(a.hidden_size, np.float32)
         self.scores = np.empty((self.n_heads, 0), np.float32)
         # Load the kernels now, before the weights are first read, then let go of the JIT
@@ -282,30 +256,13 @@ class FusedDecoder:
         hidden state (1, H)."""
         if self.scores.shape[1] < cache.capacity:
             self.scores = np.empty((self.n_heads, cache.capacity), np.float32)
-        out = np.empty(self.hidden, np.float32)
+        out = np.empty(self.x.shape[0], np.float32)
         _k.decode_step(
-            self.buf,
-            self.mats,
-            self.perm_q,
-            self.perm_k,
-            self.embed,
-            int(self.embed_perm[token]),
-            pos,
-            self.norms,
-            self.final_norm,
-            self.bias,
-            self.qk_norm,
-            self.use_qk_norm,
-            self.inv_freq,
-            self.eps,
-            cache.k,
-            cache.v,
-            self.qkv,
-            self.act,
-            self.scores,
-            self.x,
-            out,
-        )
+            self.buf, self.mats, self.perm_q, self.perm_k, self.embed,
+            int(self.embed_perm[token]), pos, self.norms, self.final_norm, self.bias,
+            self.qk_norm, self.use_qk_norm, self.inv_freq, self.eps, cache.k, cache.v,
+            self.qkv, self.act, self.scores, self.x, out,
+        )  # fmt: skip
         return out[None, :]
 
 

@@ -3,7 +3,7 @@
 Weights stay in their GGUF blocks. The inner loops, one block of a row at a time, are written as
 LLVM vector IR (numba `@intrinsic`): numba's own loop vectoriser unrolls the 16-byte nibble loops
 of these formats completely and then leaves them scalar, or vectorises across rows with gathers,
-which is 2-3x slower. Here each block becomes a handful of <16 x float> operations: load the
+which measured 2-7x slower per core. Here each block becomes a handful of <16 x float> operations: load the
 quants, widen, convert, multiply with x, and accumulate scaled by the block's float16 scale.
 Activations and accumulators are float32 (llama.cpp instead rounds x to int8 first).
 
@@ -800,6 +800,9 @@ def decode_step(
 # Start-up
 
 
+GEMV_WARM_TOKENS = 8  # any count above cpu_fast.GEMV_MAX_TOKENS: the gemm kernel
+
+
 def warm_up() -> None:
     """Load every kernel a generation uses (from numba's disk cache, or compile it) by running
     each once on a tiny dummy model with the argument types of real calls."""
@@ -852,9 +855,6 @@ def kernels_cached() -> bool:
         return bool(decode_step._cache._cache_file._load_index())
     except Exception:
         return True
-
-
-GEMV_WARM_TOKENS = 8  # any count above cpu_fast.GEMV_MAX_TOKENS: the gemm kernel
 
 
 def release_compiler_memory() -> None:
