@@ -111,9 +111,13 @@ def _installed() -> Iterable[tuple[str, str]]:
             yield entry.name, "installed"
 
 
+def recipes_dir():
+    return resources.files("atlas_cli") / "recipes"
+
+
 def _recipes() -> Iterable[tuple[str, str]]:
     """Recipe files shipped in atlas_cli/recipes/: the `name` key, or the file's stem."""
-    folder = resources.files("atlas_cli") / "recipes"
+    folder = recipes_dir()
     if not folder.is_dir():
         return
     for entry in sorted(folder.iterdir(), key=lambda e: e.name):

@@ -129,7 +129,7 @@ class Fit:
     needed: int  # tokens plus the room kept for the reply
     limit: int
     drop: int | None
-    tokens_after: int  # the prompt after dropping
+    tokens_after: int  # the prompt after dropping (when nothing helps: with all turns dropped)
 
     @property
     def fits(self) -> bool:
@@ -161,5 +161,6 @@ def plan_fit(
         else:
             lo = mid + 1
     if best is None:
-        return Fit(tokens, tokens + reply, context, None, tokens)
+        alone = count(conv.without_oldest(len(conv.turn_starts) - 1))
+        return Fit(tokens, tokens + reply, context, None, alone)
     return Fit(tokens, tokens + reply, context, best[0], best[1])
