@@ -77,18 +77,29 @@ def test_printer_renders_markdown_when_finished():
     assert plain == "Some **bold** text.\n"
 
 
+def screen_after(output: str, width: int, height: int = 80) -> list[str]:
+    """What a terminal shows after `output` (cursor moves and erasures applied)."""
+    import pyte
+
+    screen = pyte.Screen(width, height)
+    pyte.Stream(screen).feed(output.replace("\n", "\r\n"))
+    lines = [line.rstrip() for line in screen.display]
+    while lines and not lines[-1]:
+        lines.pop()
+    return lines
+
+
 def test_printer_streams_markdown_on_a_terminal():
     console = Console(file=io.StringIO(), width=60, force_terminal=True, color_system=None)
     printer = TurnPrinter(console, markdown=True)
-    text = "".join(f"Line {i} of a **long** answer.\n\n" for i in range(12))
+    printer.stream_interval = 0  # redraw on every piece: the worst case for the window
+    text = "Fruits:\n\n" + "".join(f"- **Fruit {i}** is tasty.\n" for i in range(12))
     for word in text.split(" "):
         printer.feed(word + " ")
     answer, _ = printer.finish()
-    out = console.file.getvalue()
-    assert answer == text.strip() + " " or answer == text.strip()
-    for i in range(12):
-        assert f"Line {i} of a long answer." in out
-    assert "**" not in out
+    assert answer == text.strip()
+    shown = screen_after(console.file.getvalue(), 60)
+    assert shown == ["Fruits:", ""] + [f" • Fruit {i} is tasty." for i in range(12)]
 
 
 def test_footer():

@@ -84,10 +84,10 @@ class MarkdownStream:
     screen keeps the terminal's scrollback clean."""
 
     WINDOW = 6
-    MIN_INTERVAL_S = 0.05
 
-    def __init__(self, console: Console):
+    def __init__(self, console: Console, min_interval_s: float = 0.05):
         self.console = console
+        self.min_interval_s = min_interval_s  # re-rendering it all per token would be O(n²)
         self.printed = 0
         self.last = 0.0
         self.live = Live(Text(""), console=console, auto_refresh=False, transient=True)
@@ -95,13 +95,13 @@ class MarkdownStream:
 
     def update(self, text: str, final: bool = False) -> None:
         now = time.monotonic()
-        if not final and now - self.last < self.MIN_INTERVAL_S:
+        if not final and now - self.last < self.min_interval_s:
             return
         self.last = now
         lines = self.console.render_lines(Markdown(text), pad=False)
         stable = len(lines) if final else max(len(lines) - self.WINDOW, self.printed)
         for line in lines[self.printed : stable]:
-            self.live.console.print(Segments(line))
+            self.live.console.print(Segments([*line, Segment.line()]))  # Segments adds no newline
         self.printed = max(self.printed, stable)
         window = [seg for line in lines[stable:] for seg in (*line, Segment.line())]
         self.live.update(Segments(window[:-1]), refresh=True)
@@ -129,6 +129,7 @@ class TurnPrinter:
         self.column0 = True  # the cursor is at the start of a line
         self.indicator = False  # a "thinking…" note is on screen
         self.stream: MarkdownStream | None = None
+        self.stream_interval = 0.05  # seconds between Markdown redraws
 
     def feed(self, text: str) -> None:
         for is_thought, piece in self.splitter.feed(text):
@@ -172,7 +173,7 @@ class TurnPrinter:
             self._write(piece)
         elif self.console.is_terminal:
             if self.stream is None:
-                self.stream = MarkdownStream(self.console)
+                self.stream = MarkdownStream(self.console, self.stream_interval)
             self.stream.update("".join(self.answer))
 
     def _write(self, text: str, style: str | None = None) -> None:
