@@ -225,3 +225,13 @@ def test_tab_completion(tmp_path):
     assert completions("hello /s") == [] and completions("/set temperature 0") == []
     (tmp_path / "talk.json").write_text("{}")
     assert completions(f"/load {tmp_path}/ta") == ["lk.json"]
+
+
+def test_hidden_reasoning_leaves_only_the_answer_on_a_terminal():
+    console = Console(file=io.StringIO(), width=60, force_terminal=True, color_system=None)
+    printer = TurnPrinter(console, think="hidden")
+    for piece in ["<think>", "Step one.", " Step two.", "</think>", "\n\n", "Answer", " here."]:
+        printer.feed(piece)
+    assert printer.finish() == ("Answer here.", "Step one. Step two.")
+    assert "thinking…" in console.file.getvalue()  # shown while it thought
+    assert screen_after(console.file.getvalue(), 60) == ["Answer here."]

@@ -328,13 +328,14 @@ class ChatREPL:
             else:
                 self.note("the context is full; the answer was cut")
         if s.verbose:
-            self.console.print(footer(stats), style="dim", highlight=False)
+            self.console.print(footer(stats), style="dim", highlight=False, soft_wrap=True)
         used = stats.prompt_tokens + stats.completion_tokens
         if used >= NEARLY_FULL * self.context:
             self.note(
                 f"the context is {100 * used / self.context:.0f}% full ({used:,} of "
                 f"{self.context:,} tokens): old turns will have to go soon; /clear starts afresh"
             )
+        self.console.print()  # a blank line between an answer and the next prompt
         return kept
 
     def make_room(self) -> bool:
@@ -393,6 +394,7 @@ class ChatREPL:
                 self.console.print(_table(SHOW_TOPICS))
             return
         self.console.print(_table({f"/{c.name} {c.args}".rstrip(): c.help for c in COMMANDS}))
+        self.console.print()
         self.console.print(_table(dict(KEYS)))
 
     def cmd_bye(self, arg: str) -> bool:
@@ -535,10 +537,7 @@ class ChatREPL:
             ),
             soft_wrap=True,
         )
-        self.note(
-            '/help lists the commands · """ or Alt-Enter for more lines · '
-            "Ctrl-C stops an answer · Ctrl-D or /bye leaves"
-        )
+        self.note('/help: commands · """ or Alt-Enter: more lines · Ctrl-C: stop · Ctrl-D: quit')
 
     def replay(self) -> None:
         if self.conv.system:
