@@ -70,7 +70,7 @@ def roles(repl: ChatREPL) -> list[str]:
 
 
 def test_second_turn_uses_the_first_answer(smollm2):
-    settings = ChatSettings(temperature=0, max_tokens=12)
+    settings = ChatSettings(temperature=0, max_tokens=8)
     s = chat(
         smollm2,
         "What is the capital of France?",
@@ -364,40 +364,51 @@ def test_load_rejects_bad_files_and_keeps_the_conversation(smollm2, tmp_path):
 # -- history -----------------------------------------------------------------------------------
 
 
-def test_history_persists_across_sessions(smollm2_path, tmp_path, monkeypatch):
+def test_history_persists_across_sessions(smollm2, tmp_path, monkeypatch):
     monkeypatch.setenv("ATLAS_HOME", str(tmp_path))
     monkeypatch.delenv("ATLAS_NO_HISTORY", raising=False)
     path = history_path()
     assert path == tmp_path / "chat_history"
 
-    first = session_via_run_chat(smollm2_path, "/system Remember me.", "/show system")
+    first = session_via_run_chat(
+        "smollm2-135m", "/system Remember me.", "/show system", model=smollm2
+    )
     assert "Remember me." in first
     assert "/system Remember me." in path.read_text()
     assert oct(path.stat().st_mode & 0o777) == "0o600"
 
     # a new session: Up twice recalls "/system Remember me." from the file (Up once: /show)
-    second = session_via_run_chat(smollm2_path, UP + UP, "/show system")
+    second = session_via_run_chat("smollm2-135m", UP + UP, "/show system", model=smollm2)
     assert second.count("Remember me.") == 1
 
 
-def test_history_can_be_turned_off(smollm2_path, tmp_path, monkeypatch):
+def test_history_can_be_turned_off(smollm2, tmp_path, monkeypatch):
     monkeypatch.setenv("ATLAS_HOME", str(tmp_path))
     monkeypatch.setenv("ATLAS_NO_HISTORY", "1")
-    session_via_run_chat(smollm2_path, "/show system")
+    session_via_run_chat("smollm2-135m", "/show system", model=smollm2)
     assert not (tmp_path / "chat_history").exists()
     monkeypatch.delenv("ATLAS_NO_HISTORY")
-    session_via_run_chat(smollm2_path, "/show system", history=False)
+    session_via_run_chat("smollm2-135m", "/show system", history=False, model=smollm2)
     assert not (tmp_path / "chat_history").exists()
 
 
-def session_via_run_chat(model_path, *lines, history=True, ctx_size=None, settings=GREEDY) -> str:
+def session_via_run_chat(
+    model_path, *lines, history=True, ctx_size=None, settings=GREEDY, model=None
+) -> str:
+    """A session through the entry point; `model` skips loading (tests of other things)."""
     console = new_console()
     with create_pipe_input() as pipe:
         pipe.send_text(keys(lines))
         pipe.close()
         options = ChatOptions(device="cpu-ref", ctx_size=ctx_size, history=history)
         run_chat(
-            str(model_path), settings, options, console=console, input=pipe, output=DummyOutput()
+            str(model_path),
+            settings,
+            options,
+            console=console,
+            input=pipe,
+            output=DummyOutput(),
+            load_model=(lambda name, **kwargs: model) if model is not None else None,
         )
     return console.file.getvalue()
 
@@ -406,9 +417,9 @@ def session_via_run_chat(model_path, *lines, history=True, ctx_size=None, settin
 
 
 def test_overflow_offers_to_drop_the_oldest_turns(smollm2_path):
-    # 112 tokens of context, 16 kept for each answer; a turn here is ~23 tokens and the first
-    # prompt 37: three questions fit, the fourth does not
-    settings = ChatSettings(temperature=0, max_tokens=16)
+    # 104 tokens of context, 10 kept for each answer; the first prompt is 37 tokens and each
+    # turn adds ~23: three questions fit (83 + 10), the fourth does not (106 + 10)
+    settings = ChatSettings(temperature=0, max_tokens=10)
     out = session_via_run_chat(
         smollm2_path,
         "What is the capital of France?",
@@ -420,7 +431,7 @@ def test_overflow_offers_to_drop_the_oldest_turns(smollm2_path):
         "y",  # accept: the oldest turn goes, the question is answered
         "word " * 150,  # too long even alone
         "/stats",
-        ctx_size=112,
+        ctx_size=104,
         settings=settings,
     )
     assert "Paris" in out and "Rome" in out and "Madrid" in out
@@ -428,6 +439,6 @@ def test_overflow_offers_to_drop_the_oldest_turns(smollm2_path):
     assert out.count("Not sent. /save keeps the conversation") == 1
     assert out.count("Dropped the oldest 1 turn.") == 1
     assert "Berlin" in out
-    assert "even without earlier turns; the context holds 112" in out
+    assert "even without earlier turns; the context holds 104" in out
     assert "turns        3" in out  # France dropped: Italy, Spain, Germany
-    assert "of 112 tokens" in out
+    assert "of 104 tokens" in out

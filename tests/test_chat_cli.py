@@ -55,7 +55,7 @@ def test_piped_chat(smollm2_path, monkeypatch, tmp_path):
     )
     result = CliRunner().invoke(
         app,
-        ["chat", str(smollm2_path), "--temperature", "0", "-n", "12", "--device", "cpu-ref"],
+        ["chat", str(smollm2_path), "--temperature", "0", "-n", "8", "--device", "cpu-ref"],
         input=lines,
     )
     assert result.exit_code == 0, result.output

@@ -610,14 +610,16 @@ def run_chat(
     console: Console | None = None,
     input=None,
     output=None,
+    load_model: Callable[..., Any] | None = None,
 ) -> None:
     """Load `model_name` and chat until the user leaves. `input`/`output` are prompt-toolkit
-    objects (tests pass a pipe input and a dummy output)."""
+    objects and `load_model` stands in for the backend's (tests pass a pipe input, a dummy
+    output and an already loaded model)."""
     console = console or Console(highlight=False)
-
-    def load(name: str):
+    if load_model is None:
         from atlas_cli.backend import load_model
 
+    def load(name: str):
         console.print(f"Loading {label(name)}…", style="dim", markup=False, soft_wrap=True)
         model = load_model(name, device=options.device, ctx_size=options.ctx_size)
         if not model.tokenizer.chat_template:
