@@ -492,9 +492,12 @@ class ChatREPL:
         info, cfg = m.info, m.info.config
         heads = cfg.get("num_attention_heads")
         kv = cfg.get("num_key_value_heads", heads)
+        arch = info.architecture
+        if cfg.get("model_type") not in (None, arch):
+            arch += f" ({cfg['model_type']})"
         rows = {
             "model": f"{self.model_name} ({info.name})",
-            "architecture": f"{info.architecture} ({cfg.get('model_type', '?')})",
+            "architecture": arch,
             "weights": f"{info.format}, {info.file_type}",
             "layers": str(cfg.get("num_hidden_layers", "?")),
             "hidden size": str(cfg.get("hidden_size", "?")),
