@@ -61,6 +61,26 @@ def main_options(
     """Run large language models on your own machine."""
 
 
+def _complete_model(incomplete: str):
+    from atlas_cli.completion import complete_models
+
+    return complete_models(incomplete)
+
+
+def _complete_device(incomplete: str):
+    from atlas_cli.backend import DEVICES
+
+    return _choices(DEVICES, incomplete)
+
+
+def _choices(values: tuple[str, ...], incomplete: str) -> list[str]:
+    return [v for v in values if v.startswith(incomplete)]
+
+
+ModelArg = Annotated[
+    str | None, typer.Argument(help="Model name or path.", autocompletion=_complete_model)
+]
+
 # Options shared by the commands that generate text.
 Temperature = Annotated[float, typer.Option(help="Sampling temperature; 0 is greedy.")]
 TopK = Annotated[int, typer.Option("--top-k", help="Keep the k most likely tokens (0: off).")]
@@ -72,7 +92,10 @@ RepeatPenalty = Annotated[
 Seed = Annotated[int | None, typer.Option(help="Random seed: the same seed gives the same text.")]
 MaxTokens = Annotated[int, typer.Option("--max-tokens", "-n", help="Most tokens to generate.")]
 Stop = Annotated[list[str] | None, typer.Option(help="Stop at this text (repeatable).")]
-Device = Annotated[str, typer.Option(help="cpu or cpu-ref (numpy float32 reference).")]
+Device = Annotated[
+    str,
+    typer.Option(help="cpu or cpu-ref (numpy float32 reference).", autocompletion=_complete_device),
+]
 CtxSize = Annotated[int | None, typer.Option("--ctx-size", help="Context length in tokens.")]
 System = Annotated[str | None, typer.Option(help="System prompt.")]
 Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Print timing statistics.")]
@@ -81,7 +104,7 @@ Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Print timing sta
 @app.command()
 @handle_errors
 def run(
-    model: Annotated[str | None, typer.Argument(help="Model name or path.")] = None,
+    model: ModelArg = None,
     prompt: Annotated[
         str | None, typer.Argument(help="The prompt; read from stdin if piped.")
     ] = None,
@@ -143,6 +166,71 @@ def run(
         typer.echo(result.stats_block(), err=True)
 
 
+@app.command()
+@handle_errors
+def chat(
+    model: ModelArg = None,
+    system: System = None,
+    temperature: Temperature = 0.8,
+    top_k: TopK = 40,
+    top_p: TopP = 0.95,
+    min_p: MinP = 0.05,
+    repeat_penalty: RepeatPenalty = 1.0,
+    seed: Seed = None,
+    max_tokens: MaxTokens = 512,
+    stop: Stop = None,
+    verbose: Verbose = False,
+    device: Device = "cpu",
+    ctx_size: CtxSize = None,
+    think: Annotated[
+        str,
+        typer.Option(
+            help="Reasoning: on (dimmed), hidden, or off (ask the model not to think).",
+            autocompletion=lambda incomplete: _choices(("on", "hidden", "off"), incomplete),
+        ),
+    ] = "on",
+    markdown: Annotated[bool, typer.Option(help="Render finished answers as Markdown.")] = False,
+    history: Annotated[
+        bool, typer.Option(help="Keep input history across sessions (or ATLAS_NO_HISTORY=1).")
+    ] = True,
+):
+    """Chat with a model in an interactive session (/help inside lists the commands)."""
+    from atlas_cli.chat import ChatOptions, ChatSettings, run_chat
+
+    settings = ChatSettings(
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
+        repeat_penalty=repeat_penalty,
+        seed=seed,
+        max_tokens=max_tokens,
+        stop=tuple(stop or ()),
+        verbose=verbose,
+        think=think,
+        markdown=markdown,
+    )
+    options = ChatOptions(system=system, device=device, ctx_size=ctx_size, history=history)
+    run_chat(model or DEFAULT_MODEL, settings.validate(), options)
+
+
+@app.command()
+@handle_errors
+def completion(
+    shell: Annotated[
+        str,
+        typer.Argument(
+            help="bash, zsh or fish.",
+            autocompletion=lambda incomplete: _choices(("bash", "zsh", "fish"), incomplete),
+        ),
+    ],
+):
+    """Print the shell completion script for SHELL (the README says how to install it)."""
+    from atlas_cli.completion import script
+
+    typer.echo(script(shell), nl=False)
+
+
 # pull, list, show, rm, hw: the model store and hardware (atlas_cli/models_cli.py)
 from atlas_cli import models_cli  # noqa: E402
 
@@ -150,7 +238,13 @@ models_cli.register(app, handle_errors)
 
 
 def main() -> None:
-    app()
+    from atlas_cli.completion import COMPLETE_VAR, PROG
+
+    if os.environ.get(COMPLETE_VAR):
+        from atlas_cli.completion import register
+
+        register()
+    app(prog_name=PROG, complete_var=COMPLETE_VAR)
 
 
 if __name__ == "__main__":
