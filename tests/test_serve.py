@@ -361,6 +361,32 @@ def test_disconnect_mid_stream_frees_the_engine(model, client, server):
     assert spent - resp.usage.completion_tokens < 400  # it stopped well before max_tokens
 
 
+def test_disconnect_while_not_streaming(model, server):
+    """A non-streamed request whose client leaves is stopped too."""
+    import socket
+    import time
+
+    before = metric(server.port, "atlas_generations_total", 'finish_reason="interrupted"')
+    body = dumps({"model": NAME, "messages": ASK, "max_tokens": 400, "temperature": 0})
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    with socket.create_connection(("127.0.0.1", server.port)) as sock:
+        sock.sendall(head.encode() + body)
+        for _ in range(600):  # wait until it is generating
+            if metric(server.port, "atlas_num_requests_running") == 1:
+                break
+            time.sleep(0.1)
+    for _ in range(600):  # the client is gone: the engine lets go
+        if metric(server.port, "atlas_num_requests_running") == 0:
+            break
+        time.sleep(0.1)
+    assert metric(server.port, "atlas_generations_total", 'finish_reason="interrupted"') == (
+        before + 1
+    )
+
+
 def test_fifty_queued_concurrent_requests(model, client, server):
     # five questions whose answers start with different tokens, so a mix-up shows
     questions = [
@@ -532,3 +558,65 @@ def test_health_is_503_while_loading(model, monkeypatch):
                 break
             threading.Event().wait(0.05)
         assert status == 200
+
+
+# -- the command line --------------------------------------------------------------------------
+
+
+def test_accept_any_model_like_llama_server(model):
+    fake = scripted_model(model.tokenizer)
+    fake.engine.script = ["ok"]
+    app = create_app(ServeConfig(model="x", accept_any_model=True), fake)
+    with ServerThread(app) as srv:
+        oc = openai.OpenAI(base_url=srv.url + "/v1", api_key="x")
+        resp = oc.chat.completions.create(model="Qwen3-0.6B-GGUF", messages=ASK)
+        assert resp.choices[0].message.content == "ok"
+
+
+def test_atlas_serve_command(smollm2_path, tmp_path):
+    """`atlas serve` as a user starts it: binds, loads, answers, and refuses a taken port."""
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "atlas_cli", "serve", str(smollm2_path)]
+    cmd += ["--port", str(port), "--ctx-size", "256", "--served-model-name", "tiny"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        status = None
+        for _ in range(1200):
+            if proc.poll() is not None:
+                break
+            try:
+                status, _, _ = raw_request(port, "GET", "/health")
+            except OSError:
+                status = None
+            if status == 200:
+                break
+            time.sleep(0.1)
+        assert status == 200, proc.stderr.read() if proc.poll() is not None else "no health"
+        _, _, raw = raw_request(port, "GET", "/v1/models")
+        assert json.loads(raw)["data"][0]["id"] == "tiny"
+        assert json.loads(raw)["data"][0]["meta"]["context_length"] == 256
+        taken = subprocess.run(
+            [sys.executable, "-m", "atlas_cli", "serve", str(smollm2_path), "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert taken.returncode == 2 and "pick another --port" in taken.stderr
+        assert "Traceback" not in taken.stderr
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    bad = subprocess.run(
+        [sys.executable, "-m", "atlas_cli", "serve", "no-such-model"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert bad.returncode == 1 and "unknown model" in bad.stderr
