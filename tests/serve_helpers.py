@@ -67,7 +67,8 @@ def metric(port: int, name: str, labels: str = "") -> float:
 
 
 class ScriptedEngine:
-    """Stands in for `Engine`: answers every prompt with `script` (a list of text pieces)."""
+    """Stands in for `Engine`: answers every prompt with `script` (text pieces; an exception in
+    it is raised there)."""
 
     def __init__(self, tokenizer, context_length: int = 2048):
         self.tokenizer = tokenizer
@@ -81,6 +82,8 @@ class ScriptedEngine:
         stats.prompt_tokens = len(ids)
         stats.finish_reason = "stop"
         for piece in self.script[:max_tokens]:
+            if isinstance(piece, Exception):  # a scripted engine failure
+                raise piece
             stats.completion_tokens += 1
             stats.text += piece
             yield TokenEvent(-1, piece)

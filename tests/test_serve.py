@@ -498,6 +498,22 @@ def test_json_mode_stops_after_the_object(scripted):
     assert resp.parse().choices[0].finish_reason == "stop"
 
 
+def test_engine_failure_is_a_500(scripted):
+    srv, engine, oc = scripted
+    engine.script = ["partial", RuntimeError("device lost")]
+    oc = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+    with pytest.raises(openai.InternalServerError) as err:
+        oc.chat.completions.create(model="scripted", messages=ASK)
+    assert "device lost" in err.value.message and err.value.type == "server_error"
+    body = dumps({"messages": ASK, "stream": True})
+    status, _, raw = raw_request(srv.port, "POST", "/v1/chat/completions", body)
+    events = sse_events(raw)
+    assert status == 200 and events[-1] == "[DONE]"
+    assert json.loads(events[-2])["error"]["type"] == "server_error"
+    engine.script = ["fine"]  # and the server goes on
+    assert oc.chat.completions.create(model="scripted", messages=ASK).choices[0].message.content
+
+
 def test_anthropic_tool_use(scripted):
     srv, engine, _ = scripted
     engine.script = CALL_SCRIPT

@@ -209,7 +209,8 @@ def stop_reason(out: Outcome, stop: list[str], state: AppState) -> tuple[str, st
 
 
 def event(kind: str, body: dict[str, Any]) -> str:
-    return f"event: {kind}\ndata: {json.dumps({'type': kind, **body}, ensure_ascii=False)}\n\n"
+    data = json.dumps({"type": kind, **body}, ensure_ascii=False, separators=(",", ":"))
+    return f"event: {kind}\ndata: {data}\n\n"
 
 
 async def message_stream(

@@ -94,9 +94,7 @@ def _tool_dicts(tools: list[Tool] | None) -> list[dict]:
     return [t.model_dump(exclude_none=True) for t in tools or []]
 
 
-def chat_messages(
-    messages: list[Message], template: str | None, tools_active: bool
-) -> list[dict[str, Any]]:
+def chat_messages(messages: list[Message], template: str | None) -> list[dict[str, Any]]:
     """Template-ready dicts: text content, arguments as objects, fallbacks for what the
     template cannot render."""
     renders_calls = template_renders(template, "tool_calls")
@@ -185,7 +183,7 @@ def build_chat_prompt(
             )
     elif choice == "required" and not opts.tools:
         raise bad_param("tool_choice", "tool_choice 'required' needs tools")
-    rendered = chat_messages(messages, template, tools_active)
+    rendered = chat_messages(messages, template)
     tool_dicts = _tool_dicts(opts.tools) if tools_active else None
     pass_tools = None
     if tools_active:

@@ -53,11 +53,10 @@ class Generation:
         return self._cancel.is_set()
 
     async def __aiter__(self) -> AsyncIterator[str]:
+        """Text pieces until the end (an engine error ends them early: see `error`)."""
         while True:
             item = await self._pieces.get()
             if item is _END:
-                if self.error is not None:
-                    raise self.error
                 return
             yield item
 
@@ -109,6 +108,7 @@ class EngineRunner:
         gen.queue_s = start - gen.arrival
         if gen.cancelled:  # the client left while queued
             gen.stats.finish_reason = "interrupted"
+            m.finished.labels("interrupted").inc()
             gen._finish(None)
             return
         m.running.inc()

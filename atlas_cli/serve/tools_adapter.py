@@ -1,13 +1,18 @@
 """The server's one door to tool-call and reasoning parsing.
 
-The real parsers live in `atlas_cli.backend.toolcalls` (another branch). The server talks only to
-the four names below, so wiring the real module in means editing this file alone:
+The real parsers live in `atlas_cli.backend.toolcalls` (another branch). The server uses only
+the names below, so wiring the real module in means editing this file alone:
 
 - `select_parser(chat_template, override)` -> a parser for the model's tool-call format
-- `parser.parse(text, tools)` -> `ParsedMessage(content, reasoning, tool_calls)` (non-streaming)
-- `parser.stream(tools, prompt_opened_think)` -> a `StreamParser` whose `feed(text)` and
-  `finish()` return lists of `Delta` (reasoning text, content text, or one tool call)
+- `parser.parse(text, tools)` -> `ParsedMessage(content, reasoning, tool_calls)` (non-streaming;
+  `tools` None means: do not look for calls, only split off reasoning)
+- `parser.stream(tools, prompt_opened_think)` -> a stream parser whose `feed(text)` and
+  `finish()` return lists of `Delta` (reasoning text, content text, or one whole tool call)
 - `split_reasoning(text, prompt_opened_think)` -> (reasoning, content)
+- `call_text(name, arguments)` -> an assistant call as the text the parser reads back (used
+  when a chat template cannot render `tool_calls`)
+- `ToolCall(id, name, arguments: JSON text)`, `ParsedMessage`, `Delta`, `new_call_id()`,
+  `THINK_OPEN`
 
 Until then this module carries a minimal Hermes parser (`<tool_call>{json}</tool_call>`, with
 `<think>...</think>` reasoning), the format SmolLM2-style ChatML and Qwen models use.
