@@ -168,6 +168,42 @@ def run(
 
 @app.command()
 @handle_errors
+def serve(
+    model: Annotated[str, typer.Argument(help="Model name or path.")] = DEFAULT_MODEL,
+    host: Annotated[str, typer.Option(help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 8080,
+    served_model_name: Annotated[
+        str | None, typer.Option(help="The model id clients send (default: MODEL).")
+    ] = None,
+    api_key: Annotated[
+        str | None,
+        typer.Option(envvar="ATLAS_API_KEY", help="Require this key (Bearer or x-api-key)."),
+    ] = None,
+    ctx_size: CtxSize = None,
+    chat_template_kwargs: Annotated[
+        str | None,
+        typer.Option(help="Template defaults as JSON, e.g. '{\"enable_thinking\": false}'."),
+    ] = None,
+    device: Device = "cpu",
+):
+    """Serve a model over an OpenAI-compatible HTTP API (and Anthropic's /v1/messages)."""
+    from atlas_cli.serve.server import parse_template_kwargs
+    from atlas_cli.serve.server import serve as run_server
+
+    run_server(
+        model,
+        host=host,
+        port=port,
+        served_model_name=served_model_name,
+        api_key=api_key,
+        ctx_size=ctx_size,
+        device=device,
+        template_kwargs=parse_template_kwargs(chat_template_kwargs),
+    )
+
+
+@app.command()
+@handle_errors
 def chat(
     model: ModelArg = None,
     system: System = None,
