@@ -1,4 +1,5 @@
-// Attention over a KV cache stored as bf16 (u16 bits) or FP8 E4M3 with a per-tensor scale.
+// Attention over a KV cache stored as bf16 (u16 bits), FP8 E4M3 with a per-tensor scale, or
+// float32.
 //
 // kv_write_<kv>: cache[h, start + t, :] = encode(k[t, h, :] / scale), k (T, nkv, hd) f32,
 //   cache (nkv, cap, hd). Grid (T, nkv), block 128.  Reference: cache.KVCache.update.
@@ -18,11 +19,13 @@
 
 #define KV_BF16 0
 #define KV_FP8 1
+#define KV_F32 2  // float32 cache: exact parity with the numpy reference, for debugging
 #define ATTN_ROWS 4  // warps (query rows) per block
 
 template <int KV>
 ATLAS_DEV float kv_load(const void* __restrict__ c, long long i) {
     if (KV == KV_BF16) return bf16_to_f32(((const u16*)c)[i]);
+    if (KV == KV_F32) return ((const float*)c)[i];
     return e4m3_to_f32(((const u8*)c)[i]);
 }
 
@@ -37,6 +40,7 @@ ATLAS_DEV void kv_write_body(const float* __restrict__ k, void* __restrict__ cac
     long long dst = ((long long)h * cap + start + t) * hd;
     for (int d = threadIdx.x; d < hd; d += blockDim.x) {
         if (KV == KV_BF16) ((u16*)cache)[dst + d] = f32_to_bf16(src[d] / scale);
+        else if (KV == KV_F32) ((float*)cache)[dst + d] = src[d] / scale;
         else ((u8*)cache)[dst + d] = f32_to_e4m3(src[d] / scale);
     }
 }
@@ -51,6 +55,12 @@ extern "C" __global__ void __launch_bounds__(128)
     kv_write_fp8(const float* __restrict__ k, void* __restrict__ cache, int T, int nkv, int hd,
                  int cap, int start, const i32* start_ptr, float scale) {
     kv_write_body<KV_FP8>(k, cache, T, nkv, hd, cap, start, start_ptr, scale);
+}
+
+extern "C" __global__ void __launch_bounds__(128)
+    kv_write_f32(const float* __restrict__ k, void* __restrict__ cache, int T, int nkv, int hd,
+                 int cap, int start, const i32* start_ptr, float scale) {
+    kv_write_body<KV_F32>(k, cache, T, nkv, hd, cap, start, start_ptr, scale);
 }
 
 template <int HD, int KV>
@@ -147,7 +157,8 @@ ATLAS_DEV void attn_body(const float* __restrict__ q, const void* __restrict__ k
         attn_body<HD, KV>(q, kc, vc, kscale, vscale, out, part_o, part_ml, T, nh, nkv, cap,     \
                           start, start_ptr, split_len);                                         \
     }
-#define ATTN_ENTRIES(HD) ATTN_ENTRY(HD, bf16, KV_BF16) ATTN_ENTRY(HD, fp8, KV_FP8)
+#define ATTN_ENTRIES(HD) \
+    ATTN_ENTRY(HD, bf16, KV_BF16) ATTN_ENTRY(HD, fp8, KV_FP8) ATTN_ENTRY(HD, f32, KV_F32)
 ATTN_ENTRIES(32)
 ATTN_ENTRIES(64)
 ATTN_ENTRIES(128)

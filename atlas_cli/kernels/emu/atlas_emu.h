@@ -6,6 +6,8 @@
 // message instead of hanging. __shared__ variables are function-level statics: one copy, which
 // is right because only one block runs at a time. The runner lives in atlas_emu.cpp.
 #pragma once
+#include <math.h>
+
 #include <cmath>
 #include <algorithm>
 #include <cstring>
@@ -28,15 +30,8 @@ void atlas_emu_warp_exchange(const void* value, void* out, int src_lane, int mod
 #define __launch_bounds__(...)
 #define __syncthreads() atlas_emu_syncthreads()
 
-using std::expf;
 using std::max;
 using std::min;
-using std::fabsf;
-using std::fmaxf;
-using std::fminf;
-using std::log1pf;
-using std::logf;
-using std::sqrtf;
 
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 inline void sincosf(float x, float* s, float* c) {
@@ -58,6 +53,13 @@ inline unsigned __float_as_uint(float f) {
     unsigned u;
     std::memcpy(&u, &f, 4);
     return u;
+}
+
+// Fibers never preempt each other, so a plain read-modify-write is atomic here.
+inline int atomicAdd(int* p, int v) {
+    int old = *p;
+    *p += v;
+    return old;
 }
 
 // mode 0: read lane (my_lane ^ src_lane); mode 1: read lane src_lane
