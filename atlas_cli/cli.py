@@ -72,7 +72,9 @@ RepeatPenalty = Annotated[
 Seed = Annotated[int | None, typer.Option(help="Random seed: the same seed gives the same text.")]
 MaxTokens = Annotated[int, typer.Option("--max-tokens", "-n", help="Most tokens to generate.")]
 Stop = Annotated[list[str] | None, typer.Option(help="Stop at this text (repeatable).")]
-Device = Annotated[str, typer.Option(help="cpu or cpu-ref (numpy float32 reference).")]
+Device = Annotated[
+    str, typer.Option(help="cpu, cpu-ref (numpy float32 reference), cuda or hip (our kernels).")
+]
 CtxSize = Annotated[int | None, typer.Option("--ctx-size", help="Context length in tokens.")]
 System = Annotated[str | None, typer.Option(help="System prompt.")]
 Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Print timing statistics.")]

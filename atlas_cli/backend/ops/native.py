@@ -439,18 +439,21 @@ class NativeOps:
             assert cols % 32 == 0 and raw.shape[1] == cols // per * nbytes, (
                 f"{fmt} weight {w.shape}: {raw.shape[1]} bytes per row"
             )
-            return DeviceWeight(fmt, rows, cols, self._upload_bytes(raw), raw.shape[1],
-                                self._dummy, 0, 1.0)
+            return DeviceWeight(
+                fmt, rows, cols, self._upload_bytes(raw), raw.shape[1], self._dummy, 0, 1.0
+            )
         a = np.asarray(w, np.float32)
         if a.ndim == 1:
             a = a.reshape(1, -1)
         assert a.ndim == 2 and a.shape[1] % 32 == 0, f"weight {a.shape}: cols % 32 != 0"
         if self.weight_dtype == "f32":
-            return DeviceWeight("f32", *a.shape, self._upload_bytes(a), a.shape[1] * 4,
-                                self._dummy, 0, 1.0)
+            return DeviceWeight(
+                "f32", *a.shape, self._upload_bytes(a), a.shape[1] * 4, self._dummy, 0, 1.0
+            )
         bits = f32_to_bf16_bits(a)
-        return DeviceWeight("bf16", *a.shape, self._upload_bytes(bits), a.shape[1] * 2,
-                            self._dummy, 0, 1.0)
+        return DeviceWeight(
+            "bf16", *a.shape, self._upload_bytes(bits), a.shape[1] * 2, self._dummy, 0, 1.0
+        )
 
     def _upload_bytes(self, a: np.ndarray):
         buf = self.rt.alloc(max(a.nbytes, 4))
@@ -470,8 +473,14 @@ class NativeOps:
             f"dequant_{w.fmt}",
             (-(-units // 256), w.rows),
             (256,),
-            [*self._wargs(w), ptr(out.ptr), i32(w.rows), i32(w.cols), i64(w.row_bytes),
-             i64(w.srow_bytes)],
+            [
+                *self._wargs(w),
+                ptr(out.ptr),
+                i32(w.rows),
+                i32(w.cols),
+                i64(w.row_bytes),
+                i64(w.srow_bytes),
+            ],
         )
         return out
 
@@ -490,8 +499,14 @@ class NativeOps:
                 f"embedding_{w.fmt}",
                 (t,),
                 (128,),
-                [*self._wargs(w), ptr(dev_ids.ptr), ptr(out.ptr), i32(w.cols), i64(w.row_bytes),
-                 i64(w.srow_bytes)],
+                [
+                    *self._wargs(w),
+                    ptr(dev_ids.ptr),
+                    ptr(out.ptr),
+                    i32(w.cols),
+                    i64(w.row_bytes),
+                    i64(w.srow_bytes),
+                ],
             )
         return out
 
@@ -527,8 +542,16 @@ class NativeOps:
             "add_rms_norm",
             (x.size // n,),
             (256,),
-            [ptr(x.ptr), ptr(r.ptr), ptr(w.ptr), ptr(s.ptr), ptr(out.ptr), i32(n), f32(eps),
-             i32(int(unit_offset))],
+            [
+                ptr(x.ptr),
+                ptr(r.ptr),
+                ptr(w.ptr),
+                ptr(s.ptr),
+                ptr(out.ptr),
+                i32(n),
+                f32(eps),
+                i32(int(unit_offset)),
+            ],
         )
         return s, out
 
@@ -543,8 +566,17 @@ class NativeOps:
         out = self.empty((t, w.rows))
         if t == 0:
             return out
-        args = [*self._wargs(w), ptr(x.ptr), ptr(b.ptr if b is not None else 0), ptr(out.ptr),
-                i32(t), i32(w.rows), i32(w.cols), i64(w.row_bytes), i64(w.srow_bytes)]
+        args = [
+            *self._wargs(w),
+            ptr(x.ptr),
+            ptr(b.ptr if b is not None else 0),
+            ptr(out.ptr),
+            i32(t),
+            i32(w.rows),
+            i32(w.cols),
+            i64(w.row_bytes),
+            i64(w.srow_bytes),
+        ]
         if t <= GEMV_MAX_T:
             self._launch("gemv.cu", f"gemv_{w.fmt}", (-(-w.rows // 8),), (256,), args)
         else:
@@ -555,8 +587,13 @@ class NativeOps:
         gate, up = self._f32(gate, "silu_mul gate"), self._f32(up, "silu_mul up")
         assert gate.shape == up.shape, f"silu_mul: {gate.shape} vs {up.shape}"
         out = self.empty(gate.shape)
-        self._launch("elementwise.cu", "silu_mul", (_blocks(gate.size),), (256,),
-                     [ptr(gate.ptr), ptr(up.ptr), ptr(out.ptr), i64(gate.size)])
+        self._launch(
+            "elementwise.cu",
+            "silu_mul",
+            (_blocks(gate.size),),
+            (256,),
+            [ptr(gate.ptr), ptr(up.ptr), ptr(out.ptr), i64(gate.size)],
+        )
         return out
 
     def sigmoid_mul(self, x, gate) -> DeviceArray:
@@ -564,16 +601,26 @@ class NativeOps:
         x, gate = self._f32(x, "sigmoid_mul x"), self._f32(gate, "sigmoid_mul gate")
         assert x.shape == gate.shape
         out = self.empty(x.shape)
-        self._launch("elementwise.cu", "sigmoid_mul", (_blocks(x.size),), (256,),
-                     [ptr(x.ptr), ptr(gate.ptr), ptr(out.ptr), i64(x.size)])
+        self._launch(
+            "elementwise.cu",
+            "sigmoid_mul",
+            (_blocks(x.size),),
+            (256,),
+            [ptr(x.ptr), ptr(gate.ptr), ptr(out.ptr), i64(x.size)],
+        )
         return out
 
     def _unary(self, x, op: int) -> DeviceArray:
         x = self._f32(x, "unary x")
         out = self.empty(x.shape)
         if x.size:
-            self._launch("elementwise.cu", "unary", (_blocks(x.size),), (256,),
-                         [ptr(x.ptr), ptr(out.ptr), i64(x.size), i32(op)])
+            self._launch(
+                "elementwise.cu",
+                "unary",
+                (_blocks(x.size),),
+                (256,),
+                [ptr(x.ptr), ptr(out.ptr), i64(x.size), i32(op)],
+            )
         return out
 
     def sigmoid(self, x) -> DeviceArray:
@@ -589,22 +636,40 @@ class NativeOps:
         a = self._f32(a, "binary a")
         if np.isscalar(b):
             out = self.empty(a.shape)
-            self._launch("elementwise.cu", "scalar_op", (_blocks(a.size),), (256,),
-                         [ptr(a.ptr), f32(b), ptr(out.ptr), i64(a.size), i32(op),
-                          i32(int(reverse))])
+            self._launch(
+                "elementwise.cu",
+                "scalar_op",
+                (_blocks(a.size),),
+                (256,),
+                [ptr(a.ptr), f32(b), ptr(out.ptr), i64(a.size), i32(op), i32(int(reverse))],
+            )
             return out
         b = self._f32(b, "binary b")
         if b.size > a.size:  # broadcasting a smaller left operand: swap and flip
             return self._binary(b, a, op, reverse=not reverse)
         nb = b.size
-        ok = b.shape == a.shape or nb == 1 or (
-            b.shape == a.shape[a.ndim - b.ndim :] if b.ndim <= a.ndim else False
+        ok = (
+            b.shape == a.shape
+            or nb == 1
+            or (b.shape == a.shape[a.ndim - b.ndim :] if b.ndim <= a.ndim else False)
         )
         assert ok, f"cannot broadcast {b.shape} onto {a.shape} on the device"
         out = self.empty(a.shape)
-        self._launch("elementwise.cu", "binary", (_blocks(a.size),), (256,),
-                     [ptr(a.ptr), ptr(b.ptr), ptr(out.ptr), i64(a.size), i64(max(nb, 1)), i32(op),
-                      i32(int(reverse))])
+        self._launch(
+            "elementwise.cu",
+            "binary",
+            (_blocks(a.size),),
+            (256,),
+            [
+                ptr(a.ptr),
+                ptr(b.ptr),
+                ptr(out.ptr),
+                i64(a.size),
+                i64(max(nb, 1)),
+                i32(op),
+                i32(int(reverse)),
+            ],
+        )
         return out
 
     def _copy_cols(self, x: DeviceArray, c0: int, width: int) -> DeviceArray:
@@ -613,8 +678,13 @@ class NativeOps:
         rows = x.size // ld
         out = self.empty((*x.shape[:-1], width))
         if out.size:
-            self._launch("elementwise.cu", "copy_cols", (_blocks(out.size),), (256,),
-                         [ptr(x.ptr), ptr(out.ptr), i64(rows), i32(ld), i32(c0), i32(width)])
+            self._launch(
+                "elementwise.cu",
+                "copy_cols",
+                (_blocks(out.size),),
+                (256,),
+                [ptr(x.ptr), ptr(out.ptr), i64(rows), i32(ld), i32(c0), i32(width)],
+            )
         return out
 
     def rope(self, x, positions, inv_freq) -> DeviceArray:
@@ -629,8 +699,13 @@ class NativeOps:
         if t:
             pos = self._small("positions", np.asarray(positions), np.int32)
             freq = self._small("inv_freq", inv, np.float32)
-            self._launch("rope.cu", "rope", (t, n), (64,),
-                         [ptr(out.ptr), ptr(pos.ptr), ptr(freq.ptr), i32(n), i32(hd), i32(rot)])
+            self._launch(
+                "rope.cu",
+                "rope",
+                (t, n),
+                (64,),
+                [ptr(out.ptr), ptr(pos.ptr), ptr(freq.ptr), i32(n), i32(hd), i32(rot)],
+            )
         return out
 
     def kv_write(self, k, cache_buf, cap: int, start: int, dtype: str, scale: float) -> None:
@@ -639,9 +714,23 @@ class NativeOps:
         assert k.ndim == 3 and dtype in KV_DTYPES
         t, nkv, hd = k.shape
         assert start + t <= cap
-        self._launch("attention.cu", f"kv_write_{dtype}", (t, nkv), (128,),
-                     [ptr(k.ptr), ptr(cache_buf.ptr), i32(t), i32(nkv), i32(hd), i32(cap),
-                      i32(start), ptr(0), f32(scale)])
+        self._launch(
+            "attention.cu",
+            f"kv_write_{dtype}",
+            (t, nkv),
+            (128,),
+            [
+                ptr(k.ptr),
+                ptr(cache_buf.ptr),
+                i32(t),
+                i32(nkv),
+                i32(hd),
+                i32(cap),
+                i32(start),
+                ptr(0),
+                f32(scale),
+            ],
+        )
 
     def attention(self, q, k, v, start: int, nsplit: int | None = None) -> DeviceArray:
         """Causal GQA attention: q (T, nh, hd) at positions start..; k, v the whole cache
@@ -671,14 +760,44 @@ class NativeOps:
         else:
             part_o = part_ml = out
         grid = (-(-(t * g) // 4), nkv, nsplit)
-        self._launch("attention.cu", f"attn_{k.dtype}_hd{hd}", grid, (128,),
-                     [ptr(q.ptr), ptr(k.buf.ptr), ptr(v.buf.ptr), f32(k.scale), f32(v.scale),
-                      ptr(out.ptr), ptr(part_o.ptr), ptr(part_ml.ptr), i32(t), i32(nh), i32(nkv),
-                      i32(k.cap), i32(start), ptr(0), i32(split_len)])
+        self._launch(
+            "attention.cu",
+            f"attn_{k.dtype}_hd{hd}",
+            grid,
+            (128,),
+            [
+                ptr(q.ptr),
+                ptr(k.buf.ptr),
+                ptr(v.buf.ptr),
+                f32(k.scale),
+                f32(v.scale),
+                ptr(out.ptr),
+                ptr(part_o.ptr),
+                ptr(part_ml.ptr),
+                i32(t),
+                i32(nh),
+                i32(nkv),
+                i32(k.cap),
+                i32(start),
+                ptr(0),
+                i32(split_len),
+            ],
+        )
         if nsplit > 1:
-            self._launch("attention.cu", "attn_combine", (t * nh,), (128,),
-                         [ptr(part_o.ptr), ptr(part_ml.ptr), ptr(out.ptr), i32(nsplit),
-                          i32(t * nh), i32(hd)])
+            self._launch(
+                "attention.cu",
+                "attn_combine",
+                (t * nh,),
+                (128,),
+                [
+                    ptr(part_o.ptr),
+                    ptr(part_ml.ptr),
+                    ptr(out.ptr),
+                    i32(nsplit),
+                    i32(t * nh),
+                    i32(hd),
+                ],
+            )
         return out
 
     def _as_kv(self, x) -> KVView:
@@ -702,8 +821,13 @@ class NativeOps:
         n = x.shape[-1]
         out = self.empty(x.shape)
         if x.size:
-            self._launch("norm.cu", "l2norm", (x.size // n,), (128,),
-                         [ptr(x.ptr), ptr(out.ptr), i32(n), f32(eps)])
+            self._launch(
+                "norm.cu",
+                "l2norm",
+                (x.size // n,),
+                (128,),
+                [ptr(x.ptr), ptr(out.ptr), i32(n), f32(eps)],
+            )
         return out
 
     def rms_norm_gated(self, x, gate, weight, eps: float) -> DeviceArray:
@@ -713,8 +837,13 @@ class NativeOps:
         n = x.shape[-1]
         out = self.empty(x.shape)
         if x.size:
-            self._launch("norm.cu", "rms_norm_gated", (x.size // n,), (128,),
-                         [ptr(x.ptr), ptr(z.ptr), ptr(w.ptr), ptr(out.ptr), i32(n), f32(eps)])
+            self._launch(
+                "norm.cu",
+                "rms_norm_gated",
+                (x.size // n,),
+                (128,),
+                [ptr(x.ptr), ptr(z.ptr), ptr(w.ptr), ptr(out.ptr), i32(n), f32(eps)],
+            )
         return out
 
     def causal_conv1d(self, x, weight, state, act: bool = False):
@@ -725,9 +854,23 @@ class NativeOps:
         kk = w.shape[-1]
         assert w.size == c * kk and st.shape == (kk - 1, c) and 1 <= kk <= 8
         out, new_state = self.empty((t, c)), self.empty((kk - 1, c))
-        self._launch("gdn.cu", "causal_conv1d", (-(-c // 256),), (256,),
-                     [ptr(x.ptr), ptr(w.ptr), ptr(st.ptr), ptr(out.ptr), ptr(new_state.ptr),
-                      i32(t), i32(c), i32(kk), i32(int(act))])
+        self._launch(
+            "gdn.cu",
+            "causal_conv1d",
+            (-(-c // 256),),
+            (256,),
+            [
+                ptr(x.ptr),
+                ptr(w.ptr),
+                ptr(st.ptr),
+                ptr(out.ptr),
+                ptr(new_state.ptr),
+                i32(t),
+                i32(c),
+                i32(kk),
+                i32(int(act)),
+            ],
+        )
         return out, new_state
 
     def gated_delta_rule(self, q, k, v, g, beta, state, scale: float | None = None):
@@ -744,10 +887,27 @@ class NativeOps:
             f"gdn kernel limits: dv | 256, dk*dv <= 16384 (dk {dk}, dv {dv})"
         )
         out = self.empty((t, nv, dv))
-        self._launch("gdn.cu", "gdn_recurrent", (nv,), (256,),
-                     [ptr(q.ptr), ptr(k.ptr), ptr(v.ptr), ptr(g.ptr), ptr(beta.ptr), ptr(st.ptr),
-                      ptr(out.ptr), i32(t), i32(nk), i32(nv), i32(dk), i32(dv),
-                      f32(scale if scale is not None else dk**-0.5)])
+        self._launch(
+            "gdn.cu",
+            "gdn_recurrent",
+            (nv,),
+            (256,),
+            [
+                ptr(q.ptr),
+                ptr(k.ptr),
+                ptr(v.ptr),
+                ptr(g.ptr),
+                ptr(beta.ptr),
+                ptr(st.ptr),
+                ptr(out.ptr),
+                i32(t),
+                i32(nk),
+                i32(nv),
+                i32(dk),
+                i32(dv),
+                f32(scale if scale is not None else dk**-0.5),
+            ],
+        )
         return out, st
 
     def gated_delta_rule_chunked(self, q, k, v, g, beta, state, scale=None, chunk: int = 64):
@@ -762,8 +922,9 @@ class NativeOps:
         self._launch("sample.cu", "argmax", (1,), (1024,), [ptr(x.ptr), i32(x.size), ptr(out.ptr)])
         return int(out.numpy()[0])
 
-    def sample(self, logits, top_k: int, top_p: float, min_p: float, temperature: float,
-               u: float) -> int:
+    def sample(
+        self, logits, top_k: int, top_p: float, min_p: float, temperature: float, u: float
+    ) -> int:
         """sample.py's chain (top-k, top-p, min-p, temperature) with the uniform draw `u`;
         temperature 0 is argmax. top_k must be 1..256 (sample.cu SAMPLE_KMAX)."""
         if temperature == 0:
@@ -771,9 +932,22 @@ class NativeOps:
         x = self._f32(logits, "sample logits")
         assert 1 <= top_k <= SAMPLE_KMAX, f"device sampling needs 1 <= top_k <= {SAMPLE_KMAX}"
         out = self.empty((1,), np.int32)
-        self._launch("sample.cu", "sample_topk_topp", (1,), (1024,),
-                     [ptr(x.ptr), i32(x.size), i32(top_k), f32(top_p), f32(min_p),
-                      f32(temperature), f32(u), ptr(out.ptr)])
+        self._launch(
+            "sample.cu",
+            "sample_topk_topp",
+            (1,),
+            (1024,),
+            [
+                ptr(x.ptr),
+                i32(x.size),
+                i32(top_k),
+                f32(top_p),
+                f32(min_p),
+                f32(temperature),
+                f32(u),
+                ptr(out.ptr),
+            ],
+        )
         return int(out.numpy()[0])
 
     # -- FP8 / bf16 conversions (KV cache and scales), exposed for tests ------------------
@@ -781,15 +955,21 @@ class NativeOps:
         raw = self._upload_bytes(np.ascontiguousarray(codes, np.uint8))
         n = int(np.asarray(codes).size)
         out = self.empty((n,))
-        self._launch("dequant.cu", "fp8_decode", (_blocks(n),), (256,),
-                     [ptr(raw.ptr), ptr(out.ptr), i32(n)])
+        self._launch(
+            "dequant.cu", "fp8_decode", (_blocks(n),), (256,), [ptr(raw.ptr), ptr(out.ptr), i32(n)]
+        )
         return out.numpy()
 
     def fp8_encode(self, x: np.ndarray) -> np.ndarray:
         d = self._f32(np.asarray(x, np.float32).reshape(-1), "fp8_encode x")
         buf = self.rt.alloc(max(d.size, 4))
-        self._launch("dequant.cu", "fp8_encode", (_blocks(d.size),), (256,),
-                     [ptr(d.ptr), ptr(buf.ptr), i32(d.size)])
+        self._launch(
+            "dequant.cu",
+            "fp8_encode",
+            (_blocks(d.size),),
+            (256,),
+            [ptr(d.ptr), ptr(buf.ptr), i32(d.size)],
+        )
         out = np.empty(d.size, np.uint8)
         self.rt.d2h(out, buf)
         return out
@@ -798,3 +978,54 @@ class NativeOps:
 def Arg_u32(bits: int) -> rt.Arg:  # noqa: N802 (reads like the other Arg constructors)
     """A 32-bit unsigned argument: passed as int32 with the same bits."""
     return i32(int(np.array(bits, np.uint32).view(np.int32)))
+
+
+# -- opening a device ----------------------------------------------------------------------
+
+
+def open_device(device: str, kv_dtype: str = "bf16") -> NativeOps:
+    """NativeOps on "cuda", "hip" or "emu"; a DeviceError (one line, what to install) when the
+    runtime cannot start."""
+    from atlas_cli.errors import DeviceError
+
+    if device == "cuda":
+        from atlas_cli.backend.ops import runtime_cuda as mod
+
+        unavailable = mod.CudaUnavailable
+        make = mod.CudaRuntime
+    elif device == "hip":
+        from atlas_cli.backend.ops import runtime_hip as mod
+
+        unavailable = mod.HipUnavailable
+        make = mod.HipRuntime
+    elif device == "emu":
+        from atlas_cli.backend.ops.runtime_emu import EmuRuntime as make
+
+        unavailable = RuntimeError
+    else:
+        raise DeviceError(f"unknown native device {device!r} (cuda, hip)")
+    try:
+        return NativeOps(make(), kv_dtype=kv_dtype)
+    except unavailable as exc:
+        raise DeviceError(f"--device {device}: {exc}") from None
+
+
+def kernel_report(device: str) -> dict[str, Any]:
+    """For `atlas hw`: compile (or load from the on-disk cache) every kernel file for this
+    device and say, per file, how long it took and whether the cache was hit. Raises
+    DeviceError when the device's runtime is unavailable."""
+    return open_device(device).warmup()
+
+
+def probe(device: str) -> dict[str, Any]:
+    """For `atlas hw`: whether the runtime for "cuda" / "hip" is usable here, without compiling
+    anything; never raises."""
+    if device == "cuda":
+        from atlas_cli.backend.ops import runtime_cuda
+
+        return runtime_cuda.probe()
+    if device == "hip":
+        from atlas_cli.backend.ops import runtime_hip
+
+        return runtime_hip.probe()
+    return {"runtime": device, "available": False, "reason": "unknown device"}

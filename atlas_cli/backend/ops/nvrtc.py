@@ -101,9 +101,7 @@ def compile_source(
     prog = ctypes.c_void_p()
     _check(
         lib,
-        lib.nvrtcCreateProgram(
-            ctypes.byref(prog), source.encode(), name.encode(), 0, None, None
-        ),
+        lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), name.encode(), 0, None, None),
         "nvrtcCreateProgram",
     )
     try:

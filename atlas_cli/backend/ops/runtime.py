@@ -114,7 +114,11 @@ class CompileStats:
     entries: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def record(self, file: str, seconds: float, cache_hit: bool, target: str) -> None:
-        self.entries[file] = {"seconds": round(seconds, 3), "cache_hit": cache_hit, "target": target}
+        self.entries[file] = {
+            "seconds": round(seconds, 3),
+            "cache_hit": cache_hit,
+            "target": target,
+        }
 
     def summary(self) -> dict[str, Any]:
         hits = sum(1 for e in self.entries.values() if e["cache_hit"])

@@ -135,6 +135,7 @@ class EmuRuntime:
         emu_src = (kdir / "emu" / "atlas_emu.h").read_text() + (
             kdir / "emu" / "atlas_emu.cpp"
         ).read_text()
+
         def build(path: Path) -> None:
             with tempfile.TemporaryDirectory() as tmp:
                 src = Path(tmp) / "module.cpp"
@@ -158,7 +159,14 @@ class EmuRuntime:
                     raise RuntimeError(f"emulator build of {file} failed:\n{res.stderr[-4000:]}")
 
         path = rt.cached_compile(
-            self.stats, file, source + emu_src, self.target, self._cxx, defines, ".so", build,
+            self.stats,
+            file,
+            source + emu_src,
+            self.target,
+            self._cxx,
+            defines,
+            ".so",
+            build,
             self.cache_dir,
         )
         lib = ctypes.CDLL(str(path))
@@ -193,9 +201,7 @@ class EmuRuntime:
             *[ctypes.cast(ctypes.byref(c), ctypes.c_void_p) for c in ctypes_args]
         )
         tramp = ctypes.cast(getattr(fn.lib, f"atlas_emu_tramp_{fn.name}"), ctypes.c_void_p)
-        code = fn.lib.atlas_emu_launch(
-            tramp, *[ctypes.c_uint(v) for v in (*grid, *block)], slots
-        )
+        code = fn.lib.atlas_emu_launch(tramp, *[ctypes.c_uint(v) for v in (*grid, *block)], slots)
         if code != 0:
             raise RuntimeError(f"emulated kernel failed (code {code}): divergent barrier?")
 
@@ -219,4 +225,3 @@ class EmuRuntime:
 
     def info(self) -> dict:
         return {"runtime": "emu", "target": self.target, **self.stats.summary()}
-

@@ -82,14 +82,15 @@ static bool release() {
 
 extern "C" void atlas_emu_syncthreads() { atlas_emu::wait(atlas_emu::AT_BLOCK_BARRIER); }
 
-extern "C" void atlas_emu_warp_exchange(const void* value, void* out, int src_lane, int mode) {
+extern "C" void atlas_emu_warp_exchange(const void* value, void* out, int size, int src_lane,
+                                        int mode) {
     using namespace atlas_emu;
     int me = linear_tid(threadIdx);
     int lane = me & 31;
     int src = (me & ~31) | (mode == 0 ? (lane ^ src_lane) : (src_lane & 31));
-    std::memcpy(g_exchange[me], value, 8);
+    std::memcpy(g_exchange[me], value, size);
     wait(AT_WARP_BARRIER);
-    std::memcpy(out, g_exchange[src], 8);
+    std::memcpy(out, g_exchange[src], size);
     wait(AT_WARP_BARRIER);  // nobody overwrites a slot before everyone has read it
 }
 

@@ -19,7 +19,7 @@ struct atlas_dim3 {
 extern "C" {
 extern atlas_dim3 threadIdx, blockIdx, blockDim, gridDim;
 void atlas_emu_syncthreads();
-void atlas_emu_warp_exchange(const void* value, void* out, int src_lane, int mode);
+void atlas_emu_warp_exchange(const void* value, void* out, int size, int src_lane, int mode);
 }
 
 #define __global__ __attribute__((visibility("default")))
@@ -66,12 +66,14 @@ inline int atomicAdd(int* p, int v) {
 template <typename T>
 inline T atlas_emu_shfl_xor(T v, int o) {
     T out;
-    atlas_emu_warp_exchange(&v, &out, o, 0);
+    static_assert(sizeof(T) <= 8, "shuffle of at most 8 bytes");
+    atlas_emu_warp_exchange(&v, &out, (int)sizeof(T), o, 0);
     return out;
 }
 template <typename T>
 inline T atlas_emu_shfl(T v, int src) {
     T out;
-    atlas_emu_warp_exchange(&v, &out, src, 1);
+    static_assert(sizeof(T) <= 8, "shuffle of at most 8 bytes");
+    atlas_emu_warp_exchange(&v, &out, (int)sizeof(T), src, 1);
     return out;
 }
