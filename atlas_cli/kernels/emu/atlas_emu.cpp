@@ -15,10 +15,15 @@ enum State { RUNNABLE, AT_BLOCK_BARRIER, AT_WARP_BARRIER, DONE };
 
 struct Fiber {
     ucontext_t ctx;
-    std::vector<char> stack;
+    char* stack = nullptr;
     State state = RUNNABLE;
     atlas_dim3 tid;
 };
+
+// Fiber stacks are allocated once per module and reused by every launch: zero-filling fresh
+// stacks for each of a launch's 256 threads used to dominate the emulator's run time.
+static const size_t kStack = 128 * 1024;
+static std::vector<char*> g_stacks;
 
 static ucontext_t g_sched;
 static std::vector<Fiber>* g_fibers = nullptr;
@@ -107,7 +112,8 @@ extern "C" __attribute__((visibility("default"))) int atlas_emu_launch(
     g_tramp = tramp;
     g_args = args;
     std::vector<Fiber> fibers(n);
-    for (auto& f : fibers) f.stack.resize(256 * 1024);
+    while ((int)g_stacks.size() < n) g_stacks.push_back(new char[kStack]);
+    for (int i = 0; i < n; i++) fibers[i].stack = g_stacks[i];
     g_fibers = &fibers;
     for (unsigned z = 0; z < gz; z++)
         for (unsigned y = 0; y < gy; y++)
@@ -117,8 +123,8 @@ extern "C" __attribute__((visibility("default"))) int atlas_emu_launch(
                     f.tid = {(unsigned)(i % bx), (unsigned)((i / bx) % by), (unsigned)(i / (bx * by))};
                     f.state = RUNNABLE;
                     getcontext(&f.ctx);
-                    f.ctx.uc_stack.ss_sp = f.stack.data();
-                    f.ctx.uc_stack.ss_size = f.stack.size();
+                    f.ctx.uc_stack.ss_sp = f.stack;
+                    f.ctx.uc_stack.ss_size = kStack;
                     f.ctx.uc_link = &g_sched;
                     makecontext(&f.ctx, (void (*)())fiber_main, 0);
                 }
