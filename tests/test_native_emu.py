@@ -52,8 +52,7 @@ def test_graph_capture_replays_launches(emu_ops):
     x = emu_ops.asarray(np.arange(64, dtype=np.float32))
     y = emu_ops.zeros((64,))
     with emu_ops.rt.capture() as graph:
-        emu_ops._launch("elementwise.cu", "scalar_op", (1,), (256,),
-                        [*_args(x, y), *_tail()])
+        emu_ops._launch("elementwise.cu", "scalar_op", (1,), (256,), [*_args(x, y), *_tail()])
     np.testing.assert_array_equal(y.numpy(), 0)  # captured, not run
     graph.replay()
     np.testing.assert_array_equal(y.numpy(), np.arange(64) + 1)
@@ -137,6 +136,10 @@ def test_atlas_imports_without_gpu_packages():
         "        raise SystemExit('no DeviceError')\n"
         "print('ok')\n"
     )
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         cwd=Path(__file__).parent.parent)
+    res = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).parent.parent,
+    )
     assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr

@@ -36,7 +36,7 @@ typedef int i32;
 
 #define ATLAS_WARP 32
 
-#define ATLAS_DEV static __device__ __forceinline__
+#define ATLAS_DEV static __device__ __forceinline__ __attribute__((unused))
 
 // ---- float bits and exactly rounded arithmetic (never contracted into an fma) ----------------
 

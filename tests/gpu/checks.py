@@ -85,9 +85,7 @@ def random_weight(fmt: str, rows: int, cols: int, rng: np.random.Generator):
         return w, w
     if fmt == "f16":
         w = (rng.standard_normal((rows, cols)) * 0.1).astype(np.float16)
-        return GGUFWeight(1, (rows, cols), w.view(np.uint8).reshape(rows, -1)), w.astype(
-            np.float32
-        )
+        return GGUFWeight(1, (rows, cols), w.view(np.uint8).reshape(rows, -1)), w.astype(np.float32)
     if fmt == "nvfp4":
         packed = rng.integers(0, 256, (rows, cols // 2), dtype=np.uint8)
         scale = rng.integers(0x20, 0x60, (rows, cols // 16), dtype=np.uint8)  # finite, > 0
@@ -139,21 +137,34 @@ def check_fp8(ops, rng, scale: int = 1) -> None:
     # encode: every representable value, the midpoints between them (ties), and random values
     pos = E4M3[:127].astype(np.float64)
     mids = (pos[:-1] + pos[1:]) / 2
-    x = np.concatenate([pos, -pos, mids, -mids, rng.standard_normal(1000 * scale) * 50,
-                        [500.0, -1000.0, 448.0, 464.0, 463.9]]).astype(np.float32)
+    x = np.concatenate(
+        [
+            pos,
+            -pos,
+            mids,
+            -mids,
+            rng.standard_normal(1000 * scale) * 50,
+            [500.0, -1000.0, 448.0, 464.0, 463.9],
+        ]
+    ).astype(np.float32)
     np.testing.assert_array_equal(ops.fp8_encode(x), e4m3_encode_ref(x), err_msg="fp8 encode")
 
 
 def check_linear(ops, rng, scale: int = 1) -> None:
     for fmt in FORMATS:
-        for t, rows, cols in ((1, 37, _cols(fmt, 96)), (3, 64, _cols(fmt, 256)),
-                              (8, 33, _cols(fmt, 64)), (9, 70, _cols(fmt, 96)),
-                              (67 * scale, 129, _cols(fmt, 256 * scale))):
+        for t, rows, cols in (
+            (1, 37, _cols(fmt, 96)),
+            (3, 64, _cols(fmt, 256)),
+            (8, 33, _cols(fmt, 64)),
+            (9, 70, _cols(fmt, 96)),
+            (67 * scale, 129, _cols(fmt, 256 * scale)),
+        ):
             w, wf = random_weight(fmt, rows, cols, rng)
             x = rng.standard_normal((t, cols)).astype(np.float32)
             bias = rng.standard_normal(rows).astype(np.float32) if t == 3 else None
-            got = ops.linear(ops.asarray(x), ops.prepare_weight(w),
-                             None if bias is None else ops.asarray(bias))
+            got = ops.linear(
+                ops.asarray(x), ops.prepare_weight(w), None if bias is None else ops.asarray(bias)
+            )
             want = ref.linear(x, wf, bias)
             assert rel_err(got, want) < 2e-5, f"linear {fmt} T={t} {rows}x{cols}"
 
@@ -316,8 +327,12 @@ def check_sampling(ops, rng, scale: int = 1) -> None:
     logits = np.zeros(300, np.float32)
     logits[[7, 200]] = 5.0  # a tie: the lowest index wins, as np.argmax
     assert ops.argmax(ops.asarray(logits)) == 7
-    for v, top_k, top_p, min_p, temp in ((1000, 40, 0.95, 0.05, 0.8), (5000, 256, 1.0, 0.0, 1.3),
-                                          (64, 1, 0.9, 0.0, 0.7), (3000, 100, 0.5, 0.1, 0.5)):
+    for v, top_k, top_p, min_p, temp in (
+        (1000, 40, 0.95, 0.05, 0.8),
+        (5000, 256, 1.0, 0.0, 1.3),
+        (64, 1, 0.9, 0.0, 0.7),
+        (3000, 100, 0.5, 0.1, 0.5),
+    ):
         logits = (rng.standard_normal(v) * 2).astype(np.float32)
         ids, probs = host_sample.filtered_distribution(logits, top_k, top_p, min_p, temp)
         cdf = np.cumsum(probs)

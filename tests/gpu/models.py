@@ -16,15 +16,33 @@ VOCAB = 96
 
 
 def tiny_config(model_type: str) -> dict:
-    base = dict(model_type=model_type, vocab_size=VOCAB, hidden_size=64, intermediate_size=128,
-                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-                rms_norm_eps=1e-5, rope_theta=10000.0, max_position_embeddings=128,
-                tie_word_embeddings=model_type == "qwen3")
+    base = dict(
+        model_type=model_type,
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        max_position_embeddings=128,
+        tie_word_embeddings=model_type == "qwen3",
+    )
     if model_type == "qwen3_5":
-        base.update(num_hidden_layers=4, linear_num_key_heads=2, linear_num_value_heads=4,
-                    linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4,
-                    full_attention_interval=4, partial_rotary_factor=0.25, rope_theta=1e7,
-                    rms_norm_eps=1e-6)
+        base.update(
+            num_hidden_layers=4,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            linear_key_head_dim=16,
+            linear_value_head_dim=16,
+            linear_conv_kernel_dim=4,
+            full_attention_interval=4,
+            partial_rotary_factor=0.25,
+            rope_theta=1e7,
+            rms_norm_eps=1e-6,
+        )
     return base
 
 
@@ -97,8 +115,14 @@ def _greedy(engine, ids, n: int) -> tuple[list[int], list[np.ndarray]]:
     return tokens, seen
 
 
-def check_model(ops, model_type: str, rng: np.random.Generator, kv_dtype: str = "bf16",
-                prompt_len: int = 11, new_tokens: int = 6) -> None:
+def check_model(
+    ops,
+    model_type: str,
+    rng: np.random.Generator,
+    kv_dtype: str = "bf16",
+    prompt_len: int = 11,
+    new_tokens: int = 6,
+) -> None:
     """Logits of a fresh prompt within tolerance; then greedy decoding: the reference picks the
     tokens, the device is fed the same ones (prefix reuse, then cached decode) and must pick the
     same argmax, on the device, wherever the reference's top two are further apart than the
