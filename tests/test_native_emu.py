@@ -143,3 +143,33 @@ def test_atlas_imports_without_gpu_packages():
         cwd=Path(__file__).parent.parent,
     )
     assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr
+
+
+def test_real_gguf_weights_on_device_layout(emu_ops, smollm2_path):
+    """The default model's own Q4_1 and Q8_0 blocks, laid out as the native loader lays them
+    out (load_model's `_to_device`): kernels dequantize, embed and multiply them exactly as the
+    numpy reference does."""
+    from atlas_cli import store
+    from atlas_cli.backend import _to_device
+    from atlas_cli.backend.loaders import gguf
+
+    gf = gguf.open_gguf(smollm2_path, cache_dir=store.cache_dir())
+    config = gguf.config_from_metadata(gf.metadata, set(gf.tensors))
+    weights = gguf.load_weights(gf, config, keep_quantized=True)
+    rng = np.random.default_rng(3)
+    for name in ("model.layers.0.self_attn.k_proj.weight", "model.layers.29.mlp.down_proj.weight"):
+        w = weights[name]
+        dw = _to_device(emu_ops, name, w)
+        want = w.dequantize()
+        rows = min(dw.rows, 64)  # a slice of rows keeps the emulator quick
+        part = type(w)(w.type_id, (rows, w.shape[1]), w.blocks[:rows])
+        dpart = emu_ops.prepare_weight(part)
+        np.testing.assert_array_equal(emu_ops.dequantize(dpart).numpy(), want[:rows])
+        x = rng.standard_normal((2, w.shape[1])).astype(np.float32)
+        got = emu_ops.linear(emu_ops.asarray(x), dpart).numpy()
+        np.testing.assert_allclose(got, x @ want[:rows].T, rtol=2e-5, atol=2e-5)
+    table = weights["model.embed_tokens.weight"]  # Q8_0, also the tied lm_head
+    dt = _to_device(emu_ops, "model.embed_tokens.weight", table)
+    ids = np.array([1, 504, 49151])
+    got = emu_ops.embedding(dt, ids).numpy()
+    np.testing.assert_array_equal(got, table.dequantize()[ids])
