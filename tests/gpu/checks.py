@@ -76,8 +76,9 @@ _F16_FIELDS = {2: (0,), 3: (0, 2), 8: (0,), 12: (0, 2), 13: (0, 2), 14: (208,)}
 GGUF_IDS = {"q4_0": 2, "q4_1": 3, "q8_0": 8, "q4_k": 12, "q5_k": 13, "q6_k": 14}
 
 
-def random_weight(fmt: str, rows: int, cols: int, rng: np.random.Generator):
-    """A random weight of `fmt` and its exact float32 dequantization."""
+def random_weight(fmt: str, rows: int, cols: int, rng: np.random.Generator, reference=True):
+    """A random weight of `fmt` and its exact float32 dequantization (None unless
+    `reference`: benchmarks skip the numpy work)."""
     if fmt in ("f32", "bf16"):
         w = rng.standard_normal((rows, cols)).astype(np.float32) * 0.1
         if fmt == "bf16":
@@ -90,7 +91,7 @@ def random_weight(fmt: str, rows: int, cols: int, rng: np.random.Generator):
         packed = rng.integers(0, 256, (rows, cols // 2), dtype=np.uint8)
         scale = rng.integers(0x20, 0x60, (rows, cols // 16), dtype=np.uint8)  # finite, > 0
         w = NVFP4(packed, scale, np.float32(rng.uniform(1e-3, 1e-2)))
-        return w, w.dequantize()
+        return w, w.dequantize() if reference else None
     tid = GGUF_IDS[fmt]
     qt = quant.GGML_TYPES[tid]
     nblk = cols // qt.block_elems
@@ -100,7 +101,7 @@ def random_weight(fmt: str, rows: int, cols: int, rng: np.random.Generator):
         raw[:, :, off : off + 2] = d.view(np.uint8).reshape(rows, nblk, 2)
     blocks = raw.reshape(rows, -1)
     w = GGUFWeight(tid, (rows, cols), blocks)
-    return w, w.dequantize()
+    return w, w.dequantize() if reference else None
 
 
 def rel_err(got, want) -> float:

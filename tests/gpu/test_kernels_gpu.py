@@ -32,7 +32,9 @@ def test_graph_capture_replays_a_decode_like_sequence(gpu_ops):
     dw = gpu_ops.prepare_weight(w)
     gpu_ops.poison = False  # buffers made during capture must not launch fills
     try:
-        out = gpu_ops.linear(x, dw)  # compile and allocate outside the capture
+        out = gpu_ops.linear(x, dw)  # compile outside the capture
+        spare = gpu_ops.linear(x, dw)
+        del spare  # the pool now holds a free block of this size for the captured launch
         with gpu_ops.rt.capture() as graph:
             y = gpu_ops.linear(x, dw)
         gpu_ops.rt.synchronize()

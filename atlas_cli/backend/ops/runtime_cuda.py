@@ -155,7 +155,8 @@ class CudaRuntime:
                 vals.append(np.int64(a.value))
             else:
                 vals.append(np.float32(a.value))
-        fn(tuple(grid), tuple(block), tuple(vals), stream=self.stream)
+        with self.stream:  # launches go to our stream (cupy launches on the current one)
+            fn(tuple(grid), tuple(block), tuple(vals))
 
     def synchronize(self) -> None:
         self.stream.synchronize()
