@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -50,16 +51,18 @@ def test_nvrtc_compiles_without_warnings(file):
     if not nvrtc.available():
         _missing("NVRTC (pip install nvidia-cuda-nvrtc)")
     source = rt.expand_source(file)
-    for arch in CUDA_ARCHS:
-        # register spills are flagged for sm_90 (where we measure); NVRTC 13.5's ptxas spills
-        # 8 bytes in two cold kernels for sm_121 (dequant_nvfp4, gemm_f16), which we accept
-        spills = [
-            "--ptxas-options=--warn-on-spills",
-            "--ptxas-options=--warn-on-local-memory-usage",
-        ]
-        out = nvrtc.compile_source(
+    # register spills are flagged for sm_90 (where we measure); NVRTC 13.5's ptxas spills 8
+    # bytes in two cold kernels for sm_121 (dequant_nvfp4, gemm_f16), which we accept
+    spills = ["--ptxas-options=--warn-on-spills", "--ptxas-options=--warn-on-local-memory-usage"]
+
+    def build(arch):
+        return arch, nvrtc.compile_source(
             source, file, arch, extra_options=spills if arch == "sm_90" else []
         )
+
+    with ThreadPoolExecutor(len(CUDA_ARCHS)) as pool:  # NVRTC runs outside the GIL
+        results = list(pool.map(build, CUDA_ARCHS))
+    for arch, out in results:
         assert out.binary, f"{file} {arch}: empty cubin"
         assert "warning" not in out.log.lower(), f"{file} {arch}:\n{out.log}"
 
