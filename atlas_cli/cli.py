@@ -94,7 +94,10 @@ MaxTokens = Annotated[int, typer.Option("--max-tokens", "-n", help="Most tokens 
 Stop = Annotated[list[str] | None, typer.Option(help="Stop at this text (repeatable).")]
 Device = Annotated[
     str,
-    typer.Option(help="cpu or cpu-ref (numpy float32 reference).", autocompletion=_complete_device),
+    typer.Option(
+        help="cpu, cpu-ref (numpy float32 reference), cuda or hip (our kernels).",
+        autocompletion=_complete_device,
+    ),
 ]
 CtxSize = Annotated[int | None, typer.Option("--ctx-size", help="Context length in tokens.")]
 System = Annotated[str | None, typer.Option(help="System prompt.")]

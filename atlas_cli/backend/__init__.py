@@ -18,7 +18,8 @@ from typing import Any
 
 from atlas_cli.errors import CorruptModelError, DeviceError, UnsupportedModelError
 
-DEVICES = ("cpu", "cpu-ref")
+DEVICES = ("cpu", "cpu-ref", "cuda", "hip")
+NATIVE_DEVICES = ("cuda", "hip")  # our kernels, through backend/ops/native.py
 MODEL_CLASSES = {
     "llama": ("atlas_cli.backend.models.llama", "LlamaModel"),
     "mistral": ("atlas_cli.backend.models.llama", "LlamaModel"),
@@ -111,13 +112,19 @@ def load_model(
 
     if device not in DEVICES:
         raise DeviceError(f"unknown device {device!r} (available here: {', '.join(DEVICES)})")
+    native = device in NATIVE_DEVICES
+    if native:
+        from atlas_cli.backend.ops import native as native_ops
+
+        ops = native_ops.open_device(device)  # DeviceError before any download or parse
+    else:
+        ops = importlib.import_module("atlas_cli.backend.ops.numpy_ref")
     path = store.resolve(name_or_path, progress=progress, device=device)
     t0 = time.perf_counter()
-    ops = importlib.import_module("atlas_cli.backend.ops.numpy_ref")
     if path.is_dir():
         info, weights, tokenizer = _open_hf_directory(path)
     else:
-        info, weights, tokenizer = _open_gguf(path)
+        info, weights, tokenizer = _open_gguf(path, keep_quantized=native)
     model_type = info.config["model_type"]
     if model_type not in MODEL_CLASSES:
         raise UnsupportedModelError(
@@ -134,7 +141,10 @@ def load_model(
     fit.check_loaded(
         path.name, info.config, weights, context, device, lambda: store.alternatives(path)
     )
-    prepared = {k: ops.prepare_weight(v) if _is_matrix(k, v) else v for k, v in weights.items()}
+    if native:
+        prepared = {k: _to_device(ops, k, v) for k, v in weights.items()}
+    else:
+        prepared = {k: ops.prepare_weight(v) if _is_matrix(k, v) else v for k, v in weights.items()}
     net = model_cls(args, prepared, ops)
 
     from atlas_cli.backend.engine import Engine
@@ -151,14 +161,25 @@ def _is_matrix(name: str, value) -> bool:
     return name.endswith(".weight") and getattr(value, "ndim", 0) == 2 and "embed" not in name
 
 
-def _open_gguf(path: Path):
+def _to_device(ops, name: str, w):
+    """Matrices the kernels read in their stored format (linear layers, the embedding table);
+    everything else (norms, biases, conv and decay vectors) as float32 device arrays."""
+    if name == "rope_freqs":  # read on the host to build RoPE frequencies
+        return w
+    linear = name.endswith(("proj.weight", "embed_tokens.weight")) or name == "lm_head.weight"
+    if linear and getattr(w, "ndim", 2) == 2:
+        return ops.prepare_weight(w)
+    return ops.asarray(w)
+
+
+def _open_gguf(path: Path, keep_quantized: bool = False):
     from atlas_cli import store
     from atlas_cli.backend import tokenizer as tok
     from atlas_cli.backend.loaders import gguf, quant
 
     gf = gguf.open_gguf(path, cache_dir=store.cache_dir())
     config = gguf.config_from_metadata(gf.metadata, set(gf.tensors))
-    weights = gguf.load_weights(gf, config)
+    weights = gguf.load_weights(gf, config, keep_quantized=keep_quantized)
     tokenizer = tok.from_gguf_metadata(gf.metadata)
     file_type = _dominant_type(gf, quant)
     info = ModelInfo(
