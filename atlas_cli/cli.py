@@ -135,6 +135,11 @@ def run(
         typer.echo(result.stats_block(), err=True)
 
 
+from atlas_cli.bench.cli import bench_app  # noqa: E402  (typer only: keeps --help light)
+
+app.add_typer(bench_app, name="bench")
+
+
 def main() -> None:
     app()
 
