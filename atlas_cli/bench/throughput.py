@@ -23,7 +23,7 @@ OUTPUT_FORMATS = ("md", "json", "jsonl", "csv")
 
 
 @dataclass(frozen=True)
-class TestSpec:
+class BenchSpec:
     n_prompt: int
     n_gen: int
     n_depth: int = 0
@@ -71,15 +71,15 @@ def expand(
     pg: Sequence[tuple[int, int]] = (),
     depths: Sequence[int] = (0,),
     threads: Sequence[int | None] = (None,),
-) -> list[TestSpec]:
+) -> list[BenchSpec]:
     """Every combination, in llama-bench's order: per thread count and depth, the pp tests,
     then tg, then pp+tg. A 0 in -p or -n disables that kind (as in llama-bench)."""
-    specs: list[TestSpec] = []
+    specs: list[BenchSpec] = []
     for t in threads:
         for d in depths:
-            specs += [TestSpec(p, 0, d, t) for p in n_prompt if p > 0]
-            specs += [TestSpec(0, n, d, t) for n in n_gen if n > 0]
-            specs += [TestSpec(p, n, d, t) for p, n in pg]
+            specs += [BenchSpec(p, 0, d, t) for p in n_prompt if p > 0]
+            specs += [BenchSpec(0, n, d, t) for n in n_gen if n > 0]
+            specs += [BenchSpec(p, n, d, t) for p, n in pg]
     if not specs:
         raise UsageError("nothing to run: every -p and -n value is 0 and no -pg was given")
     return list(dict.fromkeys(specs))  # drop duplicates, keep the order
@@ -92,7 +92,7 @@ def _random_ids(rng: random.Random, n: int, vocab: int, bos: int | None) -> list
     return ids
 
 
-def time_once(engine, spec: TestSpec, rng: random.Random, bos: int | None = None) -> float:
+def time_once(engine, spec: BenchSpec, rng: random.Random, bos: int | None = None) -> float:
     """Seconds for one repetition of `spec` on `engine` (the depth prefill is not timed)."""
     vocab = engine.tokenizer.vocab_size
     engine.reset()
@@ -122,11 +122,11 @@ def _thread_limit(n: int | None):
 
 def run(
     model,
-    specs: Iterable[TestSpec],
+    specs: Iterable[BenchSpec],
     repetitions: int = 5,
     warmup: bool = True,
     seed: int = 0,
-    on_sample: Callable[[TestSpec, int, float], None] | None = None,
+    on_sample: Callable[[BenchSpec, int, float], None] | None = None,
 ) -> list[dict[str, Any]]:
     """One record per spec with every sample (ns and t/s), llama-bench's fields and ours."""
     if repetitions < 1:
@@ -146,7 +146,7 @@ def run(
         with _thread_limit(spec.n_threads):
             env = sysinfo.environment(model.device)
             if warmup:  # llama-bench's warm-up: the prompt once and one generated token
-                time_once(engine, TestSpec(spec.n_prompt, min(spec.n_gen, 1)), rng, bos)
+                time_once(engine, BenchSpec(spec.n_prompt, min(spec.n_gen, 1)), rng, bos)
             samples = []
             for i in range(repetitions):
                 seconds = time_once(engine, spec, rng, bos)
@@ -158,7 +158,7 @@ def run(
     return records
 
 
-def _record(spec: TestSpec, samples: list[float], env: dict, facts: dict) -> dict[str, Any]:
+def _record(spec: BenchSpec, samples: list[float], env: dict, facts: dict) -> dict[str, Any]:
     samples_ns = [round(s * 1e9) for s in samples]
     samples_ts = [spec.tokens / s for s in samples]
     avg_ns, std_ns = stats.mean_std(samples_ns)
