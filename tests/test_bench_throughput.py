@@ -114,3 +114,20 @@ def test_machine_readable_formats_keep_every_sample():
     assert json.loads(rows[0]["samples_ts"]) == [190.2, 190.3]
     with pytest.raises(UsageError):
         throughput.render(records, "xml")
+
+
+def test_model_facts_on_the_default_model(smollm2):
+    from atlas_cli.bench import sysinfo
+
+    facts = sysinfo.model_facts(smollm2)
+    assert facts["model"] == "llama 135M Q4_1"
+    # tensor bytes (the file minus its header and tokenizer) and the parameters of the GGUF
+    assert (
+        0.9 * smollm2.info.path.stat().st_size
+        < facts["model_size"]
+        < smollm2.info.path.stat().st_size
+    )
+    assert facts["model_n_params"] == sysinfo._count_params(smollm2)
+    assert sysinfo.size_label(7_241_732_096) == "7.2B" and sysinfo.size_label(8e9) == "8B"
+    assert sysinfo.format_size(3 * 1024**3) == "3.00 GiB"
+    assert sysinfo.format_params(6_738_415_616) == "6.74 B"

@@ -7,6 +7,7 @@ Nothing heavy is imported at module level: `atlas --help` loads this file.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -250,10 +251,10 @@ def agentic_cmd(
                         f"--max-tokens {max_tokens} leaves no room for a prompt in a "
                         f"{loaded.context_length:,}-token context"
                     )
-                settings = agentic.Settings(**{**settings.__dict__, "max_prompt_tokens": cap})
+                settings = dataclasses.replace(settings, max_prompt_tokens=cap)
             agentic.check_settings(settings, loaded.context_length)
             target = agentic.EngineTarget(loaded, max_tokens, prefix_cache, cold_ttft, tool_format)
-            settings = agentic.Settings(**{**settings.__dict__, "tool_format": target.tool_format})
+            settings = dataclasses.replace(settings, tool_format=target.tool_format)
             facts = sysinfo.model_facts(loaded)
         env = agentic.environment_for(target)
         total = agentic.total_requests(conversations, settings)

@@ -81,7 +81,7 @@ def metrics(result: dict[str, Any]) -> dict[str, tuple[float, bool]]:
         for r in result["records"]:
             name = f"{r['test']} t/s"
             if r.get("n_threads"):
-                name += f" ({r['n_threads']} threads)"
+                name += f" (threads={r['n_threads']})"
             out[name] = (float(r["avg_ts"]), True)
         return out
     s = result["summary"]
