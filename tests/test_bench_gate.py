@@ -86,3 +86,16 @@ def test_save_and_load_round_trip_and_llama_bench_style_list(tmp_path):
     assert gate.load(tmp_path / "sub" / "base.json") == doc
     (tmp_path / "list.json").write_text(json.dumps(doc["records"]))
     assert gate.load(tmp_path / "list.json") == doc
+
+
+def test_a_thread_sweep_keeps_its_tests_apart():
+    swept = {
+        "kind": "throughput",
+        "records": [
+            {"test": "tg8", "avg_ts": 10.0, "n_threads": 1},
+            {"test": "tg8", "avg_ts": 4.0, "n_threads": 2},
+        ],
+    }
+    names = sorted(gate.metrics(swept))
+    assert names == ["tg8 t/s (threads=1)", "tg8 t/s (threads=2)"]
+    assert list(gate.metrics(throughput(tg8=10.0))) == ["tg8 t/s"]
