@@ -109,3 +109,19 @@ def test_coherence_judge_on_recorded_answers():
     four = coherence.Probe("What is 2 + 2?", ("4",))
     assert not coherence.judge(four, "The answer is 42.", "stop", 5).passed
     assert coherence.judge(four, "2 + 2 = 4.", "stop", 5).passed
+
+
+def test_threads_limit_the_blas_even_before_numpy_is_loaded():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from atlas_cli.bench.cli import _apply_threads\n"
+        "assert 'numpy' not in sys.modules\n"
+        "from threadpoolctl import threadpool_info\n"
+        "with _apply_threads(1):\n"
+        "    blas = [i for i in threadpool_info() if i['user_api'] == 'blas']\n"
+        "    assert blas and all(i['num_threads'] == 1 for i in blas)\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
