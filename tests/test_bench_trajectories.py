@@ -177,7 +177,7 @@ def test_capping_drops_oldest_steps_and_sticks(real):
 def test_capping_truncates_when_one_step_is_too_long():
     messages = [
         {"role": "system", "content": "s" * 10},
-        {"role": "user", "content": "u" * 50},
+        {"role": "user", "content": "u" * 100},
         {"role": "assistant", "content": "", "reasoning_content": "r" * 20},
         {"role": "tool", "content": "t" * 5000},
     ]
@@ -185,6 +185,10 @@ def test_capping_truncates_when_one_step_is_too_long():
     assert fitted.tokens <= 400 and fitted.truncated_to is not None
     tool = fitted.messages[-1]["content"]
     assert tool.startswith("ttt") and tool.endswith("ttt") and "characters cut" in tool
-    assert fitted.messages[0]["content"] == "s" * 10
+    assert fitted.messages[:2] == messages[:2]  # the task stays whole: a stable prefix
+    # when cutting the steps is not enough, the task is cut too (never the system prompt)
+    tight = capping.PromptCapper(170, _chars).fit(messages)
+    assert tight.tokens <= 170 and tight.messages[0] == messages[0]
+    assert tight.messages[1]["content"] != messages[1]["content"]
     with pytest.raises(ContextOverflowError, match="raise --max-prompt-tokens"):
         capping.PromptCapper(20, _chars).fit(messages)

@@ -7,8 +7,10 @@ The rule, in order:
    conversation and goes down to a low-water mark (3/4 of the cap), like an agent compacting
    its context: the following turns then share their prefix again until the next overflow,
    so prefix-cache reuse stays measurable.
-3. If the newest step alone is still too long, cut every long message text (tool outputs,
-   reasoning, the task) to the same length, keeping its head and tail around a marker.
+3. If the newest step alone is still too long, cut every long message text of the kept steps
+   (tool outputs, reasoning) to the same length, keeping its head and tail around a marker. The
+   task is cut the same way only when cutting the steps cannot fit: an intact task keeps the
+   prompt's long shared prefix.
 4. If even that cannot fit, raise ContextOverflowError.
 """
 
@@ -59,12 +61,10 @@ def cut_text(text: str, limit: int) -> str:
     return text[: keep - keep // 2] + marker + text[len(text) - keep // 2 :]
 
 
-def _truncate(messages: Messages, limit: int) -> Messages:
-    out = []
-    for m in messages:
-        if m["role"] == "system":
-            out.append(m)
-            continue
+def _truncate(messages: Messages, limit: int, keep: int) -> Messages:
+    """Cut the texts of every message from index `keep` on to `limit` characters."""
+    out = list(messages[:keep])
+    for m in messages[keep:]:
         m = dict(m)
         for key in ("content", "reasoning_content"):
             if isinstance(m.get(key), str):
@@ -103,23 +103,24 @@ class PromptCapper:
         dropped = sum(len(s) for s in steps[:keep_from])
         if tokens <= self.max_tokens:
             return Fitted(candidate, tokens, dropped, None)
-        return self._truncate_to_fit(candidate, dropped)
-
-    def _truncate_to_fit(self, messages: Messages, dropped: int) -> Fitted:
-        longest = max(
-            len(m.get(k) or "") for m in messages for k in ("content", "reasoning_content")
+        # cut the steps first; the task (after the system prompt) only if that is not enough
+        for keep in (len(head), 1 if head and head[0]["role"] == "system" else 0):
+            if self.count(_truncate(candidate, MIN_TEXT_CHARS, keep)) <= self.max_tokens:
+                return self._truncate_to_fit(candidate, dropped, keep)
+        raise ContextOverflowError(
+            f"the prompt cannot be cut to {self.max_tokens:,} tokens (the system prompt, "
+            "tools and one step need more); raise --max-prompt-tokens"
         )
+
+    def _truncate_to_fit(self, messages: Messages, dropped: int, keep: int) -> Fitted:
+        texts = [m.get(k) or "" for m in messages[keep:] for k in ("content", "reasoning_content")]
+        longest = max(map(len, texts), default=0)
         lo, hi = MIN_TEXT_CHARS, max(longest, MIN_TEXT_CHARS)
-        if self.count(_truncate(messages, lo)) > self.max_tokens:
-            raise ContextOverflowError(
-                f"the prompt cannot be cut to {self.max_tokens:,} tokens (the system prompt, "
-                "tools and one step need more); raise --max-prompt-tokens"
-            )
         while lo < hi:  # the longest per-message cut that fits
             mid = (lo + hi + 1) // 2
-            if self.count(_truncate(messages, mid)) <= self.max_tokens:
+            if self.count(_truncate(messages, mid, keep)) <= self.max_tokens:
                 lo = mid
             else:
                 hi = mid - 1
-        fitted = _truncate(messages, lo)
+        fitted = _truncate(messages, lo, keep)
         return Fitted(fitted, self.count(fitted), dropped, lo)
