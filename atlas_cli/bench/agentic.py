@@ -72,6 +72,7 @@ class EngineTarget:
         if tools == "auto":
             tools = "native" if traj.template_supports_tools(template) else "text"
         self.tool_format = tools
+        self.untimed_s = 0.0  # time spent on --cold-ttft prefills, kept out of the wall time
 
     def render(self, messages: list[dict], tools: list[dict]) -> list[int]:
         if self.tool_format == "text":
@@ -106,8 +107,10 @@ class EngineTarget:
         stats, first, last, latency = self._stream(ids, self.max_tokens)
         cold = None
         if self.cold_ttft:
+            t0 = time.perf_counter()
             engine.reset()
             _, cold, _, _ = self._stream(ids, 1)
+            self.untimed_s += time.perf_counter() - t0
         return {
             "input_tokens": stats.prompt_tokens,
             "output_tokens": stats.completion_tokens,
@@ -167,7 +170,8 @@ def replay(
     settings: Settings,
     on_turn: Callable[[TurnResult, list[TurnResult]], None] | None = None,
 ) -> tuple[list[TurnResult], float]:
-    """Replay every selected request in order; returns the turns and the total wall time."""
+    """Replay every selected request in order; returns the turns and the total wall time
+    (without the extra --cold-ttft prefills)."""
     convs = list(conversations)[: settings.limit_conversations]
     results: list[TurnResult] = []
     t0 = time.perf_counter()
@@ -197,7 +201,7 @@ def replay(
             results.append(result)
             if on_turn:
                 on_turn(result, results)
-    return results, time.perf_counter() - t0
+    return results, time.perf_counter() - t0 - getattr(target, "untimed_s", 0.0)
 
 
 def total_requests(conversations: Sequence[traj.Conversation], settings: Settings) -> int:
