@@ -276,6 +276,11 @@ from atlas_cli import models_cli  # noqa: E402
 models_cli.register(app, handle_errors)
 
 
+from atlas_cli.bench.cli import bench_app  # noqa: E402  (typer only: keeps --help light)
+
+app.add_typer(bench_app, name="bench")
+
+
 def main() -> None:
     from atlas_cli.completion import COMPLETE_VAR, PROG
 
