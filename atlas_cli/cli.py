@@ -82,12 +82,20 @@ ModelArg = Annotated[
 ]
 
 # Options shared by the commands that generate text.
-Temperature = Annotated[float, typer.Option(help="Sampling temperature; 0 is greedy.")]
-TopK = Annotated[int, typer.Option("--top-k", help="Keep the k most likely tokens (0: off).")]
-TopP = Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass.")]
-MinP = Annotated[float, typer.Option("--min-p", help="Drop tokens below min-p × the best.")]
+# Sampling options left unset take the model recipe's defaults, then llama.cpp's.
+Temperature = Annotated[
+    float | None, typer.Option(help="Sampling temperature; 0 is greedy (recipe, else 0.8).")
+]
+TopK = Annotated[
+    int | None, typer.Option("--top-k", help="Keep the k likeliest tokens; 0: off (else 40).")
+]
+TopP = Annotated[float | None, typer.Option("--top-p", help="Nucleus mass (else 0.95).")]
+MinP = Annotated[
+    float | None, typer.Option("--min-p", help="Drop tokens under min-p × the best (else 0.05).")
+]
 RepeatPenalty = Annotated[
-    float, typer.Option("--repeat-penalty", help="Penalise recently seen tokens (1.0: off).")
+    float | None,
+    typer.Option("--repeat-penalty", help="Penalise recent tokens; 1.0: off (else 1.0)."),
 ]
 Seed = Annotated[int | None, typer.Option(help="Random seed: the same seed gives the same text.")]
 MaxTokens = Annotated[int, typer.Option("--max-tokens", "-n", help="Most tokens to generate.")]
@@ -112,11 +120,11 @@ def run(
         str | None, typer.Argument(help="The prompt; read from stdin if piped.")
     ] = None,
     system: System = None,
-    temperature: Temperature = 0.8,
-    top_k: TopK = 40,
-    top_p: TopP = 0.95,
-    min_p: MinP = 0.05,
-    repeat_penalty: RepeatPenalty = 1.0,
+    temperature: Temperature = None,
+    top_k: TopK = None,
+    top_p: TopP = None,
+    min_p: MinP = None,
+    repeat_penalty: RepeatPenalty = None,
     seed: Seed = None,
     max_tokens: MaxTokens = 512,
     stop: Stop = None,

@@ -18,6 +18,14 @@ from typing import Any
 
 from atlas_cli.errors import CorruptModelError, DeviceError, UnsupportedModelError
 
+# Used where neither the caller nor the model's recipe sets a value (llama.cpp's defaults).
+SAMPLING_DEFAULTS = {
+    "temperature": 0.8,
+    "top_k": 40,
+    "top_p": 0.95,
+    "min_p": 0.05,
+    "repeat_penalty": 1.0,
+}
 DEVICES = ("cpu", "cpu-ref", "cuda", "hip")
 NATIVE_DEVICES = ("cuda", "hip")  # our kernels, through backend/ops/native.py
 MODEL_CLASSES = {
@@ -42,7 +50,14 @@ class ModelInfo:
 class Model:
     """A loaded model: tokenizer, engine and the facts `atlas show` prints."""
 
-    def __init__(self, info: ModelInfo, engine, device: str, load_s: float):
+    def __init__(
+        self,
+        info: ModelInfo,
+        engine,
+        device: str,
+        load_s: float,
+        defaults: dict[str, Any] | None = None,
+    ):
         from atlas_cli.backend.engine import Engine
 
         self.info: ModelInfo = info
@@ -50,6 +65,7 @@ class Model:
         self.tokenizer = engine.tokenizer
         self.device = device
         self.load_s = load_s
+        self.defaults = defaults or {}  # the recipe's run defaults (see store.run_defaults)
 
     @property
     def context_length(self) -> int:
@@ -63,38 +79,47 @@ class Model:
         prompt: str | Sequence[int],
         *,
         max_tokens: int = 512,
-        temperature: float = 0.8,
-        top_k: int = 40,
-        top_p: float = 0.95,
-        min_p: float = 0.05,
-        repeat_penalty: float = 1.0,
+        temperature: float | None = None,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        min_p: float | None = None,
+        repeat_penalty: float | None = None,
         seed: int | None = None,
         stop: Sequence[str] = (),
         add_special_tokens: bool = True,
         stats=None,
     ) -> Iterator:
+        """Stream TokenEvents. Sampling values left as None come from the model's recipe
+        defaults, then from atlas's (`SAMPLING_DEFAULTS`)."""
         from atlas_cli.backend.sample import SamplingParams
 
-        params = SamplingParams(
+        given = dict(
             temperature=temperature,
             top_k=top_k,
             top_p=top_p,
             min_p=min_p,
             repeat_penalty=repeat_penalty,
-            seed=seed,
         )
+        params = {**SAMPLING_DEFAULTS, **self.sampling_defaults}
+        params.update({k: v for k, v in given.items() if v is not None})
         return self.engine.generate(
             prompt,
             max_tokens=max_tokens,
-            sampling=params,
+            sampling=SamplingParams(seed=seed, **params),
             stop=stop,
             add_special_tokens=add_special_tokens,
             stats=stats,
         )
 
+    @property
+    def sampling_defaults(self) -> dict[str, Any]:
+        return {k: v for k, v in self.defaults.items() if k in SAMPLING_DEFAULTS}
+
     def chat_prompt(self, messages: list[dict[str, Any]], **template_kwargs: Any) -> list[int]:
-        """Token ids of `messages` rendered with the model's chat template."""
-        text = self.tokenizer.render_chat(messages, **template_kwargs)
+        """Token ids of `messages` rendered with the model's chat template (the recipe's
+        template kwargs, e.g. `enable_thinking`, apply unless given)."""
+        kwargs = {**self.defaults.get("chat_template_kwargs", {}), **template_kwargs}
+        text = self.tokenizer.render_chat(messages, **kwargs)
         return self.tokenizer.encode(text, add_special_tokens=True)
 
 
@@ -120,6 +145,7 @@ def load_model(
     else:
         ops = importlib.import_module("atlas_cli.backend.ops.numpy_ref")
     path = store.resolve(name_or_path, progress=progress, device=device)
+    defaults = store.run_defaults(name_or_path, device=device)
     t0 = time.perf_counter()
     if path.is_dir():
         info, weights, tokenizer = _open_hf_directory(path)
@@ -136,7 +162,7 @@ def load_model(
     args_cls = importlib.import_module(module).ModelArgs
     args = args_cls.from_config(info.config)
     limit = args.max_position_embeddings
-    context = min(ctx_size, limit) if ctx_size else limit
+    context = min(ctx_size or defaults.get("ctx_size") or limit, limit)
     # refuse before dequantizing: that is where the memory goes
     fit.check_loaded(
         path.name, info.config, weights, context, device, lambda: store.alternatives(path)
@@ -149,8 +175,12 @@ def load_model(
 
     from atlas_cli.backend.engine import Engine
 
+    if draft is None and isinstance(defaults.get("speculative"), dict):
+        draft = defaults["speculative"].get("draft_tokens")
+    elif defaults.get("speculative") is False:
+        draft = draft if draft is not None else 0
     engine = Engine(net, tokenizer, context, draft=draft)
-    return Model(info, engine, device, time.perf_counter() - t0)
+    return Model(info, engine, device, time.perf_counter() - t0, defaults)
 
 
 def _is_matrix(name: str, value) -> bool:
