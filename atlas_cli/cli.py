@@ -195,6 +195,13 @@ def serve(
         str | None,
         typer.Option(help="Template defaults as JSON, e.g. '{\"enable_thinking\": false}'."),
     ] = None,
+    tool_parser: Annotated[
+        str | None,
+        typer.Option(
+            help="Tool-call format: hermes, qwen3_coder or none "
+            "(default: the recipe's, else read from the chat template)."
+        ),
+    ] = None,
     device: Device = "cpu",
 ):
     """Serve a model over an OpenAI-compatible HTTP API (and Anthropic's /v1/messages)."""
@@ -210,6 +217,7 @@ def serve(
         ctx_size=ctx_size,
         device=device,
         template_kwargs=parse_template_kwargs(chat_template_kwargs),
+        tool_parser=tool_parser,
     )
 
 

@@ -11,6 +11,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from atlas_cli.backend.toolcalls import ContentDelta, ReasoningDelta, ToolCallDelta
 from atlas_cli.serve.app import AppState, endpoint, on_disconnect, read_json
 from atlas_cli.serve.errors import APIError
 from atlas_cli.serve.openai_api import SSE_HEADERS
@@ -134,6 +135,7 @@ async def messages(state: AppState, request: Request) -> Response:
     req = parse_body(MessagesRequest, await read_json(state, request))
     state.check_model(req.model)
     opts = ChatOptions(
+        parser=state.parser,
         tools=to_openai_tools(req.tools),
         tool_choice=to_openai_choice(req.tool_choice),
         template_kwargs=state.template_kwargs(),
@@ -217,7 +219,8 @@ async def message_stream(
     turn: Turn, msg_id: str, model: str, stop: list[str], state: AppState
 ) -> AsyncIterator[str]:
     """message_start (with the first token), content blocks (thinking, text, tool_use) as
-    start/delta/stop, then message_delta with the stop reason and message_stop."""
+    start/delta/stop, then message_delta with the stop reason and message_stop. A tool call's
+    arguments stream as input_json_delta pieces, as the parser produces them."""
     index = -1
     open_kind: str | None = None
     started = False
@@ -242,33 +245,34 @@ async def message_stream(
         return event("message_start", {"message": head})
 
     try:
-        async for d in turn.deltas():
-            if d.kind != "tool_call" and not d.text:
+        async for e in turn.deltas():
+            if isinstance(e, ToolCallDelta):
+                kind, text = "tool_use", e.arguments
+            elif isinstance(e, ReasoningDelta | ContentDelta) and e.text:
+                kind, text = ("thinking" if isinstance(e, ReasoningDelta) else "text"), e.text
+            else:  # ToolCallEnd: the call's block closes when the next one opens
                 continue
             if not started:
                 started = True
                 yield start()
-            kind = {"content": "text", "reasoning": "thinking", "tool_call": "tool_use"}[d.kind]
-            if kind != open_kind or kind == "tool_use":
+            # a new block for a new kind, and for each call (its first delta has the id)
+            if kind != open_kind or (kind == "tool_use" and e.id is not None):
                 if open_kind is not None:
                     yield event("content_block_stop", {"index": index})
                 index, open_kind = index + 1, kind
                 block: dict[str, Any] = {
                     "text": {"type": "text", "text": ""},
                     "thinking": {"type": "thinking", "thinking": "", "signature": ""},
-                }.get(kind) or {
-                    "type": "tool_use",
-                    "id": d.call.id,
-                    "name": d.call.name,
-                    "input": {},
-                }
+                }.get(kind) or {"type": "tool_use", "id": e.id, "name": e.name, "input": {}}
                 yield event("content_block_start", {"index": index, "content_block": block})
+            if not text:
+                continue
             if kind == "text":
-                delta = {"type": "text_delta", "text": d.text}
+                delta = {"type": "text_delta", "text": text}
             elif kind == "thinking":
-                delta = {"type": "thinking_delta", "thinking": d.text}
+                delta = {"type": "thinking_delta", "thinking": text}
             else:
-                delta = {"type": "input_json_delta", "partial_json": d.call.arguments}
+                delta = {"type": "input_json_delta", "partial_json": text}
             yield event("content_block_delta", {"index": index, "delta": delta})
         out = turn.outcome
         if not started:
@@ -291,7 +295,11 @@ async def message_stream(
 async def count_tokens(state: AppState, request: Request) -> Response:
     req = parse_body(CountTokensRequest, await read_json(state, request))
     state.check_model(req.model)
-    opts = ChatOptions(tools=to_openai_tools(req.tools), template_kwargs=state.template_kwargs())
+    opts = ChatOptions(
+        parser=state.parser,
+        tools=to_openai_tools(req.tools),
+        template_kwargs=state.template_kwargs(),
+    )
     prompt = build_chat_prompt(
         state.model.tokenizer, to_openai_messages(req.system, req.messages), opts
     )

@@ -23,10 +23,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from atlas_cli import __version__
-from atlas_cli.serve import tools_adapter
+from atlas_cli.backend.toolcalls import NoToolParser, ToolParser
 from atlas_cli.serve.errors import APIError
 from atlas_cli.serve.metrics import Metrics
-from atlas_cli.serve.prompt import ChatOptions, build_chat_prompt
+from atlas_cli.serve.prompt import ChatOptions, build_chat_prompt, choose_parser
 from atlas_cli.serve.protocol import DetokenizeRequest, TokenizeRequest, parse_body
 from atlas_cli.serve.runner import EngineRunner
 
@@ -43,7 +43,8 @@ class ServeConfig:
     ctx_size: int | None = None
     device: str = "cpu"
     max_body_bytes: int = DEFAULT_MAX_BODY
-    tool_parser: str | None = None  # override the parser chosen from the chat template
+    # "hermes" | "qwen3_coder" | "none": overrides the parser chosen from the chat template
+    tool_parser: str | None = None
     accept_any_model: bool = False  # llama-server's way: any model name means this model
     # defaults under each request's chat_template_kwargs, e.g. {"enable_thinking": False}
     template_kwargs: dict | None = None
@@ -58,7 +59,7 @@ class AppState:
         self.created = int(time.time())
         self.model = None
         self.runner: EngineRunner | None = None
-        self.parser = None
+        self.parser: type[ToolParser] = NoToolParser
         self.load_error: str | None = None
         self.name = config.served_model_name or _default_name(config.model)
         self.aliases = {self.name, config.model}
@@ -66,9 +67,7 @@ class AppState:
             self.set_model(model)
 
     def set_model(self, model) -> None:
-        self.parser = tools_adapter.select_parser(
-            model.tokenizer.chat_template, self.config.tool_parser
-        )
+        self.parser = choose_parser(model.tokenizer.chat_template, self.config.tool_parser)
         self.runner = EngineRunner(model.engine, self.metrics)
         self.aliases.add(model.info.name)
         self.model = model
@@ -265,6 +264,7 @@ async def tokenize(state: AppState, request: Request) -> Response:
     tok = state.model.tokenizer
     if req.messages is not None:
         opts = ChatOptions(
+            parser=state.parser,
             tools=req.tools,
             template_kwargs=state.template_kwargs(req.chat_template_kwargs),
             add_generation_prompt=req.add_generation_prompt,

@@ -11,6 +11,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from atlas_cli.backend.toolcalls import ContentDelta, ReasoningDelta, ToolCallDelta
 from atlas_cli.serve.app import (
     AppState,
     check_token_ids,
@@ -68,6 +69,7 @@ async def chat_completions(state: AppState, request: Request) -> Response:
     if req.logprobs:
         raise unsupported("logprobs", "logprobs")
     opts = ChatOptions(
+        parser=state.parser,
         tools=req.tools,
         tool_choice=req.tool_choice,
         response_format=req.response_format,
@@ -98,10 +100,7 @@ def chat_message(out: Outcome) -> dict[str, Any]:
         msg["reasoning_content"] = out.reasoning
     if out.tool_calls:
         msg["content"] = out.content or None
-        msg["tool_calls"] = [
-            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-            for c in out.tool_calls
-        ]
+        msg["tool_calls"] = [c.to_openai() for c in out.tool_calls]
     return msg
 
 
@@ -123,7 +122,9 @@ def chat_body(out: Outcome, meta: dict[str, Any]) -> dict[str, Any]:
 
 async def chat_stream(turn: Turn, meta: dict[str, Any], include_usage: bool) -> AsyncIterator[str]:
     """Chunks: the role (sent with the first token, so a client's time to first chunk is the
-    time to first token), deltas, the finish reason, usage if asked, then [DONE]."""
+    time to first token), deltas, the finish reason, usage if asked, then [DONE]. A tool call
+    comes as OpenAI's deltas: id and name first, then its arguments JSON in pieces (one per
+    parameter for Qwen3.5's XML calls, whole for Hermes JSON ones)."""
 
     def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
         body = {
@@ -138,24 +139,14 @@ async def chat_stream(turn: Turn, meta: dict[str, Any], include_usage: bool) -> 
     role = chunk({"role": "assistant", "content": ""})
     started = False
     try:
-        async for d in turn.deltas():
-            if d.kind == "tool_call":
-                c = d.call
-                delta = {
-                    "tool_calls": [
-                        {
-                            "index": d.index,
-                            "id": c.id,
-                            "type": "function",
-                            "function": {"name": c.name, "arguments": c.arguments},
-                        }
-                    ]
-                }
-            elif not d.text:
+        async for event in turn.deltas():
+            if isinstance(event, ToolCallDelta):
+                delta: dict[str, Any] = {"tool_calls": [event.to_openai()]}
+            elif isinstance(event, ReasoningDelta | ContentDelta) and event.text:
+                key = "reasoning_content" if isinstance(event, ReasoningDelta) else "content"
+                delta = {key: event.text}
+            else:  # ToolCallEnd: its arguments went out as deltas already
                 continue
-            else:
-                key = "reasoning_content" if d.kind == "reasoning" else "content"
-                delta = {key: d.text}
             if not started:
                 started = True
                 yield role

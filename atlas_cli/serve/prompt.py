@@ -1,8 +1,9 @@
 """From OpenAI-shaped messages to prompt tokens.
 
 The model's own chat template renders the conversation. Where a template does not know a
-feature (SmolLM2's renders only role and content), the server renders it the Hermes way, as
-Qwen2.5 and NousHermes templates do: tool signatures in the system prompt, assistant calls as
+feature (SmolLM2's renders only role and content), the server renders it in the tool-call
+format of the model's parser (Hermes, as Qwen2.5 and NousHermes templates do, unless the
+parser is Qwen3.5's XML one): tool signatures in the system prompt, assistant calls as
 `<tool_call>` text, tool results as `<tool_response>` inside a user turn. JSON mode adds an
 instruction and starts the answer with `{` (see `JsonCutter` for the other half).
 """
@@ -13,9 +14,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from atlas_cli.backend import toolcalls
 from atlas_cli.backend.tokenizer import TextTokenizer
+from atlas_cli.backend.toolcalls import HermesParser, NoToolParser, ToolParser
 from atlas_cli.errors import TemplateError
-from atlas_cli.serve import tools_adapter
 from atlas_cli.serve.errors import APIError, bad_param
 from atlas_cli.serve.protocol import Message, NamedToolChoice, ResponseFormat, Tool
 
@@ -36,6 +38,25 @@ For each function call, return a json object with function name and arguments wi
 {{"name": <function-name>, "arguments": <args-json-object>}}
 </tool_call>"""
 
+# Qwen3.5's own instructions, for a template without tools and the qwen3_coder parser
+XML_TOOLS_PROMPT = """# Tools
+
+You have access to the following functions:
+
+<tools>
+{tools}
+</tools>
+
+If you choose to call a function ONLY reply in the following format with NO suffix:
+
+<tool_call>
+<function=example_function_name>
+<parameter=example_parameter_1>
+value_1
+</parameter>
+</function>
+</tool_call>"""
+
 JSON_PROMPT = "Answer with one valid JSON object and nothing else."
 
 
@@ -51,11 +72,25 @@ class Prompt:
 
 @dataclass
 class ChatOptions:
+    # the model's tool-call format: how history calls and the tool list are written when the
+    # template cannot render them
+    parser: type[ToolParser] = HermesParser
     tools: list[Tool] | None = None
     tool_choice: str | NamedToolChoice | None = None
     response_format: ResponseFormat | None = None
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     add_generation_prompt: bool = True
+
+
+def choose_parser(chat_template: str | None, override: str | None = None) -> type[ToolParser]:
+    """The tool-call parser for a model: `override` (a flag or recipe) if given, else the one
+    the template's text names. A template that renders no tools at all gets Hermes, since
+    the server then writes the tool list in the Hermes format itself."""
+    parser = toolcalls.select_parser(chat_template, override)
+    auto = override in (None, "", "auto")
+    if auto and parser is NoToolParser and not template_renders(chat_template, "tools"):
+        return HermesParser
+    return parser
 
 
 def template_renders(chat_template: str | None, feature: str) -> bool:
@@ -94,7 +129,9 @@ def _tool_dicts(tools: list[Tool] | None) -> list[dict]:
     return [t.model_dump(exclude_none=True) for t in tools or []]
 
 
-def chat_messages(messages: list[Message], template: str | None) -> list[dict[str, Any]]:
+def chat_messages(
+    messages: list[Message], template: str | None, parser: type[ToolParser] = HermesParser
+) -> list[dict[str, Any]]:
     """Template-ready dicts: text content, arguments as objects, fallbacks for what the
     template cannot render."""
     renders_calls = template_renders(template, "tool_calls")
@@ -118,7 +155,7 @@ def chat_messages(messages: list[Message], template: str | None) -> list[dict[st
                     item["tool_calls"] = calls
                 else:
                     texts = [
-                        tools_adapter.call_text(c["function"]["name"], c["function"]["arguments"])
+                        parser.render_call(c["function"]["name"], c["function"]["arguments"])
                         for c in calls
                     ]
                     item["content"] = "\n".join([text, *texts] if text else texts)
@@ -147,10 +184,13 @@ def _call_dict(call, where: str) -> dict[str, Any]:
                 f"{where}.function.arguments", "arguments must be a JSON object"
             ) from None
     return {
-        "id": call.id or tools_adapter.new_call_id(),
+        "id": call.id or _new_call_id(),
         "type": "function",
         "function": {"name": call.function.name, "arguments": args},
     }
+
+
+_new_call_id = toolcalls.ToolCallIds()
 
 
 def _add_system(messages: list[dict[str, Any]], text: str) -> None:
@@ -183,7 +223,7 @@ def build_chat_prompt(
             )
     elif choice == "required" and not opts.tools:
         raise bad_param("tool_choice", "tool_choice 'required' needs tools")
-    rendered = chat_messages(messages, template)
+    rendered = chat_messages(messages, template, opts.parser)
     tool_dicts = _tool_dicts(opts.tools) if tools_active else None
     pass_tools = None
     if tools_active:
@@ -191,7 +231,10 @@ def build_chat_prompt(
             pass_tools = tool_dicts
         else:
             lines = "\n".join(json.dumps(t, ensure_ascii=False) for t in tool_dicts)
-            _add_system(rendered, HERMES_TOOLS_PROMPT.format(tools=lines))
+            xml = opts.parser.name == "qwen3_coder"
+            _add_system(
+                rendered, (XML_TOOLS_PROMPT if xml else HERMES_TOOLS_PROMPT).format(tools=lines)
+            )
         if choice == "required":
             _add_system(rendered, "You must call at least one of the tools.")
         elif isinstance(choice, NamedToolChoice):
@@ -203,7 +246,7 @@ def build_chat_prompt(
         extra = f" It must follow this JSON schema:\n{json.dumps(schema)}" if schema else ""
         _add_system(rendered, JSON_PROMPT + extra)
     text = render(tokenizer, rendered, pass_tools, opts.add_generation_prompt, kwargs)
-    opened_think = text.rstrip().endswith(tools_adapter.THINK_OPEN)
+    opened_think = toolcalls.prompt_opens_thinking(text)
     prefill = "{" if json_mode and not tools_active and not opened_think else ""
     ids = tokenizer.encode(text + prefill, add_special_tokens=True)
     return Prompt(ids, text, prefill, opened_think, tool_dicts, json_mode)

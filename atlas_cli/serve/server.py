@@ -8,7 +8,7 @@ import socket
 import sys
 from pathlib import Path
 
-from atlas_cli.errors import UsageError
+from atlas_cli.errors import AtlasError, UsageError
 from atlas_cli.serve.app import ServeConfig, create_app
 
 LOOPBACK = {"127.0.0.1", "::1", "localhost"}
@@ -42,6 +42,23 @@ def parse_template_kwargs(text: str | None) -> dict | None:
     return value
 
 
+def recipe_tool_parser(model: str, device: str) -> str | None:
+    """The tool-call parser a recipe names for the variant `model` resolves to (None for a
+    path, a hub name, or a parser atlas does not have: the chat template decides then)."""
+    from atlas_cli import recipes, store
+    from atlas_cli.backend.toolcalls import PARSERS
+
+    try:
+        ref = recipes.parse_ref(model)
+        if ref.kind != "recipe":
+            return None
+        variant = ref.variant or ref.recipe.variant_for(store.hardware_class(device))
+    except AtlasError:
+        return None
+    parser = ref.recipe.defaults_for(variant).tool_call_parser
+    return parser if parser in PARSERS else None
+
+
 def serve(
     model: str,
     *,
@@ -54,6 +71,7 @@ def serve(
     log_level: str = "info",
     accept_any_model: bool = False,
     template_kwargs: dict | None = None,
+    tool_parser: str | None = None,
 ) -> None:
     import uvicorn
 
@@ -63,7 +81,13 @@ def serve(
         raise UsageError(f"--port must be 0..65535, got {port}")
     if ctx_size is not None and ctx_size < 16:
         raise UsageError(f"--ctx-size must be at least 16, got {ctx_size}")
+    if tool_parser is not None:
+        from atlas_cli.backend.toolcalls import select_parser
+
+        select_parser(None, tool_parser)  # an unknown name fails here
     path = store.resolve(model)  # a bad name fails here, before the server starts
+    if tool_parser in (None, "", "auto"):
+        tool_parser = recipe_tool_parser(model, device)
     name = served_model_name or (Path(model).stem if model.endswith(".gguf") else model)
     config = ServeConfig(
         model=str(path),
@@ -73,6 +97,7 @@ def serve(
         device=device,
         accept_any_model=accept_any_model,
         template_kwargs=template_kwargs,
+        tool_parser=tool_parser,
     )
     sock = bind(host, port)
     bound = sock.getsockname()[1]

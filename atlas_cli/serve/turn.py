@@ -8,11 +8,10 @@ from dataclasses import dataclass, field
 
 from atlas_cli.backend.engine import GenerationStats
 from atlas_cli.backend.sample import SamplingParams
-from atlas_cli.serve import tools_adapter
+from atlas_cli.backend.toolcalls import Event, NoToolParser, ParsedMessage, ToolCall, ToolParser
 from atlas_cli.serve.errors import APIError
 from atlas_cli.serve.prompt import JsonCutter, Prompt, valid_json
 from atlas_cli.serve.runner import EngineRunner, Generation, Job
-from atlas_cli.serve.tools_adapter import Delta, ToolCall
 
 
 @dataclass
@@ -79,14 +78,15 @@ class Turn:
         max_tokens: int | None,
         sampling: SamplingParams,
         stop: list[str],
-        parser=None,
+        parser: type[ToolParser] = NoToolParser,
     ):
         context = runner.engine.context_length
         check_fits(len(prompt.ids), context)
         room = context - len(prompt.ids)
         self.runner = runner
         self.prompt = prompt
-        self.parser = parser or tools_adapter.select_parser(None)
+        # calls are looked for only when the request offers tools; reasoning always
+        self.parser = (parser if prompt.tools else NoToolParser)(prompt.tools)
         self.job = Job(prompt.ids, min(max_tokens or room, room), sampling, tuple(stop))
         self.gen: Generation | None = None
         self.outcome: Outcome | None = None
@@ -115,63 +115,44 @@ class Turn:
         finally:
             gen.cancel()  # no-op when it finished; stops it when we left early
 
-    async def deltas(self) -> AsyncIterator[Delta]:
-        """Reasoning, content and tool-call pieces as they are produced."""
-        stream = self.parser.stream(self.prompt.tools, self.prompt.opened_think)
+    async def deltas(self) -> AsyncIterator[Event]:
+        """Reasoning, content and tool-call events (backend.toolcalls) as they are produced."""
+        stream = self.parser.stream(prompt_opened_think=self.prompt.opened_think)
         pieces: list[str] = []
-        calls: list[ToolCall] = []
-        content: list[str] = []
-        reasoning: list[str] = []
         async for text in self.texts():
             pieces.append(text)
-            for d in stream.feed(text):
-                _collect(d, calls, content, reasoning)
-                yield d
-        for d in stream.finish():
-            _collect(d, calls, content, reasoning)
-            yield d
-        await self._finish("".join(pieces), calls, "".join(content), reasoning)
+            for event in stream.feed(text):
+                yield event
+        for event in stream.finish():
+            yield event
+        await self._finish("".join(pieces), stream.message)
 
     async def complete(self) -> Outcome:
-        pieces = [text async for text in self.texts()]
-        text = "".join(pieces)
-        # a prompt that opened <think> leaves the tag out of the answer: put it back
-        opened = tools_adapter.THINK_OPEN if self.prompt.opened_think else ""
-        parsed = self.parser.parse(opened + text, self.prompt.tools)
-        await self._finish(text, parsed.tool_calls, parsed.content, parsed.reasoning)
+        text = "".join([text async for text in self.texts()])
+        parsed = self.parser.parse(text, prompt_opened_think=self.prompt.opened_think)
+        await self._finish(text, parsed)
         return self.outcome
 
     async def finish_plain(self, text: str) -> Outcome:
         """The tally for a raw completion (no parsing): after iterating `texts()`."""
-        await self._finish(text, [], text, None)
+        await self._finish(text, ParsedMessage(text, None, []))
         return self.outcome
 
-    async def _finish(self, text, calls, content, reasoning) -> None:
+    async def _finish(self, text: str, parsed: ParsedMessage) -> None:
         stats = await self.gen.result()
         if self.gen.error is not None:
             raise APIError(500, f"generation failed: {self.gen.error}", type="server_error")
         reason = "stop" if self._cut else stats.finish_reason
         if reason == "interrupted":
             reason = "stop"
-        if calls and reason == "stop":
+        if parsed.tool_calls and reason == "stop":
             reason = "tool_calls"
-        if isinstance(reasoning, list):
-            reasoning = "".join(reasoning) or None
         self.outcome = Outcome(
             stats,
             reason,
             text,
-            content,
-            reasoning,
-            list(calls),
-            valid_json(content) if self.prompt.json_mode else None,
+            parsed.content,
+            parsed.reasoning,
+            list(parsed.tool_calls),
+            valid_json(parsed.content) if self.prompt.json_mode else None,
         )
-
-
-def _collect(d: Delta, calls: list, content: list, reasoning: list) -> None:
-    if d.kind == "tool_call" and d.call is not None:
-        calls.append(d.call)
-    elif d.kind == "content":
-        content.append(d.text)
-    elif d.kind == "reasoning":
-        reasoning.append(d.text)
