@@ -95,7 +95,11 @@ def scripted_model(tokenizer) -> SimpleNamespace:
     engine = ScriptedEngine(tokenizer)
     info = SimpleNamespace(name="scripted", architecture="llama", file_type="none")
     return SimpleNamespace(
-        engine=engine, tokenizer=tokenizer, info=info, context_length=engine.context_length
+        engine=engine,
+        tokenizer=tokenizer,
+        info=info,
+        context_length=engine.context_length,
+        sampling_defaults={},
     )
 
 

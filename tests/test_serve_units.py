@@ -299,3 +299,13 @@ def test_serve_takes_the_parser_from_the_flag_or_the_recipe(monkeypatch, tmp_pat
         assert configs[-1].tool_parser == want
     bad = CliRunner().invoke(app, ["serve", "qwen3-0.6b", "--tool-parser", "mistral"])
     assert bad.exit_code == 2 and "unknown tool-call parser 'mistral'" in bad.output
+
+
+def test_sampling_takes_recipe_defaults_then_request():
+    from atlas_cli.serve.turn import sampling_params
+
+    recipe = {"temperature": 0.6, "top_k": 20}
+    params = sampling_params(None, None, None, None, None, None, recipe)
+    assert params.temperature == 0.6 and params.top_k == 20 and params.top_p == 0.95
+    params = sampling_params(0.0, None, 5, None, None, 42, recipe)
+    assert params.temperature == 0.0 and params.top_k == 5 and params.seed == 42

@@ -143,7 +143,9 @@ async def messages(state: AppState, request: Request) -> Response:
     prompt = build_chat_prompt(
         state.model.tokenizer, to_openai_messages(req.system, req.messages), opts
     )
-    sampling = sampling_params(req.temperature, req.top_p, req.top_k, None, None, None)
+    sampling = sampling_params(
+        req.temperature, req.top_p, req.top_k, None, None, None, state.model.sampling_defaults
+    )
     stop = list(req.stop_sequences or [])
     turn = Turn(
         state.runner,

@@ -47,7 +47,13 @@ def new_turn(state: AppState, prompt: Prompt, req: SamplingFields, max_tokens: i
     if req.n is not None and req.n > 1:
         raise unsupported("n", "n > 1")
     sampling = sampling_params(
-        req.temperature, req.top_p, req.top_k, req.min_p, req.repeat_penalty, req.seed
+        req.temperature,
+        req.top_p,
+        req.top_k,
+        req.min_p,
+        req.repeat_penalty,
+        req.seed,
+        state.model.sampling_defaults,
     )
     return Turn(
         state.runner,

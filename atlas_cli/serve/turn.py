@@ -42,8 +42,10 @@ def sampling_params(
     min_p: float | None,
     repeat_penalty: float | None,
     seed: int | None,
+    defaults: dict | None = None,
 ) -> SamplingParams:
-    """Fields the client left out keep atlas's (and llama-server's) defaults."""
+    """Fields the client left out take `defaults` (the model recipe's), then atlas's (and
+    llama-server's) defaults."""
     given = {
         "temperature": temperature,
         "top_p": top_p,
@@ -52,7 +54,9 @@ def sampling_params(
         "repeat_penalty": repeat_penalty,
         "seed": seed,
     }
-    return SamplingParams(**{k: v for k, v in given.items() if v is not None})
+    return SamplingParams(
+        **{**(defaults or {}), **{k: v for k, v in given.items() if v is not None}}
+    )
 
 
 def check_fits(prompt_tokens: int, context: int) -> None:
