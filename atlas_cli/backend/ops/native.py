@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from atlas_cli.backend.cache import grown_capacity
 from atlas_cli.backend.ops import runtime as rt
 from atlas_cli.backend.ops.runtime import f32, i32, i64, ptr
 
@@ -276,14 +277,9 @@ class KVCache:
         return self._cap
 
     def reserve(self, new_len: int) -> None:
-        if new_len > self.max_len:
-            raise ValueError(f"cache holds {self.max_len} positions, {new_len} requested")
-        if new_len <= self._cap:
+        cap = grown_capacity(self._cap, new_len, self.max_len)
+        if cap == self._cap:
             return
-        cap = self._cap
-        while cap < new_len:
-            cap *= 2
-        cap = min(cap, self.max_len)
         head_old, head_new = self._cap * self.hd * self.esize, cap * self.hd * self.esize
         keep = self.length * self.hd * self.esize
         for pair in self.layers:
