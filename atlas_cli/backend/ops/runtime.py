@@ -11,9 +11,11 @@ marshal them for its launch API without guessing.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -78,6 +80,26 @@ def i64(value: int) -> Arg:
 
 def f32(value: float) -> Arg:
     return Arg("f", float(value))
+
+
+# How the ctypes-based launch APIs (hip-python, the emulator) take each Arg kind.
+CTYPES_ARGS: dict[str, Callable[[Any], Any]] = {
+    "p": ctypes.c_void_p,
+    "i": ctypes.c_int32,
+    "q": ctypes.c_int64,
+    "f": ctypes.c_float,
+}
+
+
+def marshal(args: list[Arg], types: dict[str, Callable[[Any], Any]]) -> list:
+    """Each kernel argument as its launch API wants it; `types` maps an Arg kind to the
+    runtime's constructor for it."""
+    return [types[a.kind](a.value) for a in args]
+
+
+def dims3(dims: tuple) -> tuple:
+    """A grid or block padded with 1s to the three dimensions launch APIs take."""
+    return tuple(dims) + (1,) * (3 - len(dims))
 
 
 class Buffer(Protocol):

@@ -14,6 +14,9 @@ import numpy as np
 from atlas_cli.backend.ops import nvrtc
 from atlas_cli.backend.ops import runtime as rt
 
+# cupy's RawKernel takes numpy scalars, each of the width the kernel's C signature says.
+_ARG_TYPES = {"p": np.uint64, "i": np.int32, "q": np.int64, "f": np.float32}
+
 
 class CudaUnavailable(RuntimeError):
     """cupy, NVRTC, the driver or a device is missing; the message says which."""
@@ -145,16 +148,7 @@ class CudaRuntime:
 
     # -- launch, sync, events, graphs -----------------------------------------------------
     def launch(self, fn, grid: tuple, block: tuple, args: list[rt.Arg]) -> None:
-        vals = []
-        for a in args:
-            if a.kind == "p":
-                vals.append(np.uint64(a.value))
-            elif a.kind == "i":
-                vals.append(np.int32(a.value))
-            elif a.kind == "q":
-                vals.append(np.int64(a.value))
-            else:
-                vals.append(np.float32(a.value))
+        vals = rt.marshal(args, _ARG_TYPES)
         with self.stream:  # launches go to our stream (cupy launches on the current one)
             fn(tuple(grid), tuple(block), tuple(vals))
 

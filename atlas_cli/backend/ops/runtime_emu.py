@@ -179,24 +179,14 @@ class EmuRuntime:
 
     # -- launch ---------------------------------------------------------------------------
     def launch(self, fn, grid: tuple, block: tuple, args: list[rt.Arg]) -> None:
-        grid = tuple(grid) + (1,) * (3 - len(grid))
-        block = tuple(block) + (1,) * (3 - len(block))
+        grid, block = rt.dims3(grid), rt.dims3(block)
         if self._capture is not None:
             self._capture.calls.append((fn, grid, block, list(args)))
             return
         self._run(fn, grid, block, args)
 
     def _run(self, fn, grid, block, args) -> None:
-        ctypes_args = []
-        for a in args:
-            if a.kind == "p":
-                ctypes_args.append(ctypes.c_void_p(a.value))
-            elif a.kind == "i":
-                ctypes_args.append(ctypes.c_int32(a.value))
-            elif a.kind == "q":
-                ctypes_args.append(ctypes.c_int64(a.value))
-            else:
-                ctypes_args.append(ctypes.c_float(a.value))
+        ctypes_args = rt.marshal(args, rt.CTYPES_ARGS)
         slots = (ctypes.c_void_p * max(len(ctypes_args), 1))(
             *[ctypes.cast(ctypes.byref(c), ctypes.c_void_p) for c in ctypes_args]
         )

@@ -9,7 +9,6 @@ run on an AMD GPU yet (no such machine was available to this project when it was
 from __future__ import annotations
 
 import contextlib
-import ctypes
 from typing import Any
 
 import numpy as np
@@ -168,18 +167,8 @@ class HipRuntime:
         return mod
 
     def launch(self, fn, grid: tuple, block: tuple, args: list[rt.Arg]) -> None:
-        vals = []
-        for a in args:
-            if a.kind == "p":
-                vals.append(ctypes.c_void_p(a.value))
-            elif a.kind == "i":
-                vals.append(ctypes.c_int32(a.value))
-            elif a.kind == "q":
-                vals.append(ctypes.c_int64(a.value))
-            else:
-                vals.append(ctypes.c_float(a.value))
-        grid = tuple(grid) + (1,) * (3 - len(grid))
-        block = tuple(block) + (1,) * (3 - len(block))
+        vals = rt.marshal(args, rt.CTYPES_ARGS)
+        grid, block = rt.dims3(grid), rt.dims3(block)
         _check(
             self.hip.hipModuleLaunchKernel(
                 fn,
