@@ -12,20 +12,24 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from atlas_cli.backend.sample import SamplingParams
 from atlas_cli.errors import UsageError
 
 THINK_MODES = ("on", "hidden", "off")  # on: shown dimmed; hidden: not shown; off: ask not to think
 SWITCH_VALUES = ("on", "off")
 
 
+_SAMPLER = SamplingParams()  # chat starts from the sampler's own defaults
+
+
 @dataclass(frozen=True)
 class ChatSettings:
-    temperature: float = 0.8
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
-    repeat_penalty: float = 1.0
-    seed: int | None = None
+    temperature: float = _SAMPLER.temperature
+    top_k: int = _SAMPLER.top_k
+    top_p: float = _SAMPLER.top_p
+    min_p: float = _SAMPLER.min_p
+    repeat_penalty: float = _SAMPLER.repeat_penalty
+    seed: int | None = _SAMPLER.seed
     max_tokens: int = 512
     stop: tuple[str, ...] = ()
     verbose: bool = False
@@ -50,8 +54,6 @@ class ChatSettings:
         return out
 
     def validate(self) -> ChatSettings:
-        from atlas_cli.backend.sample import SamplingParams
-
         SamplingParams(**self.sampling())  # raises UsageError on out-of-range values
         if self.max_tokens < 1:
             raise UsageError(f"max_tokens must be >= 1, got {self.max_tokens}")
