@@ -15,7 +15,7 @@ from atlas_cli.backend.toolcalls import ContentDelta, ReasoningDelta, ToolCallDe
 from atlas_cli.serve.app import AppState, endpoint, on_disconnect, read_json
 from atlas_cli.serve.errors import APIError
 from atlas_cli.serve.openai_api import SSE_HEADERS
-from atlas_cli.serve.prompt import ChatOptions, build_chat_prompt
+from atlas_cli.serve.prompt import ChatOptions, Prompt, build_chat_prompt
 from atlas_cli.serve.protocol import (
     AnthropicBlock,
     AnthropicMessage,
@@ -130,19 +130,28 @@ def to_openai_choice(choice: AnthropicToolChoice | None):
     return {"auto": "auto", "any": "required", "none": "none"}[choice.type]
 
 
+def _prompt(
+    state: AppState,
+    req: MessagesRequest | CountTokensRequest,
+    tool_choice: AnthropicToolChoice | None = None,
+) -> Prompt:
+    """The prompt an Anthropic request renders to: `messages` and `count_tokens` must agree."""
+    opts = ChatOptions(
+        parser=state.parser,
+        tools=to_openai_tools(req.tools),
+        tool_choice=to_openai_choice(tool_choice),
+        template_kwargs=state.template_kwargs(),
+    )
+    return build_chat_prompt(
+        state.model.tokenizer, to_openai_messages(req.system, req.messages), opts
+    )
+
+
 @endpoint("messages", style="anthropic")
 async def messages(state: AppState, request: Request) -> Response:
     req = parse_body(MessagesRequest, await read_json(state, request))
     state.check_model(req.model)
-    opts = ChatOptions(
-        parser=state.parser,
-        tools=to_openai_tools(req.tools),
-        tool_choice=to_openai_choice(req.tool_choice),
-        template_kwargs=state.template_kwargs(),
-    )
-    prompt = build_chat_prompt(
-        state.model.tokenizer, to_openai_messages(req.system, req.messages), opts
-    )
+    prompt = _prompt(state, req, req.tool_choice)
     sampling = sampling_params(
         req.temperature, req.top_p, req.top_k, None, None, None, state.model.sampling_defaults
     )
@@ -297,12 +306,5 @@ async def message_stream(
 async def count_tokens(state: AppState, request: Request) -> Response:
     req = parse_body(CountTokensRequest, await read_json(state, request))
     state.check_model(req.model)
-    opts = ChatOptions(
-        parser=state.parser,
-        tools=to_openai_tools(req.tools),
-        template_kwargs=state.template_kwargs(),
-    )
-    prompt = build_chat_prompt(
-        state.model.tokenizer, to_openai_messages(req.system, req.messages), opts
-    )
+    prompt = _prompt(state, req)
     return JSONResponse({"input_tokens": len(prompt.ids)})
