@@ -37,6 +37,25 @@ def sse(obj: Any) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 
+def _stream_chunk(
+    meta: dict[str, Any],
+    obj: str,
+    fields: dict[str, Any],
+    finish: str | None,
+    include_usage: bool,
+) -> str:
+    """One streamed chunk with a single choice; with include_usage every chunk carries
+    "usage": null (only the last one, sent separately, has numbers)."""
+    body = {
+        **meta,
+        "object": obj,
+        "choices": [{"index": 0, **fields, "logprobs": None, "finish_reason": finish}],
+    }
+    if include_usage:
+        body["usage"] = None
+    return sse(body)
+
+
 def stops(value: str | list[str] | None) -> list[str]:
     if value is None:
         return []
@@ -133,14 +152,7 @@ async def chat_stream(turn: Turn, meta: dict[str, Any], include_usage: bool) -> 
     parameter for Qwen3.5's XML calls, whole for Hermes JSON ones)."""
 
     def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
-        body = {
-            **meta,
-            "object": "chat.completion.chunk",
-            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
-        }
-        if include_usage:
-            body["usage"] = None
-        return sse(body)
+        return _stream_chunk(meta, "chat.completion.chunk", {"delta": delta}, finish, include_usage)
 
     role = chunk({"role": "assistant", "content": ""})
     started = False
@@ -228,14 +240,7 @@ async def completion_stream(
     turn: Turn, meta: dict[str, Any], include_usage: bool, echo: str
 ) -> AsyncIterator[str]:
     def chunk(text: str, finish: str | None = None) -> str:
-        body = {
-            **meta,
-            "object": "text_completion",
-            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
-        }
-        if include_usage:
-            body["usage"] = None
-        return sse(body)
+        return _stream_chunk(meta, "text_completion", {"text": text}, finish, include_usage)
 
     pieces = []
     try:
