@@ -278,6 +278,31 @@ def resolve(
     return pull(name_or_path, device=device, offline=offline, progress=progress).path
 
 
+def run_defaults(name_or_path: str, device: str | None = None) -> dict[str, Any]:
+    """The recipe's run defaults (sampling, ctx_size, speculative, chat_template_kwargs, ...)
+    for a model named by recipe; {} for paths and Hub references."""
+    from atlas_cli import recipes
+
+    if existing_path(name_or_path) is not None:
+        return {}
+    key = name_or_path.lower()
+    if key in EMBEDDED:
+        # the default's recipe has one variant: read its TOML directly (no schema import on the
+        # path to the first token)
+        import tomllib
+
+        text = (recipes.RECIPE_DIR / f"{key}.toml").read_text(encoding="utf-8")
+        return dict(tomllib.loads(text).get("defaults", {}))
+    try:
+        ref = recipes.parse_ref(name_or_path)
+    except ModelNotFoundError:
+        return {}
+    if ref.kind != "recipe":
+        return {}
+    variant = _chosen_variant(ref, device)
+    return ref.recipe.defaults_for(variant).model_dump(exclude_none=True)
+
+
 def _chosen_variant(ref, device: str | None) -> str | None:
     if ref.kind == "recipe":
         return ref.variant or ref.recipe.variant_for(hardware_class(device))

@@ -173,12 +173,8 @@ QWEN3_COMMON = dict(
 )
 
 
-def make_qwen3(name, seed, dtype, prompt_len=9, **cfg):
-    config = Qwen3Config(**{**QWEN3_COMMON, **cfg})
-    torch.manual_seed(seed)
-    model = Qwen3ForCausalLM(config).eval()
-    randomize(model, seed, zero_centered_norms=False)
-    round_to(model, dtype)
+def save_hf(name, model, seed, dtype, prompt_len):
+    """`model` saved as an HF checkpoint in `dtype`, with tokenizer and reference logits."""
     prompt, decode = token_ids(seed, prompt_len), token_ids(seed + 1, DECODE_STEPS)
     logits = reference_logits(model, prompt, decode)
     d = fresh_dir(name)
@@ -187,6 +183,15 @@ def make_qwen3(name, seed, dtype, prompt_len=9, **cfg):
     save_reference(d, prompt, decode, logits)
     check_reload(d, logits, prompt, decode)
     return model.float(), prompt, decode, logits
+
+
+def make_qwen3(name, seed, dtype, prompt_len=9, **cfg):
+    config = Qwen3Config(**{**QWEN3_COMMON, **cfg})
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(config).eval()
+    randomize(model, seed, zero_centered_norms=False)
+    round_to(model, dtype)
+    return save_hf(name, model, seed, dtype, prompt_len)
 
 
 # -- Qwen3.5 -------------------------------------------------------------------------------------
@@ -313,16 +318,8 @@ def save_sharded(d: Path, tensors: dict[str, torch.Tensor]) -> None:
 
 
 def make_qwen35_text(name, seed, dtype, prompt_len=9, **cfg):
-    config = qwen35_config(**cfg)
-    model = qwen35_model(config, seed, dtype)
-    prompt, decode = token_ids(seed, prompt_len), token_ids(seed + 1, DECODE_STEPS)
-    logits = reference_logits(model, prompt, decode)
-    d = fresh_dir(name)
-    model.to(dtype).save_pretrained(d)
-    write_tokenizer(d)
-    save_reference(d, prompt, decode, logits)
-    check_reload(d, logits, prompt, decode)
-    return model.float(), prompt, decode, logits
+    model = qwen35_model(qwen35_config(**cfg), seed, dtype)
+    return save_hf(name, model, seed, dtype, prompt_len)
 
 
 def make_qwen35_vlm(name, seed, dtype, **cfg):
@@ -474,6 +471,19 @@ def add(w: gguf.GGUFWriter, name: str, t, qtype: QT = QT.F32) -> None:
         w.add_tensor(name, gguf.quants.quantize(np.ascontiguousarray(a), qtype), raw_dtype=qtype)
 
 
+def add_shape(w: gguf.GGUFWriter, config, block_count: int) -> None:
+    """The transformer shape keys both Qwen writers start with, in convert_hf_to_gguf's order."""
+    w.add_context_length(config.max_position_embeddings)
+    w.add_embedding_length(config.hidden_size)
+    w.add_block_count(block_count)
+    w.add_feed_forward_length(config.intermediate_size)
+    w.add_head_count(config.num_attention_heads)
+    w.add_head_count_kv(config.num_key_value_heads)
+    w.add_key_length(config.head_dim)
+    w.add_value_length(config.head_dim)
+    w.add_rope_freq_base(config.rope_parameters["rope_theta"])
+
+
 def finish(w: gguf.GGUFWriter) -> None:
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -486,15 +496,7 @@ def write_qwen3_gguf(path: Path, model, config) -> None:
     row permutation (only the llama arch permutes), norms as stored."""
     sd = model.state_dict()
     w = gguf.GGUFWriter(str(path), "qwen3")
-    w.add_context_length(config.max_position_embeddings)
-    w.add_embedding_length(config.hidden_size)
-    w.add_block_count(config.num_hidden_layers)
-    w.add_feed_forward_length(config.intermediate_size)
-    w.add_head_count(config.num_attention_heads)
-    w.add_head_count_kv(config.num_key_value_heads)
-    w.add_key_length(config.head_dim)
-    w.add_value_length(config.head_dim)
-    w.add_rope_freq_base(config.rope_parameters["rope_theta"])
+    add_shape(w, config, config.num_hidden_layers)
     w.add_layer_norm_rms_eps(config.rms_norm_eps)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_Q8_0)
     gguf_tokenizer(w, "qwen2")
@@ -544,15 +546,7 @@ def write_qwen35_gguf(path: Path, model, config, mtp: dict[str, torch.Tensor]) -
     n_layers = config.num_hidden_layers
     rot = int(config.head_dim * config.rope_parameters["partial_rotary_factor"])
     w = gguf.GGUFWriter(str(path), "qwen35")
-    w.add_context_length(config.max_position_embeddings)
-    w.add_embedding_length(config.hidden_size)
-    w.add_block_count(n_layers + 1)
-    w.add_feed_forward_length(config.intermediate_size)
-    w.add_head_count(config.num_attention_heads)
-    w.add_head_count_kv(config.num_key_value_heads)
-    w.add_key_length(config.head_dim)
-    w.add_value_length(config.head_dim)
-    w.add_rope_freq_base(config.rope_parameters["rope_theta"])
+    add_shape(w, config, n_layers + 1)
     w.add_rope_dimension_count(rot)
     w.add_rope_dimension_sections([*config.rope_parameters["mrope_section"], 0])
     w.add_layer_norm_rms_eps(config.rms_norm_eps)

@@ -950,3 +950,22 @@ def test_agentic_turns_round_trip(template, parser):
         ]
         streamed, _ = stream(parser(AGENTIC_TOOLS, seed=0), random_split(generated, rng), True)
         assert streamed == whole
+
+
+@pytest.mark.parametrize(
+    ("template", "parser"), [(QWEN35_TEMPLATE, Qwen3CoderParser), (QWEN3_TEMPLATE, HermesParser)]
+)
+def test_render_call_writes_what_the_template_writes_and_parses_back(template, parser):
+    """`render_call` (the server's history text when a template cannot render `tool_calls`)
+    is the template's own rendering of a call, and the parser reads it back."""
+    args = {**SEARCH_ARGS, "cursor": None}
+    text = parser.render_call("search", json.dumps(args))
+    assert parser.render_call("search", args) == text  # dict or JSON text alike
+    message = {"role": "assistant", "content": "", "tool_calls": [_call_dict("search", args)]}
+    assert render_turn(template, message).endswith(text)
+    (call,) = parser(TOOLS).parse(text).tool_calls
+    assert (call.name, json.loads(call.arguments)) == ("search", args)
+
+
+def _call_dict(name: str, args: dict) -> dict:
+    return {"id": "call_1", "type": "function", "function": {"name": name, "arguments": args}}

@@ -18,10 +18,19 @@ from typing import Any
 
 from atlas_cli.errors import CorruptModelError, DeviceError, UnsupportedModelError
 
-DEVICES = ("cpu", "cpu-ref")
-# The ops module behind each device: "cpu" computes on the GGUF blocks (numba kernels), "cpu-ref"
-# is the float32 numpy reference every other backend is tested against.
-OPS_MODULES = {
+# Used where neither the caller nor the model's recipe sets a value (llama.cpp's defaults).
+SAMPLING_DEFAULTS = {
+    "temperature": 0.8,
+    "top_k": 40,
+    "top_p": 0.95,
+    "min_p": 0.05,
+    "repeat_penalty": 1.0,
+}
+DEVICES = ("cpu", "cpu-ref", "cuda", "hip")
+NATIVE_DEVICES = ("cuda", "hip")  # our kernels, through backend/ops/native.py
+# The host ops modules: "cpu" computes on the GGUF blocks (numba kernels, ops/cpu_fast.py),
+# "cpu-ref" is the float32 numpy reference every other backend is tested against.
+CPU_OPS = {
     "cpu": "atlas_cli.backend.ops.cpu_fast",
     "cpu-ref": "atlas_cli.backend.ops.numpy_ref",
 }
@@ -47,7 +56,14 @@ class ModelInfo:
 class Model:
     """A loaded model: tokenizer, engine and the facts `atlas show` prints."""
 
-    def __init__(self, info: ModelInfo, engine, device: str, load_s: float):
+    def __init__(
+        self,
+        info: ModelInfo,
+        engine,
+        device: str,
+        load_s: float,
+        defaults: dict[str, Any] | None = None,
+    ):
         from atlas_cli.backend.engine import Engine
 
         self.info: ModelInfo = info
@@ -55,6 +71,7 @@ class Model:
         self.tokenizer = engine.tokenizer
         self.device = device
         self.load_s = load_s
+        self.defaults = defaults or {}  # the recipe's run defaults (see store.run_defaults)
 
     @property
     def context_length(self) -> int:
@@ -68,38 +85,47 @@ class Model:
         prompt: str | Sequence[int],
         *,
         max_tokens: int = 512,
-        temperature: float = 0.8,
-        top_k: int = 40,
-        top_p: float = 0.95,
-        min_p: float = 0.05,
-        repeat_penalty: float = 1.0,
+        temperature: float | None = None,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        min_p: float | None = None,
+        repeat_penalty: float | None = None,
         seed: int | None = None,
         stop: Sequence[str] = (),
         add_special_tokens: bool = True,
         stats=None,
     ) -> Iterator:
+        """Stream TokenEvents. Sampling values left as None come from the model's recipe
+        defaults, then from atlas's (`SAMPLING_DEFAULTS`)."""
         from atlas_cli.backend.sample import SamplingParams
 
-        params = SamplingParams(
+        given = dict(
             temperature=temperature,
             top_k=top_k,
             top_p=top_p,
             min_p=min_p,
             repeat_penalty=repeat_penalty,
-            seed=seed,
         )
+        params = {**SAMPLING_DEFAULTS, **self.sampling_defaults}
+        params.update({k: v for k, v in given.items() if v is not None})
         return self.engine.generate(
             prompt,
             max_tokens=max_tokens,
-            sampling=params,
+            sampling=SamplingParams(seed=seed, **params),
             stop=stop,
             add_special_tokens=add_special_tokens,
             stats=stats,
         )
 
+    @property
+    def sampling_defaults(self) -> dict[str, Any]:
+        return {k: v for k, v in self.defaults.items() if k in SAMPLING_DEFAULTS}
+
     def chat_prompt(self, messages: list[dict[str, Any]], **template_kwargs: Any) -> list[int]:
-        """Token ids of `messages` rendered with the model's chat template."""
-        text = self.tokenizer.render_chat(messages, **template_kwargs)
+        """Token ids of `messages` rendered with the model's chat template (the recipe's
+        template kwargs, e.g. `enable_thinking`, apply unless given)."""
+        kwargs = {**self.defaults.get("chat_template_kwargs", {}), **template_kwargs}
+        text = self.tokenizer.render_chat(messages, **kwargs)
         return self.tokenizer.encode(text, add_special_tokens=True)
 
 
@@ -117,13 +143,22 @@ def load_model(
 
     if device not in DEVICES:
         raise DeviceError(f"unknown device {device!r} (available here: {', '.join(DEVICES)})")
+    native = device in NATIVE_DEVICES
+    if native:
+        from atlas_cli.backend.ops import native as native_ops
+
+        ops = native_ops.open_device(device)  # DeviceError before any download or parse
+    else:
+        ops = importlib.import_module(CPU_OPS[device])
     path = store.resolve(name_or_path, progress=progress, device=device)
+    defaults = store.run_defaults(name_or_path, device=device)
     t0 = time.perf_counter()
-    ops = importlib.import_module(OPS_MODULES[device])
+    # the fast CPU path keeps GGUF blocks too, with llama.cpp's Q/K row order undone lazily
+    fast = getattr(ops, "KEEP_QUANTIZED", False)
     if path.is_dir():
         info, weights, tokenizer = _open_hf_directory(path)
     else:
-        info, weights, tokenizer = _open_gguf(path, getattr(ops, "KEEP_QUANTIZED", False))
+        info, weights, tokenizer = _open_gguf(path, native or fast, lazy_unpermute=fast)
     model_type = info.config["model_type"]
     if model_type not in MODEL_CLASSES:
         raise UnsupportedModelError(
@@ -135,18 +170,25 @@ def load_model(
     args_cls = importlib.import_module(module).ModelArgs
     args = args_cls.from_config(info.config)
     limit = args.max_position_embeddings
-    context = min(ctx_size, limit) if ctx_size else limit
+    context = min(ctx_size or defaults.get("ctx_size") or limit, limit)
     # refuse before dequantizing: that is where the memory goes
     fit.check_loaded(
         path.name, info.config, weights, context, device, lambda: store.alternatives(path)
     )
-    prepared = {k: ops.prepare_weight(v) if _is_matrix(k, v) else v for k, v in weights.items()}
+    if native:
+        prepared = {k: _to_device(ops, k, v) for k, v in weights.items()}
+    else:
+        prepared = {k: ops.prepare_weight(v) if _is_matrix(k, v) else v for k, v in weights.items()}
     net = model_cls(args, prepared, ops)
 
     from atlas_cli.backend.engine import Engine
 
+    if draft is None and isinstance(defaults.get("speculative"), dict):
+        draft = defaults["speculative"].get("draft_tokens")
+    elif defaults.get("speculative") is False:
+        draft = draft if draft is not None else 0
     engine = Engine(net, tokenizer, context, draft=draft)
-    return Model(info, engine, device, time.perf_counter() - t0)
+    return Model(info, engine, device, time.perf_counter() - t0, defaults)
 
 
 def _is_matrix(name: str, value) -> bool:
@@ -157,7 +199,18 @@ def _is_matrix(name: str, value) -> bool:
     return name.endswith(".weight") and getattr(value, "ndim", 0) == 2 and "embed" not in name
 
 
-def _open_gguf(path: Path, keep_quantized: bool = False):
+def _to_device(ops, name: str, w):
+    """Matrices the kernels read in their stored format (linear layers, the embedding table);
+    everything else (norms, biases, conv and decay vectors) as float32 device arrays."""
+    if name == "rope_freqs":  # read on the host to build RoPE frequencies
+        return w
+    linear = name.endswith(("proj.weight", "embed_tokens.weight")) or name == "lm_head.weight"
+    if linear and getattr(w, "ndim", 2) == 2:
+        return ops.prepare_weight(w)
+    return ops.asarray(w)
+
+
+def _open_gguf(path: Path, keep_quantized: bool = False, lazy_unpermute: bool = False):
     from atlas_cli import store
     from atlas_cli.backend import tokenizer as tok
     from atlas_cli.backend.loaders import gguf, quant
@@ -165,7 +218,7 @@ def _open_gguf(path: Path, keep_quantized: bool = False):
     gf = gguf.open_gguf(path, cache_dir=store.cache_dir())
     config = gguf.config_from_metadata(gf.metadata, set(gf.tensors))
     weights = gguf.load_weights(
-        gf, config, keep_quantized=keep_quantized, lazy_unpermute=keep_quantized
+        gf, config, keep_quantized=keep_quantized, lazy_unpermute=lazy_unpermute
     )
     tokenizer = tok.from_gguf_metadata(gf.metadata)
     file_type = _dominant_type(gf, quant)

@@ -20,6 +20,17 @@ import numpy as np
 GROW_STEP = 256
 
 
+def grown_capacity(cap: int, new_len: int, max_len: int) -> int:
+    """The capacity a cache of `cap` positions needs to hold `new_len`: `cap` itself when it
+    fits, else `cap` doubled until it does, at most `max_len`. Shared with the device cache
+    (ops/native.py) so both grow in the same steps."""
+    if new_len > max_len:
+        raise ValueError(f"cache holds {max_len} positions, {new_len} requested")
+    while cap < new_len:
+        cap *= 2
+    return min(cap, max_len)
+
+
 @dataclass
 class LayerKV:
     k: np.ndarray  # (nkv, capacity, hd)
@@ -44,20 +55,11 @@ class KVCache:
         return self.layers[0].k.shape[1]
 
     def reserve(self, new_len: int) -> None:
-        if new_len > self.max_len:
-            raise ValueError(f"cache holds {self.max_len} positions, {new_len} requested")
-        if new_len <= self.capacity:
+        cap = grown_capacity(self.capacity, new_len, self.max_len)
+        if cap == self.capacity:
             return
-        cap = self.capacity
-        while cap < new_len:
-            cap *= 2
-        cap = min(cap, self.max_len)
         for layer in self.layers:
-            for name in ("k", "v"):
-                old = getattr(layer, name)
-                new = np.zeros((old.shape[0], cap, old.shape[2]), np.float32)
-                new[:, : self.length] = old[:, : self.length]
-                setattr(layer, name, new)
+            _grow(layer, cap, self.length)
 
     def update(self, layer: int, start: int, k: np.ndarray, v: np.ndarray):
         """Write k, v (T, nkv, hd) at positions start..start+T-1 and return the views of the
@@ -150,14 +152,10 @@ class HybridCache:
         return self._cap
 
     def reserve(self, new_len: int) -> None:
-        if new_len > self.max_len:
-            raise ValueError(f"cache holds {self.max_len} positions, {new_len} requested")
-        if new_len <= self._cap:
+        cap = grown_capacity(self._cap, new_len, self.max_len)
+        if cap == self._cap:
             return
-        cap = self._cap
-        while cap < new_len:
-            cap *= 2
-        self._cap = min(cap, self.max_len)
+        self._cap = cap
         for layer in self.kv.values():
             _grow(layer, self._cap, self.length)
 

@@ -302,6 +302,14 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
+def _arguments_value(arguments: Any) -> Any:
+    """Call arguments as a value: JSON text is decoded (kept as text if it does not)."""
+    if isinstance(arguments, str):
+        decoded = _json_value(arguments) if arguments.strip() else {}
+        return arguments if decoded is _FAIL else decoded
+    return {} if arguments is None else arguments
+
+
 def _valid_name(name: str) -> bool:
     return bool(name) and not any(c in name for c in "<>\n\r")
 
@@ -596,6 +604,15 @@ class ToolParser:
         `memo` is the block's scratch space between deltas."""
         return [], len(text)
 
+    @classmethod
+    def render_call(cls, name: str, arguments: Any) -> str:
+        """An assistant call as the text this format's model writes (the server puts it in
+        history when a chat template cannot render `tool_calls`); Hermes JSON by default.
+        `arguments` is a dict or its JSON text."""
+        args = _arguments_value(arguments)
+        body = _dumps({"name": name, "arguments": args})
+        return f"{TOOL_CALL_OPEN}\n{body}\n{TOOL_CALL_CLOSE}"
+
     def stream(self, *, prompt_opened_think: bool = False) -> StreamParser:
         return StreamParser(self, prompt_opened_think=prompt_opened_think)
 
@@ -646,6 +663,18 @@ class Qwen3CoderParser(ToolParser):
             return block.calls, block.end
         # no XML call: maybe the model answered in Qwen3's JSON format
         return _json_calls(text[start : block.body_end]), block.end
+
+    @classmethod
+    def render_call(cls, name: str, arguments: Any) -> str:
+        """The XML form, rendered as the Qwen3.5 template renders history calls: strings
+        raw, objects and arrays as JSON, other values with Jinja's `|string`."""
+        args = _arguments_value(arguments)
+        lines = [TOOL_CALL_OPEN, f"{FUNCTION_OPEN}{name}>"]
+        for key, value in args.items() if isinstance(args, Mapping) else ():
+            if not isinstance(value, str):
+                value = _dumps(value) if isinstance(value, dict | list) else str(value)
+            lines += [f"{PARAMETER_OPEN}{key}>", value, PARAMETER_CLOSE]
+        return "\n".join([*lines, FUNCTION_CLOSE, TOOL_CALL_CLOSE])
 
 
 PARSERS: dict[str, type[ToolParser]] = {

@@ -139,4 +139,6 @@ class LlamaModel:
         if self.fused is not None:
             return self.fused.new_cache(max_len)
         a = self.args
-        return KVCache(a.num_hidden_layers, a.num_key_value_heads, a.dim_per_head, max_len)
+        # native ops keep the cache on the device; the numpy reference uses cache.KVCache
+        make = getattr(self.ops, "KVCache", KVCache)
+        return make(a.num_hidden_layers, a.num_key_value_heads, a.dim_per_head, max_len)

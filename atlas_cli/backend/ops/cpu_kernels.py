@@ -3,8 +3,9 @@
 Weights stay in their GGUF blocks. The inner loops, one block of a row at a time, are written as
 LLVM vector IR (numba `@intrinsic`): numba's own loop vectoriser unrolls the 16-byte nibble loops
 of these formats completely and then leaves them scalar, or vectorises across rows with gathers,
-which measured 2-7x slower per core. Here each block becomes a handful of <16 x float> operations: load the
-quants, widen, convert, multiply with x, and accumulate scaled by the block's float16 scale.
+which measured 2-7x slower per core. Here each block becomes a handful of <16 x float>
+operations: load the quants, widen, convert, multiply with x, and accumulate scaled by the
+block's float16 scale.
 Activations and accumulators are float32 (llama.cpp instead rounds x to int8 first).
 
 Every @njit function lives in this one file and is cached on disk (`cache=True`): numba checks

@@ -1,0 +1,202 @@
+"""Streaming a reply to the terminal with rich: reasoning apart from the answer, optional
+Markdown, and the per-turn stats line."""
+
+from __future__ import annotations
+
+import time
+
+from rich.console import Console
+from rich.control import Control
+from rich.live import Live
+from rich.markdown import Markdown
+from rich.segment import ControlType, Segment, Segments
+from rich.text import Text
+
+from atlas_cli.backend.engine import GenerationStats
+
+THOUGHT_STYLE = "dim italic"
+OPEN, CLOSE = "<think>", "</think>"
+
+
+def _held_prefix(text: str, tag: str) -> int:
+    """Length of the longest end of `text` that could be the start of `tag`."""
+    return max((k for k in range(1, len(tag)) if text.endswith(tag[:k])), default=0)
+
+
+class ThinkSplitter:
+    """Splits streamed text into reasoning (inside `<think>…</think>`) and answer.
+
+    Tags may arrive split across tokens, so a possible tag start is held back until it is
+    decided. `<think>` counts only before any answer text (a reply may discuss the tag);
+    `thinking=True` starts inside reasoning, for templates whose prompt already opens it.
+    """
+
+    def __init__(self, thinking: bool = False):
+        self.thinking = thinking
+        self.pending = ""
+        self.answer_started = False
+        self.strip = True  # whitespace right after a tag, or before the answer, is noise
+
+    def feed(self, text: str) -> list[tuple[bool, str]]:
+        self.pending += text
+        out: list[tuple[bool, str]] = []
+        while True:
+            tag = CLOSE if self.thinking else (None if self.answer_started else OPEN)
+            if tag is None:
+                self._emit(out, self.pending)
+                self.pending = ""
+                return out
+            i = self.pending.find(tag)
+            if i >= 0 and (self.thinking or not self.pending[:i].strip()):
+                self._emit(out, self.pending[:i])
+                self.pending = self.pending[i + len(tag) :]
+                self.thinking = not self.thinking
+                self.strip = True
+                continue
+            keep = _held_prefix(self.pending, tag)
+            if not self.thinking and not self.pending[: len(self.pending) - keep].strip():
+                return out  # only whitespace so far: `<think>` may still come
+            self._emit(out, self.pending[: len(self.pending) - keep])
+            self.pending = self.pending[len(self.pending) - keep :]
+            return out
+
+    def flush(self) -> list[tuple[bool, str]]:
+        out: list[tuple[bool, str]] = []
+        self._emit(out, self.pending)
+        self.pending = ""
+        return out
+
+    def _emit(self, out: list[tuple[bool, str]], text: str) -> None:
+        if self.strip:
+            text = text.lstrip()
+        if not text:
+            return
+        self.strip = False
+        if not self.thinking:
+            self.answer_started = True
+        out.append((self.thinking, text))
+
+
+class MarkdownStream:
+    """Live Markdown for a streamed answer, after aider's MarkdownStream: the whole answer is
+    re-rendered as it grows; lines above a small window at the bottom are printed for good
+    (they no longer change), the window is redrawn in place. A window that never exceeds the
+    screen keeps the terminal's scrollback clean."""
+
+    WINDOW = 6
+
+    def __init__(self, console: Console, min_interval_s: float = 0.05):
+        self.console = console
+        self.min_interval_s = min_interval_s  # re-rendering it all per token would be O(n²)
+        self.printed = 0
+        self.last = 0.0
+        self.live = Live(Text(""), console=console, auto_refresh=False, transient=True)
+        self.live.start()
+
+    def update(self, text: str, final: bool = False) -> None:
+        now = time.monotonic()
+        if not final and now - self.last < self.min_interval_s:
+            return
+        self.last = now
+        lines = self.console.render_lines(Markdown(text), pad=False)
+        stable = len(lines) if final else max(len(lines) - self.WINDOW, self.printed)
+        for line in lines[self.printed : stable]:
+            self.live.console.print(Segments([*line, Segment.line()]))  # Segments adds no newline
+        self.printed = max(self.printed, stable)
+        window = [seg for line in lines[stable:] for seg in (*line, Segment.line())]
+        self.live.update(Segments(window[:-1]), refresh=True)
+
+    def close(self, text: str) -> None:
+        try:
+            self.update(text, final=True)
+            self.live.update(Text(""), refresh=True)
+        finally:
+            self.live.stop()
+
+
+class TurnPrinter:
+    """Prints one streamed reply and collects its answer and reasoning."""
+
+    def __init__(
+        self, console: Console, *, think: str = "on", markdown: bool = False, thinking=False
+    ):
+        self.console = console
+        self.think = think
+        self.markdown = markdown
+        self.splitter = ThinkSplitter(thinking)
+        self.answer: list[str] = []
+        self.reasoning: list[str] = []
+        self.column0 = True  # the cursor is at the start of a line
+        self.indicator = False  # a "thinking…" note is on screen
+        self.stream: MarkdownStream | None = None
+        self.stream_interval = 0.05  # seconds between Markdown redraws
+
+    def feed(self, text: str) -> None:
+        for is_thought, piece in self.splitter.feed(text):
+            self._show(is_thought, piece)
+
+    def finish(self) -> tuple[str, str]:
+        """Flush what is held back, end the output cleanly; return (answer, reasoning)."""
+        try:
+            for is_thought, piece in self.splitter.flush():
+                self._show(is_thought, piece)
+        finally:
+            self._clear_indicator()
+            answer = "".join(self.answer).rstrip()
+            if self.stream is not None:
+                self.stream.close(answer)
+                self.column0 = True
+            elif self.markdown and answer:
+                self._newline()
+                self.console.print(Markdown(answer))
+                self.column0 = True
+            self._newline()
+        return answer, "".join(self.reasoning).strip()
+
+    def _show(self, is_thought: bool, piece: str) -> None:
+        if is_thought:
+            self.reasoning.append(piece)
+            if self.think == "hidden":
+                if self.console.is_terminal and not self.indicator:
+                    self._write("thinking…", THOUGHT_STYLE)
+                    self.indicator = True
+                return
+            self._write(piece, THOUGHT_STYLE)
+            return
+        if not self.answer:
+            self._clear_indicator()
+            if self.reasoning and self.think != "hidden":
+                self._newline()
+                self.console.print()  # a blank line between reasoning and answer
+        self.answer.append(piece)
+        if not self.markdown:
+            self._write(piece)
+        elif self.console.is_terminal:
+            if self.stream is None:
+                self.stream = MarkdownStream(self.console, self.stream_interval)
+            self.stream.update("".join(self.answer))
+
+    def _write(self, text: str, style: str | None = None) -> None:
+        self.console.print(text, style=style, end="", markup=False, highlight=False, soft_wrap=True)
+        self.column0 = text.endswith("\n")
+
+    def _newline(self) -> None:
+        if not self.column0:
+            self.console.print()
+            self.column0 = True
+
+    def _clear_indicator(self) -> None:
+        if self.indicator:
+            self.console.control(Control.move_to_column(0), Control((ControlType.ERASE_IN_LINE, 2)))
+            self.indicator = False
+            self.column0 = True
+
+
+def footer(stats: GenerationStats) -> str:
+    """The one-line stats of a turn (verbose mode)."""
+    cached = f", {stats.cached_tokens} cached" if stats.cached_tokens else ""
+    return (
+        f"prompt {stats.prompt_tokens} tok{cached} · {stats.prompt_rate:.1f} tok/s · "
+        f"answer {stats.completion_tokens} tok · {stats.eval_rate:.1f} tok/s · "
+        f"TTFT {stats.ttft_s:.2f}s · {stats.finish_reason}"
+    )

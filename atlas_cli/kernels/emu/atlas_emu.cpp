@@ -1,0 +1,154 @@
+// The fiber scheduler behind atlas_emu.h. Included once into each emulated module.
+#include <ucontext.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+extern "C" {
+atlas_dim3 threadIdx, blockIdx, blockDim, gridDim;
+}
+
+namespace atlas_emu {
+
+enum State { RUNNABLE, AT_BLOCK_BARRIER, AT_WARP_BARRIER, DONE };
+
+struct Fiber {
+    ucontext_t ctx;
+    char* stack = nullptr;
+    State state = RUNNABLE;
+    atlas_dim3 tid;
+};
+
+// Fiber stacks are allocated once per module and reused by every launch: zero-filling fresh
+// stacks for each of a launch's 256 threads used to dominate the emulator's run time.
+static const size_t kStack = 128 * 1024;
+static std::vector<char*> g_stacks;
+
+static ucontext_t g_sched;
+static std::vector<Fiber>* g_fibers = nullptr;
+static int g_current = -1;
+static void (*g_tramp)(void**) = nullptr;
+static void** g_args = nullptr;
+static unsigned char g_exchange[1024][8];  // one slot per thread for warp shuffles
+static int g_error = 0;
+
+static void fiber_main() {
+    g_tramp(g_args);
+    (*g_fibers)[g_current].state = DONE;
+    // returning resumes uc_link (the scheduler)
+}
+
+static void wait(State s) {
+    Fiber& f = (*g_fibers)[g_current];
+    f.state = s;
+    swapcontext(&f.ctx, &g_sched);
+}
+
+static int linear_tid(const atlas_dim3& t) {
+    return (int)(t.x + blockDim.x * (t.y + blockDim.y * t.z));
+}
+
+// Release waiters whose barrier is complete; returns false on a barrier that cannot complete.
+static bool release() {
+    std::vector<Fiber>& fs = *g_fibers;
+    int n = (int)fs.size();
+    bool any_runnable = false, all_block = true, any_live = false;
+    for (auto& f : fs) {
+        if (f.state == DONE) continue;
+        any_live = true;
+        if (f.state == RUNNABLE) any_runnable = true;
+        if (f.state != AT_BLOCK_BARRIER) all_block = false;
+    }
+    if (!any_live || any_runnable) return true;
+    if (all_block) {
+        for (auto& f : fs)
+            if (f.state == AT_BLOCK_BARRIER) f.state = RUNNABLE;
+        return true;
+    }
+    bool released = false;
+    for (int w = 0; w < n; w += 32) {
+        bool complete = true, waiting = false;
+        for (int i = w; i < w + 32 && i < n; i++) {
+            if (fs[i].state == DONE) continue;
+            if (fs[i].state != AT_WARP_BARRIER) complete = false;
+            else waiting = true;
+        }
+        if (complete && waiting) {
+            for (int i = w; i < w + 32 && i < n; i++)
+                if (fs[i].state == AT_WARP_BARRIER) fs[i].state = RUNNABLE;
+            released = true;
+        }
+    }
+    return released;
+}
+
+}  // namespace atlas_emu
+
+extern "C" void atlas_emu_syncthreads() { atlas_emu::wait(atlas_emu::AT_BLOCK_BARRIER); }
+
+extern "C" void atlas_emu_warp_exchange(const void* value, void* out, int size, int src_lane,
+                                        int mode) {
+    using namespace atlas_emu;
+    int me = linear_tid(threadIdx);
+    int lane = me & 31;
+    int src = (me & ~31) | (mode == 0 ? (lane ^ src_lane) : (src_lane & 31));
+    std::memcpy(g_exchange[me], value, size);
+    wait(AT_WARP_BARRIER);
+    std::memcpy(out, g_exchange[src], size);
+    wait(AT_WARP_BARRIER);  // nobody overwrites a slot before everyone has read it
+}
+
+// Run a kernel: trampoline(args) in every thread of every block. Returns 0, or 1 on a
+// barrier that could never complete (divergent __syncthreads or shuffle).
+extern "C" __attribute__((visibility("default"))) int atlas_emu_launch(
+    void (*tramp)(void**), unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+    unsigned bz, void** args) {
+    using namespace atlas_emu;
+    int n = (int)(bx * by * bz);
+    if (n <= 0 || n > 1024) return 2;
+    gridDim = {gx, gy, gz};
+    blockDim = {bx, by, bz};
+    g_tramp = tramp;
+    g_args = args;
+    std::vector<Fiber> fibers(n);
+    while ((int)g_stacks.size() < n) g_stacks.push_back(new char[kStack]);
+    for (int i = 0; i < n; i++) fibers[i].stack = g_stacks[i];
+    g_fibers = &fibers;
+    for (unsigned z = 0; z < gz; z++)
+        for (unsigned y = 0; y < gy; y++)
+            for (unsigned x = 0; x < gx; x++) {
+                for (int i = 0; i < n; i++) {
+                    Fiber& f = fibers[i];
+                    f.tid = {(unsigned)(i % bx), (unsigned)((i / bx) % by), (unsigned)(i / (bx * by))};
+                    f.state = RUNNABLE;
+                    getcontext(&f.ctx);
+                    f.ctx.uc_stack.ss_sp = f.stack;
+                    f.ctx.uc_stack.ss_size = kStack;
+                    f.ctx.uc_link = &g_sched;
+                    makecontext(&f.ctx, (void (*)())fiber_main, 0);
+                }
+                blockIdx = {x, y, z};
+                for (;;) {
+                    bool progressed = false;
+                    for (int i = 0; i < n; i++) {
+                        if (fibers[i].state != RUNNABLE) continue;
+                        g_current = i;
+                        threadIdx = fibers[i].tid;
+                        swapcontext(&g_sched, &fibers[i].ctx);
+                        progressed = true;
+                    }
+                    bool live = false;
+                    for (auto& f : fibers) live |= f.state != DONE;
+                    if (!live) break;
+                    if (!release() && !progressed) {
+                        std::fprintf(stderr, "atlas_emu: barrier can never complete in block "
+                                             "(%u,%u,%u)\n", x, y, z);
+                        g_fibers = nullptr;
+                        return 1;
+                    }
+                }
+            }
+    g_fibers = nullptr;
+    return 0;
+}

@@ -1,0 +1,135 @@
+// quant.cuh: weight formats, dequantized 32 elements ("a unit") at a time, in registers.
+//
+// A weight is `rows` rows of `cols` elements, each row `row_bytes` bytes (block formats store
+// whole blocks per row, as GGUF does). NVFP4 keeps its E4M3 block scales in a second buffer of
+// `cols/16` bytes per row plus one float32 global scale. Every format is dequantized with the
+// same float32 operations, in the same order, as the numpy reference (loaders/quant.py for
+// GGUF, loaders' NVFP4 dequantize for NVFP4), so that dequantization is bit-exact.
+// Block layouts: /work/shared/notes/formats.md sections 2.2 and 3.2.
+#pragma once
+#include "atlas_common.cuh"
+
+#define FMT_F32 0
+#define FMT_F16 1
+#define FMT_BF16 2
+#define FMT_Q4_0 3
+#define FMT_Q4_1 4
+#define FMT_Q8_0 5
+#define FMT_Q4_K 6
+#define FMT_Q5_K 7
+#define FMT_Q6_K 8
+#define FMT_NVFP4 9
+
+// X(name, FMT_ID) for every format: used to stamp out one extern "C" entry point per format.
+#define ATLAS_FOR_EACH_FORMAT(X) \
+    X(f32, FMT_F32)              \
+    X(f16, FMT_F16)              \
+    X(bf16, FMT_BF16)            \
+    X(q4_0, FMT_Q4_0)            \
+    X(q4_1, FMT_Q4_1)            \
+    X(q8_0, FMT_Q8_0)            \
+    X(q4_k, FMT_Q4_K)            \
+    X(q5_k, FMT_Q5_K)            \
+    X(q6_k, FMT_Q6_K)            \
+    X(nvfp4, FMT_NVFP4)
+
+ATLAS_DEV u16 ld_u16(const u8* p) { return (u16)(p[0] | (p[1] << 8)); }
+
+// K-quant 6-bit scale and min of sub-block j (ggml get_scale_min_k4).
+ATLAS_DEV void k_scale_min(const u8* s, int j, u32* sc, u32* m) {
+    if (j < 4) {
+        *sc = s[j] & 63u;
+        *m = s[j + 4] & 63u;
+    } else {
+        *sc = (s[j + 4] & 15u) | ((u32)(s[j - 4] >> 6) << 4);
+        *m = (u32)(s[j + 4] >> 4) | ((u32)(s[j] >> 6) << 4);
+    }
+}
+
+// Elements [32u, 32u+32) of one row into v[0..31].
+template <int F>
+ATLAS_DEV void deq32(const u8* __restrict__ row, const u8* __restrict__ srow, float gs, int u,
+                     float* v) {
+    if (F == FMT_F32) {
+        const float* p = (const float*)row + 32 * u;
+#pragma unroll
+        for (int i = 0; i < 32; i++) v[i] = p[i];
+    } else if (F == FMT_F16) {
+        const u16* p = (const u16*)row + 32 * u;
+#pragma unroll
+        for (int i = 0; i < 32; i++) v[i] = f16_to_f32(p[i]);
+    } else if (F == FMT_BF16) {
+        const u16* p = (const u16*)row + 32 * u;
+#pragma unroll
+        for (int i = 0; i < 32; i++) v[i] = bf16_to_f32(p[i]);
+    } else if (F == FMT_Q4_0) {
+        const u8* b = row + 18 * u;
+        float d = f16_to_f32(ld_u16(b));
+        const u8* qs = b + 2;
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            v[j] = mul_rn(d, (float)((int)(qs[j] & 15) - 8));
+            v[j + 16] = mul_rn(d, (float)((int)(qs[j] >> 4) - 8));
+        }
+    } else if (F == FMT_Q4_1) {
+        const u8* b = row + 20 * u;
+        float d = f16_to_f32(ld_u16(b));
+        float m = f16_to_f32(ld_u16(b + 2));
+        const u8* qs = b + 4;
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            v[j] = add_rn(mul_rn(d, (float)(qs[j] & 15)), m);
+            v[j + 16] = add_rn(mul_rn(d, (float)(qs[j] >> 4)), m);
+        }
+    } else if (F == FMT_Q8_0) {
+        const u8* b = row + 34 * u;
+        float d = f16_to_f32(ld_u16(b));
+        const i8* qs = (const i8*)(b + 2);
+#pragma unroll
+        for (int i = 0; i < 32; i++) v[i] = mul_rn((float)qs[i], d);
+    } else if (F == FMT_Q4_K || F == FMT_Q5_K) {
+        const int bytes = F == FMT_Q4_K ? 144 : 176;
+        const u8* b = row + bytes * (u >> 3);
+        int j = u & 7;  // sub-block
+        float d = f16_to_f32(ld_u16(b));
+        float dmin = f16_to_f32(ld_u16(b + 2));
+        u32 sc, mn;
+        k_scale_min(b + 4, j, &sc, &mn);
+        float dsc = mul_rn(d, (float)sc);
+        float dm = mul_rn(dmin, (float)mn);
+        const u8* qs = b + (F == FMT_Q4_K ? 16 : 48) + 32 * (j >> 1);
+        int shift = 4 * (j & 1);
+#pragma unroll
+        for (int l = 0; l < 32; l++) {
+            u32 q = (qs[l] >> shift) & 15u;
+            if (F == FMT_Q5_K) q |= ((u32)(b[16 + l] >> j) & 1u) << 4;
+            v[l] = sub_rn(mul_rn(dsc, (float)q), dm);
+        }
+    } else if (F == FMT_Q6_K) {
+        const u8* b = row + 210 * (u >> 3);
+        int k32 = u & 7;
+        int h = k32 >> 2, k = k32 & 3;
+        const u8* ql = b + 64 * h + 32 * (k & 1);
+        const u8* qh = b + 128 + 32 * h;
+        const i8* sc = (const i8*)(b + 192);
+        float d = f16_to_f32(ld_u16(b + 208));
+        float dsc0 = mul_rn(d, (float)sc[8 * h + 2 * k]);
+        float dsc1 = mul_rn(d, (float)sc[8 * h + 2 * k + 1]);
+        int lshift = k >= 2 ? 4 : 0;
+#pragma unroll
+        for (int l = 0; l < 32; l++) {
+            int q = (int)(((ql[l] >> lshift) & 15u) | (((qh[l] >> (2 * k)) & 3u) << 4)) - 32;
+            v[l] = mul_rn(l < 16 ? dsc0 : dsc1, (float)q);
+        }
+    } else if (F == FMT_NVFP4) {
+        const u8* p = row + 16 * u;
+        float s0 = mul_rn(e4m3_to_f32(srow[2 * u]), gs);
+        float s1 = mul_rn(e4m3_to_f32(srow[2 * u + 1]), gs);
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            float s = i < 8 ? s0 : s1;
+            v[2 * i] = mul_rn(e2m1_to_f32(p[i] & 15u), s);
+            v[2 * i + 1] = mul_rn(e2m1_to_f32(p[i] >> 4), s);
+        }
+    }
+}

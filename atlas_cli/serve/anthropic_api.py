@@ -1,0 +1,310 @@
+"""Anthropic's `POST /v1/messages` (and `/v1/messages/count_tokens`), mapped onto the same
+prompt building and generation as the OpenAI endpoints."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from atlas_cli.backend.toolcalls import ContentDelta, ReasoningDelta, ToolCallDelta
+from atlas_cli.serve.app import AppState, endpoint, on_disconnect, read_json
+from atlas_cli.serve.errors import APIError
+from atlas_cli.serve.openai_api import SSE_HEADERS
+from atlas_cli.serve.prompt import ChatOptions, Prompt, build_chat_prompt
+from atlas_cli.serve.protocol import (
+    AnthropicBlock,
+    AnthropicMessage,
+    AnthropicTool,
+    AnthropicToolChoice,
+    CountTokensRequest,
+    FunctionDef,
+    Message,
+    MessagesRequest,
+    NamedFunction,
+    NamedToolChoice,
+    Tool,
+    ToolCallFunction,
+    ToolCallIn,
+    parse_body,
+)
+from atlas_cli.serve.turn import Outcome, Turn, sampling_params
+
+STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use"}
+
+
+def _block_text(content: str | list[AnthropicBlock] | None, where: str) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    parts = []
+    for i, block in enumerate(content):
+        if block.type != "text":
+            raise APIError(
+                400,
+                f"{where}[{i}]: blocks of type {block.type!r} are not supported here",
+                code="unsupported",
+                param=where,
+            )
+        parts.append(block.text or "")
+    return "\n".join(parts)
+
+
+def to_openai_messages(
+    system: str | list[AnthropicBlock] | None, messages: list[AnthropicMessage]
+) -> list[Message]:
+    """Anthropic turns as OpenAI messages: tool_result blocks become tool messages, tool_use
+    blocks assistant tool_calls, thinking blocks reasoning_content."""
+    out: list[Message] = []
+    if system:
+        out.append(Message(role="system", content=_block_text(system, "system")))
+    for i, msg in enumerate(messages):
+        where = f"messages[{i}].content"
+        if isinstance(msg.content, str):
+            out.append(Message(role=msg.role, content=msg.content))
+            continue
+        texts, calls, thinking = [], [], []
+        for k, block in enumerate(msg.content):
+            if block.type == "text":
+                texts.append(block.text or "")
+            elif block.type == "thinking" and msg.role == "assistant":
+                thinking.append(block.thinking or "")
+            elif block.type == "redacted_thinking":
+                continue
+            elif block.type == "tool_use" and msg.role == "assistant":
+                calls.append(
+                    ToolCallIn(
+                        id=block.id,
+                        function=ToolCallFunction(
+                            name=block.name or "", arguments=json.dumps(block.input or {})
+                        ),
+                    )
+                )
+            elif block.type == "tool_result" and msg.role == "user":
+                result = _block_text(block.content, f"{where}[{k}].content")
+                if block.is_error:
+                    result = f"Error: {result}"
+                out.append(Message(role="tool", content=result, tool_call_id=block.tool_use_id))
+            else:
+                raise APIError(
+                    400,
+                    f"{where}[{k}]: a {msg.role} block of type {block.type!r} is not supported",
+                    code="unsupported",
+                    param=where,
+                )
+        if msg.role == "assistant":
+            out.append(
+                Message(
+                    role="assistant",
+                    content="\n".join(texts),
+                    tool_calls=calls or None,
+                    reasoning_content="\n".join(thinking) or None,
+                )
+            )
+        elif texts:
+            out.append(Message(role="user", content="\n".join(texts)))
+    return out
+
+
+def to_openai_tools(tools: list[AnthropicTool] | None) -> list[Tool] | None:
+    if not tools:
+        return None
+    return [
+        Tool(
+            function=FunctionDef(name=t.name, description=t.description, parameters=t.input_schema)
+        )
+        for t in tools
+    ]
+
+
+def to_openai_choice(choice: AnthropicToolChoice | None):
+    if choice is None:
+        return None
+    if choice.type == "tool":
+        if not choice.name:
+            raise APIError(400, "tool_choice: type 'tool' needs a name", param="tool_choice")
+        return NamedToolChoice(function=NamedFunction(name=choice.name))
+    return {"auto": "auto", "any": "required", "none": "none"}[choice.type]
+
+
+def _prompt(
+    state: AppState,
+    req: MessagesRequest | CountTokensRequest,
+    tool_choice: AnthropicToolChoice | None = None,
+) -> Prompt:
+    """The prompt an Anthropic request renders to: `messages` and `count_tokens` must agree."""
+    opts = ChatOptions(
+        parser=state.parser,
+        tools=to_openai_tools(req.tools),
+        tool_choice=to_openai_choice(tool_choice),
+        template_kwargs=state.template_kwargs(),
+    )
+    return build_chat_prompt(
+        state.model.tokenizer, to_openai_messages(req.system, req.messages), opts
+    )
+
+
+@endpoint("messages", style="anthropic")
+async def messages(state: AppState, request: Request) -> Response:
+    req = parse_body(MessagesRequest, await read_json(state, request))
+    state.check_model(req.model)
+    prompt = _prompt(state, req, req.tool_choice)
+    sampling = sampling_params(
+        req.temperature, req.top_p, req.top_k, None, None, None, state.model.sampling_defaults
+    )
+    stop = list(req.stop_sequences or [])
+    turn = Turn(
+        state.runner,
+        prompt,
+        max_tokens=req.max_tokens,
+        sampling=sampling,
+        stop=stop,
+        parser=state.parser,
+    )
+    msg_id = f"msg_{uuid.uuid4().hex[:24]}"
+    if req.stream:
+        return StreamingResponse(
+            message_stream(turn, msg_id, state.name, stop, state),
+            media_type="text/event-stream",
+            headers=SSE_HEADERS,
+        )
+    async with on_disconnect(request, turn.cancel):
+        out = await turn.complete()
+    blocks: list[dict[str, Any]] = []
+    if out.reasoning:
+        blocks.append({"type": "thinking", "thinking": out.reasoning, "signature": ""})
+    if out.content:
+        blocks.append({"type": "text", "text": out.content})
+    for call in out.tool_calls:
+        blocks.append(
+            {
+                "type": "tool_use",
+                "id": call.id,
+                "name": call.name,
+                "input": json.loads(call.arguments),
+            }
+        )
+    reason, seq = stop_reason(out, stop, state)
+    return JSONResponse(
+        {
+            "id": msg_id,
+            "type": "message",
+            "role": "assistant",
+            "model": state.name,
+            "content": blocks,
+            "stop_reason": reason,
+            "stop_sequence": seq,
+            "usage": usage(out),
+        }
+    )
+
+
+def usage(out: Outcome) -> dict[str, int]:
+    s = out.stats
+    return {
+        "input_tokens": s.prompt_tokens - s.cached_tokens,  # Anthropic counts cache reads apart
+        "output_tokens": s.completion_tokens,
+        "cache_read_input_tokens": s.cached_tokens,
+        "cache_creation_input_tokens": 0,
+    }
+
+
+def stop_reason(out: Outcome, stop: list[str], state: AppState) -> tuple[str, str | None]:
+    if out.finish_reason in STOP_REASONS:
+        return STOP_REASONS[out.finish_reason], None
+    # a stop sequence was hit if the generated tokens hold one that the text was cut before
+    raw = state.model.tokenizer.decode(out.stats.token_ids)
+    hit = next((s for s in stop if s and s in raw and s not in out.stats.text), None)
+    return ("stop_sequence", hit) if hit else ("end_turn", None)
+
+
+def event(kind: str, body: dict[str, Any]) -> str:
+    data = json.dumps({"type": kind, **body}, ensure_ascii=False, separators=(",", ":"))
+    return f"event: {kind}\ndata: {data}\n\n"
+
+
+async def message_stream(
+    turn: Turn, msg_id: str, model: str, stop: list[str], state: AppState
+) -> AsyncIterator[str]:
+    """message_start (with the first token), content blocks (thinking, text, tool_use) as
+    start/delta/stop, then message_delta with the stop reason and message_stop. A tool call's
+    arguments stream as input_json_delta pieces, as the parser produces them."""
+    index = -1
+    open_kind: str | None = None
+    started = False
+
+    def start() -> str:
+        s = turn.gen.stats
+        head = {
+            "id": msg_id,
+            "type": "message",
+            "role": "assistant",
+            "model": model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {
+                "input_tokens": s.prompt_tokens - s.cached_tokens,
+                "output_tokens": 0,
+                "cache_read_input_tokens": s.cached_tokens,
+                "cache_creation_input_tokens": 0,
+            },
+        }
+        return event("message_start", {"message": head})
+
+    try:
+        async for e in turn.deltas():
+            if isinstance(e, ToolCallDelta):
+                kind, text = "tool_use", e.arguments
+            elif isinstance(e, ReasoningDelta | ContentDelta) and e.text:
+                kind, text = ("thinking" if isinstance(e, ReasoningDelta) else "text"), e.text
+            else:  # ToolCallEnd: the call's block closes when the next one opens
+                continue
+            if not started:
+                started = True
+                yield start()
+            # a new block for a new kind, and for each call (its first delta has the id)
+            if kind != open_kind or (kind == "tool_use" and e.id is not None):
+                if open_kind is not None:
+                    yield event("content_block_stop", {"index": index})
+                index, open_kind = index + 1, kind
+                block: dict[str, Any] = {
+                    "text": {"type": "text", "text": ""},
+                    "thinking": {"type": "thinking", "thinking": "", "signature": ""},
+                }.get(kind) or {"type": "tool_use", "id": e.id, "name": e.name, "input": {}}
+                yield event("content_block_start", {"index": index, "content_block": block})
+            if not text:
+                continue
+            if kind == "text":
+                delta = {"type": "text_delta", "text": text}
+            elif kind == "thinking":
+                delta = {"type": "thinking_delta", "thinking": text}
+            else:
+                delta = {"type": "input_json_delta", "partial_json": text}
+            yield event("content_block_delta", {"index": index, "delta": delta})
+        out = turn.outcome
+        if not started:
+            yield start()
+        if open_kind is not None:
+            yield event("content_block_stop", {"index": index})
+        reason, seq = stop_reason(out, stop, state)
+        yield event(
+            "message_delta",
+            {"delta": {"stop_reason": reason, "stop_sequence": seq}, "usage": usage(out)},
+        )
+        yield event("message_stop", {})
+    except APIError as exc:
+        yield f"event: error\ndata: {json.dumps(exc.anthropic_body())}\n\n"
+    finally:
+        turn.cancel()
+
+
+@endpoint("count_tokens", style="anthropic")
+async def count_tokens(state: AppState, request: Request) -> Response:
+    req = parse_body(CountTokensRequest, await read_json(state, request))
+    state.check_model(req.model)
+    prompt = _prompt(state, req)
+    return JSONResponse({"input_tokens": len(prompt.ids)})

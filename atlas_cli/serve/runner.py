@@ -1,0 +1,147 @@
+"""The engine behind the server: one generation at a time, in arrival order.
+
+The engine is single-stream and synchronous, so it runs on one worker thread (a one-thread
+executor is a FIFO queue). Each request gets a `Generation` whose text pieces cross back to the
+event loop through an asyncio queue. Cancelling one (a client that went away) stops it at the
+next token and frees the engine for the next request; one that is still queued never starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from atlas_cli.backend.engine import Engine, GenerationStats
+from atlas_cli.backend.sample import SamplingParams
+from atlas_cli.serve.metrics import Metrics
+
+_END = object()
+
+
+@dataclass(frozen=True)
+class Job:
+    ids: list[int]
+    max_tokens: int
+    sampling: SamplingParams
+    stop: tuple[str, ...] = ()
+
+
+class Generation:
+    """A submitted job: iterate it for text pieces, then `await result()` for its stats."""
+
+    def __init__(self, job: Job, loop: asyncio.AbstractEventLoop):
+        self.job = job
+        self.loop = loop
+        self.arrival = time.perf_counter()
+        self.queue_s = 0.0
+        self.stats = GenerationStats()
+        self.error: BaseException | None = None
+        self._cancel = threading.Event()
+        self._pieces: asyncio.Queue = asyncio.Queue()
+        self._done = loop.create_future()
+
+    def cancel(self) -> None:
+        self._cancel.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+    async def __aiter__(self) -> AsyncIterator[str]:
+        """Text pieces until the end (an engine error ends them early: see `error`)."""
+        while True:
+            item = await self._pieces.get()
+            if item is _END:
+                return
+            yield item
+
+    async def result(self) -> GenerationStats:
+        """Wait until the worker has let go of the engine (after a cancel, too)."""
+        await asyncio.shield(self._done)
+        return self.stats
+
+    # -- called from the worker thread -------------------------------------------------------
+
+    def _put(self, item) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self._pieces.put_nowait, item)
+        except RuntimeError:  # the loop is gone (server shutting down)
+            self._cancel.set()
+
+    def _finish(self, error: BaseException | None) -> None:
+        self.error = error
+        self._put(_END)
+        with contextlib.suppress(RuntimeError):
+            self.loop.call_soon_threadsafe(_set_done, self._done)
+
+
+def _set_done(fut: asyncio.Future) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+class EngineRunner:
+    def __init__(self, engine: Engine, metrics: Metrics):
+        self.engine = engine
+        self.metrics = metrics
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="atlas-engine")
+        metrics.ctx.set(engine.context_length)
+
+    def submit(self, job: Job) -> Generation:
+        gen = Generation(job, asyncio.get_running_loop())
+        self.metrics.waiting.inc()
+        self._pool.submit(self._work, gen)
+        return gen
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _work(self, gen: Generation) -> None:
+        m = self.metrics
+        m.waiting.dec()
+        start = time.perf_counter()
+        gen.queue_s = start - gen.arrival
+        if gen.cancelled:  # the client left while queued
+            gen.stats.finish_reason = "interrupted"
+            m.finished.labels("interrupted").inc()
+            gen._finish(None)
+            return
+        m.running.inc()
+        job, stats, error = gen.job, gen.stats, None
+        events = self.engine.generate(
+            job.ids, max_tokens=job.max_tokens, sampling=job.sampling, stop=job.stop, stats=stats
+        )
+        try:
+            for event in events:
+                if gen.cancelled:
+                    break
+                if event.text:
+                    gen._put(event.text)
+        except Exception as exc:  # reported to the request that caused it, not the server
+            error = exc
+        finally:
+            events.close()
+            m.running.dec()
+            self._record(gen, stats)
+            gen._finish(error)
+
+    def _record(self, gen: Generation, stats: GenerationStats) -> None:
+        m = self.metrics
+        m.queue_time.observe(gen.queue_s)
+        m.finished.labels(stats.finish_reason).inc()
+        m.prompt_tokens.inc(stats.prompt_tokens)
+        m.cached_tokens.inc(stats.cached_tokens)
+        m.generation_tokens.inc(stats.completion_tokens)
+        if stats.completion_tokens:
+            m.ttft.observe(gen.queue_s + stats.ttft_s)
+        if stats.completion_tokens > 1:
+            m.tpot.observe(stats.eval_s / (stats.completion_tokens - 1))
+        m.e2e.observe(time.perf_counter() - gen.arrival)
+        used = len(self.engine.cached_ids)
+        m.kv_used.set(used)
+        m.kv_usage.set(used / self.engine.context_length)

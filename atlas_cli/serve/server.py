@@ -1,0 +1,109 @@
+"""`atlas serve`: bind, then run the app under uvicorn. The port is bound before the model
+loads, so a taken port fails at once; the weights load while /health answers 503."""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+from pathlib import Path
+
+from atlas_cli.errors import AtlasError, UsageError
+from atlas_cli.serve.app import ServeConfig, create_app
+
+LOOPBACK = {"127.0.0.1", "::1", "localhost"}
+
+
+def bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise UsageError(
+            f"cannot listen on {host}:{port} ({exc.strerror}); pick another --port"
+        ) from None
+    sock.listen(128)
+    return sock
+
+
+def parse_template_kwargs(text: str | None) -> dict | None:
+    """`--chat-template-kwargs '{"enable_thinking": false}'`"""
+    if not text:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise UsageError(f"--chat-template-kwargs is not valid JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise UsageError("--chat-template-kwargs must be a JSON object")
+    return value
+
+
+def recipe_tool_parser(model: str, device: str) -> str | None:
+    """The tool-call parser a recipe names for the variant `model` resolves to (None for a
+    path, a hub name, or a parser atlas does not have: the chat template decides then)."""
+    from atlas_cli import recipes, store
+    from atlas_cli.backend.toolcalls import PARSERS
+
+    try:
+        ref = recipes.parse_ref(model)
+        if ref.kind != "recipe":
+            return None
+        variant = ref.variant or ref.recipe.variant_for(store.hardware_class(device))
+    except AtlasError:
+        return None
+    parser = ref.recipe.defaults_for(variant).tool_call_parser
+    return parser if parser in PARSERS else None
+
+
+def serve(
+    model: str,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8080,
+    served_model_name: str | None = None,
+    api_key: str | None = None,
+    ctx_size: int | None = None,
+    device: str = "cpu",
+    log_level: str = "info",
+    accept_any_model: bool = False,
+    template_kwargs: dict | None = None,
+    tool_parser: str | None = None,
+) -> None:
+    import uvicorn
+
+    from atlas_cli import store
+
+    if not 0 <= port <= 65535:
+        raise UsageError(f"--port must be 0..65535, got {port}")
+    if ctx_size is not None and ctx_size < 16:
+        raise UsageError(f"--ctx-size must be at least 16, got {ctx_size}")
+    if tool_parser is not None:
+        from atlas_cli.backend.toolcalls import select_parser
+
+        select_parser(None, tool_parser)  # an unknown name fails here
+    path = store.resolve(model)  # a bad name fails here, before the server starts
+    if tool_parser in (None, "", "auto"):
+        tool_parser = recipe_tool_parser(model, device)
+    name = served_model_name or (Path(model).stem if model.endswith(".gguf") else model)
+    config = ServeConfig(
+        model=str(path),
+        served_model_name=name,
+        api_key=api_key,
+        ctx_size=ctx_size,
+        device=device,
+        accept_any_model=accept_any_model,
+        template_kwargs=template_kwargs,
+        tool_parser=tool_parser,
+    )
+    sock = bind(host, port)
+    bound = sock.getsockname()[1]
+    print(f"atlas serve: {name} on http://{host}:{bound}/v1 (loading...)", file=sys.stderr)
+    if host not in LOOPBACK and not api_key:
+        print("atlas serve: listening beyond this machine without --api-key", file=sys.stderr)
+    app = create_app(config)
+    server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=3))
+    server.run(sockets=[sock])

@@ -1,0 +1,162 @@
+"""One answer in flight: engine text through the tool/reasoning parser, JSON mode's early stop,
+and the final tally that every endpoint formats its own way."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from atlas_cli.backend.engine import GenerationStats
+from atlas_cli.backend.sample import SamplingParams
+from atlas_cli.backend.toolcalls import Event, NoToolParser, ParsedMessage, ToolCall, ToolParser
+from atlas_cli.serve.errors import APIError
+from atlas_cli.serve.prompt import JsonCutter, Prompt, valid_json
+from atlas_cli.serve.runner import EngineRunner, Generation, Job
+
+
+@dataclass
+class Outcome:
+    stats: GenerationStats
+    finish_reason: str  # OpenAI's: "stop" | "length" | "tool_calls"
+    text: str  # everything generated, the prefill included
+    content: str = ""
+    reasoning: str | None = None
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    json_valid: bool | None = None  # JSON mode only
+
+    @property
+    def usage(self) -> dict:
+        s = self.stats
+        return {
+            "prompt_tokens": s.prompt_tokens,
+            "completion_tokens": s.completion_tokens,
+            "total_tokens": s.prompt_tokens + s.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": s.cached_tokens},
+        }
+
+
+def sampling_params(
+    temperature: float | None,
+    top_p: float | None,
+    top_k: int | None,
+    min_p: float | None,
+    repeat_penalty: float | None,
+    seed: int | None,
+    defaults: dict | None = None,
+) -> SamplingParams:
+    """Fields the client left out take `defaults` (the model recipe's), then atlas's (and
+    llama-server's) defaults."""
+    given = {
+        "temperature": temperature,
+        "top_p": top_p,
+        "top_k": top_k,
+        "min_p": min_p,
+        "repeat_penalty": repeat_penalty,
+        "seed": seed,
+    }
+    return SamplingParams(
+        **{**(defaults or {}), **{k: v for k, v in given.items() if v is not None}}
+    )
+
+
+def check_fits(prompt_tokens: int, context: int) -> None:
+    if prompt_tokens >= context:
+        raise APIError(
+            400,
+            f"the prompt is {prompt_tokens:,} tokens but the context holds {context:,} "
+            "(including at least one generated token); shorten the messages or restart the "
+            "server with a larger --ctx-size",
+            code="context_length_exceeded",
+            param="messages",
+        )
+
+
+class Turn:
+    """Iterate `deltas()` for streamed pieces, or await `complete()`; then read `outcome`."""
+
+    def __init__(
+        self,
+        runner: EngineRunner,
+        prompt: Prompt,
+        *,
+        max_tokens: int | None,
+        sampling: SamplingParams,
+        stop: list[str],
+        parser: type[ToolParser] = NoToolParser,
+    ):
+        context = runner.engine.context_length
+        check_fits(len(prompt.ids), context)
+        room = context - len(prompt.ids)
+        self.runner = runner
+        self.prompt = prompt
+        # calls are looked for only when the request offers tools; reasoning always
+        self.parser = (parser if prompt.tools else NoToolParser)(prompt.tools)
+        self.job = Job(prompt.ids, min(max_tokens or room, room), sampling, tuple(stop))
+        self.gen: Generation | None = None
+        self.outcome: Outcome | None = None
+        self._cut = False
+
+    def cancel(self) -> None:
+        if self.gen is not None:
+            self.gen.cancel()
+
+    async def texts(self) -> AsyncIterator[str]:
+        """The answer's text: the prefill, then the engine's pieces up to JSON mode's end."""
+        self.gen = gen = self.runner.submit(self.job)
+        cutter = JsonCutter(self.prompt.prefill) if self.prompt.prefill else None
+        if self.prompt.prefill:
+            yield self.prompt.prefill
+        try:
+            async for piece in gen:
+                if cutter is not None:
+                    end = cutter.feed(piece)
+                    if end is not None:
+                        self._cut = True
+                        if piece[:end]:
+                            yield piece[:end]
+                        break
+                yield piece
+        finally:
+            gen.cancel()  # no-op when it finished; stops it when we left early
+
+    async def deltas(self) -> AsyncIterator[Event]:
+        """Reasoning, content and tool-call events (backend.toolcalls) as they are produced."""
+        stream = self.parser.stream(prompt_opened_think=self.prompt.opened_think)
+        pieces: list[str] = []
+        async for text in self.texts():
+            pieces.append(text)
+            for event in stream.feed(text):
+                yield event
+        for event in stream.finish():
+            yield event
+        await self._finish("".join(pieces), stream.message)
+
+    async def complete(self) -> Outcome:
+        text = "".join([text async for text in self.texts()])
+        parsed = self.parser.parse(text, prompt_opened_think=self.prompt.opened_think)
+        await self._finish(text, parsed)
+        return self.outcome
+
+    async def finish_plain(self, text: str) -> Outcome:
+        """The tally for a raw completion (no parsing): after iterating `texts()`."""
+        await self._finish(text, ParsedMessage(text, None, []))
+        return self.outcome
+
+    async def _finish(self, text: str, parsed: ParsedMessage) -> None:
+        stats = await self.gen.result()
+        if self.gen.error is not None:
+            raise APIError(500, f"generation failed: {self.gen.error}", type="server_error")
+        reason = "stop" if self._cut else stats.finish_reason
+        if reason == "interrupted":
+            reason = "stop"
+        if parsed.tool_calls and reason == "stop":
+            reason = "tool_calls"
+        self.outcome = Outcome(
+            stats,
+            reason,
+            text,
+            parsed.content,
+            parsed.reasoning,
+            list(parsed.tool_calls),
+            valid_json(parsed.content) if self.prompt.json_mode else None,
+        )

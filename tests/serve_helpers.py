@@ -1,0 +1,111 @@
+"""Helpers for the server tests: run an app under uvicorn on a free loopback port in a thread,
+and a scripted engine that replays a fixed answer (to test parsing of outputs the real small
+model does not produce)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import threading
+import time
+from types import SimpleNamespace
+
+import uvicorn
+
+from atlas_cli.backend.engine import TokenEvent
+
+
+class ServerThread:
+    def __init__(self, app):
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=1)
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True
+        )
+
+    def __enter__(self) -> ServerThread:
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("the test server did not start")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+        self.sock.close()
+
+
+def raw_request(
+    port: int, method: str, path: str, body: bytes | None = None, headers: dict | None = None
+) -> tuple[int, dict[str, str], bytes]:
+    """A plain HTTP request (for what the SDKs will not send: broken JSON, raw SSE)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    try:
+        conn.request(method, path, body=body, headers=headers or {})
+        resp = conn.getresponse()
+        return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
+    finally:
+        conn.close()
+
+
+def metric(port: int, name: str, labels: str = "") -> float:
+    """One sample's value from /metrics (0 when absent)."""
+    _, _, body = raw_request(port, "GET", "/metrics")
+    key = f"{name}{{{labels}}}" if labels else name
+    for line in body.decode().splitlines():
+        if line.startswith(key + " "):
+            return float(line.split()[-1])
+    return 0.0
+
+
+class ScriptedEngine:
+    """Stands in for `Engine`: answers every prompt with `script` (text pieces; an exception in
+    it is raised there)."""
+
+    def __init__(self, tokenizer, context_length: int = 2048):
+        self.tokenizer = tokenizer
+        self.context_length = context_length
+        self.cached_ids: list[int] = []
+        self.script: list[str] = []
+        self.prompts: list[list[int]] = []
+
+    def generate(self, ids, *, max_tokens, sampling, stop, stats, **_):
+        self.prompts.append(list(ids))
+        stats.prompt_tokens = len(ids)
+        stats.finish_reason = "stop"
+        for piece in self.script[:max_tokens]:
+            if isinstance(piece, Exception):  # a scripted engine failure
+                raise piece
+            stats.completion_tokens += 1
+            stats.text += piece
+            yield TokenEvent(-1, piece)
+        if len(self.script) > max_tokens:
+            stats.finish_reason = "length"
+
+
+def scripted_model(tokenizer) -> SimpleNamespace:
+    engine = ScriptedEngine(tokenizer)
+    info = SimpleNamespace(name="scripted", architecture="llama", file_type="none")
+    return SimpleNamespace(
+        engine=engine,
+        tokenizer=tokenizer,
+        info=info,
+        context_length=engine.context_length,
+        sampling_defaults={},
+    )
+
+
+def sse_events(body: bytes) -> list[str]:
+    return [line[6:] for line in body.decode().splitlines() if line.startswith("data: ")]
+
+
+def dumps(obj) -> bytes:
+    return json.dumps(obj).encode()

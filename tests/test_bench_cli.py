@@ -1,0 +1,127 @@
+"""`atlas bench` from the command line, on the real default model with tiny sizes."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from atlas_cli.bench import cli as bench_cli
+from atlas_cli.bench import coherence
+from atlas_cli.cli import app
+from tests.bench_helpers import tiny_conversation, write_jsonl
+
+runner = CliRunner()
+
+
+@pytest.fixture()
+def shared_model(monkeypatch, smollm2):
+    """Reuse the session's loaded model instead of loading it per command."""
+    monkeypatch.setattr(bench_cli, "_load", lambda name, device, ctx: smollm2)
+    yield smollm2
+    smollm2.engine.reset()
+
+
+def test_throughput_json_then_both_gate_outcomes(smollm2_path, tmp_path):
+    base = tmp_path / "base.json"
+    args = ["bench", str(smollm2_path), "-p", "8", "-n", "2", "-r", "2", "--no-warmup", "-t", "1"]
+    result = runner.invoke(app, [*args, "-o", "json", "--save-baseline", str(base)])
+    assert result.exit_code == 0, result.output
+    records = json.loads(result.stdout)
+    assert [r["test"] for r in records] == ["pp8", "tg2"]
+    for r in records:
+        assert len(r["samples_ns"]) == len(r["samples_ts"]) == r["repetitions"] == 2
+        assert r["avg_ts"] > 0 and r["model_n_params"] > 100e6 and r["backend"] == "CPU"
+        for key in ("atlas_version", "git_commit", "device", "driver", "cpu_info", "test_time"):
+            assert key in r
+    assert json.loads(base.read_text())["records"][0]["test"] == "pp8"
+
+    ok = runner.invoke(app, [*args, "-r", "1", "--baseline", str(base), "--tolerance", "1000"])
+    assert ok.exit_code == 0, ok.output
+    assert "| llama 135M Q4_1 |" in ok.stdout and "gate: PASS" in ok.output
+
+    fast = json.loads(base.read_text())
+    fast["records"][0]["avg_ts"] = 1e12  # no CPU reaches this: the gate must fail
+    base.write_text(json.dumps(fast))
+    bad = runner.invoke(app, [*args, "-r", "1", "--baseline", str(base)])
+    assert bad.exit_code == 1
+    assert "pp8 t/s" in bad.output and "REGRESSED" in bad.output and "gate: FAIL" in bad.output
+
+
+def test_agentic_replay_in_process(shared_model, tmp_path):
+    path = write_jsonl(tmp_path / "t.jsonl", tiny_conversation("a", 2) + tiny_conversation("b", 0))
+    out = tmp_path / "result.json"
+    args = ["bench", "agentic", "m", "--trajectories", str(path), "--limit-turns", "2", "-t", "1"]
+    result = runner.invoke(
+        app, [*args, "--max-tokens", "2", "--cold-ttft", "--output-file", str(out), "--per-turn"]
+    )
+    assert result.exit_code == 0, result.output
+    doc = json.loads(out.read_text())
+    turns = doc["turns"]
+    assert [(t["conversation_id"], t["turn"]) for t in turns] == [("a", 1), ("a", 3), ("b", 1)]
+    assert all(0 < t["output_tokens"] <= 2 and t["ttft_cold_s"] > 0 for t in turns)
+    # turn 3 extends turn 1's prompt; conversation b shares the system prompt and tools with a
+    assert turns[1]["cached_tokens"] >= turns[0]["input_tokens"] - 1
+    assert turns[2]["cached_tokens"] > 0
+    assert doc["settings"]["tool_format"] == "text"  # SmolLM2's template has no tools
+    assert doc["summary"]["requests"] == 3 and doc["summary"]["conversations"] == 2
+    assert "| TTFT (ms) |" in result.stdout and "| a | 3 |" in result.stdout
+
+    cold = runner.invoke(app, [*args, "--limit-conversations", "1", "--max-tokens", "1",
+                               "--no-prefix-cache", "-o", "json"])  # fmt: skip
+    assert cold.exit_code == 0, cold.output
+    assert [t["cached_tokens"] for t in json.loads(cold.stdout)["turns"]] == [0, 0]
+
+
+def test_agentic_errors(tmp_path):
+    missing = runner.invoke(app, ["bench", "agentic", "--trajectories", str(tmp_path / "x")])
+    assert missing.exit_code == 1 and "no such trajectory file" in missing.output
+    bad = runner.invoke(app, ["bench", "agentic", "--trajectories", "x", "--max-tokens", "0"])
+    assert bad.exit_code == 2 and "--max-tokens must be at least 1" in bad.output
+    fmt = runner.invoke(app, ["bench", "-o", "xml"])
+    assert fmt.exit_code == 2 and "-o takes one of" in fmt.output
+
+
+def test_coherence_gate(shared_model, monkeypatch):
+    monkeypatch.setattr(coherence, "PROBES", (coherence.PROBES[0],))
+    monkeypatch.setattr(coherence.run, "__defaults__", ((coherence.PROBES[0],), 64))
+    good = runner.invoke(app, ["bench", "coherence", "--max-tokens", "16", "-t", "1"])
+    assert good.exit_code == 0, good.output
+    assert "PASS  What is the capital of France?" in good.stdout
+    wrong = coherence.Probe("What is the capital of France?", ("Berlin",))
+    monkeypatch.setattr(coherence.run, "__defaults__", ((wrong,), 64))
+    bad = runner.invoke(app, ["bench", "coherence", "--max-tokens", "16", "-t", "1"])
+    assert bad.exit_code == 1 and "missing 'Berlin'" in bad.stdout
+
+
+def test_coherence_judge_on_recorded_answers():
+    probe = coherence.Probe("Who wrote Romeo and Juliet?", ("Shakespeare",))
+    looping = (  # SmolLM2-135M's own answer at temperature 0
+        "The story of Romeo and Juliet by William Shakespeare is attributed to the 17th-century "
+        "French playwright and poet. The play, written in 1595, is a Romeo and Juliet story, set "
+        "in the balcony of the balcony of the balcony of the balcony of the"
+    )
+    verdict = coherence.judge(probe, looping, "length", 60)
+    assert not verdict.passed
+    assert any("repeats" in p for p in verdict.problems)
+    assert any("no end of turn" in p for p in verdict.problems)
+    assert coherence.judge(probe, "William Shakespeare.", "stop", 4).passed
+    assert coherence.judge(probe, "  ", "stop", 1).problems[:1] == ("empty answer",)
+    four = coherence.Probe("What is 2 + 2?", ("4",))
+    assert not coherence.judge(four, "The answer is 42.", "stop", 5).passed
+    assert coherence.judge(four, "2 + 2 = 4.", "stop", 5).passed
+
+
+def test_threads_limit_the_blas_even_before_numpy_is_loaded():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from atlas_cli.bench.cli import _apply_threads\n"
+        "assert 'numpy' not in sys.modules\n"
+        "from threadpoolctl import threadpool_info\n"
+        "with _apply_threads(1):\n"
+        "    blas = [i for i in threadpool_info() if i['user_api'] == 'blas']\n"
+        "    assert blas and all(i['num_threads'] == 1 for i in blas)\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

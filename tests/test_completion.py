@@ -1,0 +1,130 @@
+"""Shell completion: the scripts in completions/ match the CLI, parse in each shell, and
+complete commands, flags and model names when the shell runs them."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from atlas_cli import completion
+from atlas_cli.cli import app
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = {shell: ROOT / "completions" / name for shell, name in completion.FILES.items()}
+
+
+@pytest.mark.parametrize("shell", completion.SHELLS)
+def test_scripts_match_the_cli(shell):
+    printed = CliRunner().invoke(app, ["completion", shell])
+    assert printed.exit_code == 0
+    assert printed.output == completion.script(shell)
+    assert SCRIPTS[shell].read_text() == printed.output, (
+        f"completions/{SCRIPTS[shell].name} is stale; regenerate it: "
+        f"python -m atlas_cli completion {shell} > completions/{SCRIPTS[shell].name}"
+    )
+
+
+def test_unknown_shell_is_a_usage_error():
+    result = CliRunner().invoke(app, ["completion", "tcsh"])
+    assert result.exit_code == 2 and "unknown shell 'tcsh'" in result.output
+
+
+@pytest.mark.parametrize("shell", completion.SHELLS)
+def test_scripts_parse(shell):
+    exe = shutil.which(shell)
+    if exe is None:
+        pytest.skip(f"{shell} is not installed")
+    check = subprocess.run([exe, "-n", str(SCRIPTS[shell])], capture_output=True, text=True)
+    assert check.returncode == 0, check.stderr
+
+
+@pytest.fixture(scope="module")
+def atlas_on_path(tmp_path_factory) -> dict[str, str]:
+    """An `atlas` executable (this checkout, this Python) first on PATH, as after install."""
+    bin_dir = tmp_path_factory.mktemp("bin")
+    exe = bin_dir / "atlas"
+    exe.write_text(
+        f"#!{sys.executable}\nimport sys\nsys.path.insert(0, {str(ROOT)!r})\n"
+        "from atlas_cli.cli import main\nmain()\n"
+    )
+    exe.chmod(0o755)
+    env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    env["ATLAS_HOME"] = str(tmp_path_factory.mktemp("home"))
+    (Path(env["ATLAS_HOME"]) / "models" / "my-local-model").mkdir(parents=True)
+    return env
+
+
+def bash_complete(line: str, env: dict[str, str]) -> list[str]:
+    """What bash offers for `line` (the cursor at its end), through completions/atlas.bash."""
+    program = (
+        f"source {SCRIPTS['bash']}\n"
+        f"COMP_LINE={line!r}; COMP_POINT=${{#COMP_LINE}}\n"
+        f"read -ra COMP_WORDS <<< {line!r}\n"
+        '[[ "$COMP_LINE" == *" " ]] && COMP_WORDS+=("")\n'
+        "COMP_CWORD=$(( ${#COMP_WORDS[@]} - 1 ))\n"
+        '_atlas_completion atlas "${COMP_WORDS[COMP_CWORD]}" "${COMP_WORDS[COMP_CWORD-1]}"\n'
+        'printf "%s\\n" "${COMPREPLY[@]}"\n'
+    )
+    done = subprocess.run(["bash", "-c", program], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    return [w for w in done.stdout.splitlines() if w]
+
+
+def test_bash_completes_commands_flags_and_names(atlas_on_path):
+    if shutil.which("bash") is None:
+        pytest.skip("bash is not installed")
+    assert "chat" in bash_complete("atlas ch", atlas_on_path)
+    assert bash_complete("atlas chat --tem", atlas_on_path) == ["--temperature"]
+    assert "--no-history" in bash_complete("atlas chat --", atlas_on_path)
+    names = bash_complete("atlas chat ", atlas_on_path)
+    assert "smollm2-135m" in names and "my-local-model" in names  # embedded + installed
+    assert bash_complete("atlas run smol", atlas_on_path) == ["smollm2-135m"]
+    assert bash_complete("atlas completion f", atlas_on_path) == ["fish"]
+
+
+def test_fish_completes_commands(atlas_on_path):
+    if shutil.which("fish") is None:
+        pytest.skip("fish is not installed")
+    program = f"source {SCRIPTS['fish']}; complete -C 'atlas ch'; complete -C 'atlas chat --thi'"
+    done = subprocess.run(
+        ["fish", "-c", program], capture_output=True, text=True, env=atlas_on_path
+    )
+    assert done.stdout.splitlines()[0].startswith("chat\t")
+    assert "--think" in done.stdout
+
+
+def test_zsh_protocol(atlas_on_path):
+    # zsh needs a live line editor to run a completion widget; check what the hook evals
+    env = dict(atlas_on_path, _TYPER_COMPLETE_ARGS="atlas ch", _ATLAS_COMPLETE="complete_zsh")
+    done = subprocess.run(["atlas"], capture_output=True, text=True, env=env)
+    assert done.stdout.startswith("_arguments") and '"chat":' in done.stdout
+
+
+def test_model_name_sources_are_extensible(monkeypatch, tmp_path):
+    monkeypatch.setenv("ATLAS_HOME", str(tmp_path))
+    (tmp_path / "models" / "pulled-model").mkdir(parents=True)
+    monkeypatch.setattr(
+        completion, "NAME_SOURCES", [*completion.NAME_SOURCES, lambda: [("extra-one", "test")]]
+    )
+    names = completion.model_names()
+    assert names["smollm2-135m"] == "default model"
+    assert names["pulled-model"] == "installed" and names["extra-one"] == "test"
+    assert completion.complete_models("pul") == [("pulled-model", "installed")]
+    assert completion.complete_models("./") == []  # paths: the shell completes files
+
+
+def test_recipes_are_names(monkeypatch, tmp_path):
+    (tmp_path / "qwen.toml").write_text('name = "qwen3-27b"\ndescription = "Qwen3 27B"\n')
+    (tmp_path / "llama3-8b.toml").write_text("[model]\nrepo = 'x'\n")
+    (tmp_path / "broken.toml").write_text("name = ")
+    (tmp_path / "README.md").write_text("not a recipe")
+    monkeypatch.setattr(completion, "recipes_dir", lambda: tmp_path)
+    names = completion.model_names()
+    assert names["qwen3-27b"] == "Qwen3 27B" and names["llama3-8b"] == "recipe"
+    assert "broken" not in names and "README" not in names

@@ -1,0 +1,38 @@
+"""A model named by its recipe runs with the recipe's defaults unless a flag says otherwise."""
+
+from __future__ import annotations
+
+from atlas_cli import store
+from atlas_cli.backend import SAMPLING_DEFAULTS
+
+
+def test_default_model_recipe_defaults():
+    defaults = store.run_defaults("smollm2-135m")
+    assert defaults["temperature"] == 0.2 and defaults["top_p"] == 0.9
+
+
+def test_paths_have_no_recipe_defaults(smollm2_path):
+    assert store.run_defaults(str(smollm2_path)) == {}
+
+
+def test_recipe_variant_defaults_merge():
+    defaults = store.run_defaults("qwen3.6-27b", device="cpu")
+    assert defaults["ctx_size"] == 32_768
+    assert defaults["chat_template_kwargs"] == {"enable_thinking": True}
+    assert defaults["speculative"] is False  # the CPU's GGUF variant has no MTP head
+
+
+def test_model_sampling_resolution(smollm2, monkeypatch):
+    seen = {}
+
+    def capture(prompt, *, sampling, **kwargs):
+        seen["sampling"] = sampling
+        return iter(())
+
+    monkeypatch.setattr(smollm2, "defaults", {"temperature": 0.2, "top_p": 0.9, "ctx_size": 9})
+    monkeypatch.setattr(smollm2.engine, "generate", capture)
+    smollm2.generate("hi")
+    assert seen["sampling"].temperature == 0.2 and seen["sampling"].top_p == 0.9
+    assert seen["sampling"].top_k == SAMPLING_DEFAULTS["top_k"]
+    smollm2.generate("hi", temperature=0, top_p=0.5)
+    assert seen["sampling"].temperature == 0 and seen["sampling"].top_p == 0.5
