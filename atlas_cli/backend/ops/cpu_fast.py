@@ -14,7 +14,6 @@ which removes the Python overhead of ~15 ops per layer. Design notes: docs/archi
 
 from __future__ import annotations
 
-import os
 import sys
 from dataclasses import dataclass
 from typing import Any
@@ -30,17 +29,6 @@ NAME = "cpu"
 KEEP_QUANTIZED = True  # load_model keeps GGUF blocks (QuantizedTensor) for this backend
 
 GEMV_MAX_TOKENS = 4  # up to this many tokens, products dot each row's blocks directly
-
-
-def _set_threads() -> None:
-    n = os.environ.get("ATLAS_THREADS")
-    if n:
-        import numba
-
-        numba.set_num_threads(max(1, min(int(n), numba.config.NUMBA_NUM_THREADS)))
-
-
-_set_threads()
 
 
 @dataclass(frozen=True)

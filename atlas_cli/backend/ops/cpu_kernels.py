@@ -42,12 +42,35 @@ def _preload_tbb() -> None:
             return
 
 
+def _threads_from_env() -> int | None:
+    """ATLAS_THREADS as numba's pool size. It has to be in the environment before numba starts:
+    `numba.set_num_threads` only applies to the calling thread, and the server decodes on a
+    worker thread."""
+    value = os.environ.get("ATLAS_THREADS")
+    if value is None:
+        return None
+    if not value.isdigit() or int(value) < 1:
+        from atlas_cli.errors import UsageError
+
+        raise UsageError(f"ATLAS_THREADS must be a positive whole number, got {value!r}")
+    if "numba" not in sys.modules:
+        os.environ["NUMBA_NUM_THREADS"] = value
+    return int(value)
+
+
 _preload_tbb()
+_THREADS = _threads_from_env()
 
 from llvmlite import ir  # noqa: E402  (after the TBB preload, before numba starts its threads)
 from numba import njit, prange, types  # noqa: E402
 from numba.core import cgutils  # noqa: E402
+from numba.core.config import NUMBA_NUM_THREADS as _POOL  # noqa: E402
 from numba.extending import intrinsic  # noqa: E402
+
+if _THREADS is not None and _POOL != _THREADS:  # numba started before us: this thread only
+    from numba import set_num_threads
+
+    set_num_threads(min(_THREADS, _POOL))
 
 # GGML type ids (loaders/quant.py) that have kernels here, and their (block elements, bytes).
 F32, F16, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K, BF16 = 0, 1, 2, 3, 8, 12, 13, 14, 30
