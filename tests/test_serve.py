@@ -367,7 +367,9 @@ def test_disconnect_while_not_streaming(model, server):
     import time
 
     before = metric(server.port, "atlas_generations_total", 'finish_reason="interrupted"')
-    body = dumps({"model": NAME, "messages": ASK, "max_tokens": 400, "temperature": 0})
+    # a long answer: the fast CPU path would finish a short one before the client has left
+    long = [{"role": "user", "content": "Write a long story about a lighthouse keeper."}]
+    body = dumps({"model": NAME, "messages": long, "max_tokens": 400, "temperature": 0})
     head = (
         f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
         f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
