@@ -131,3 +131,14 @@ def test_model_facts_on_the_default_model(smollm2):
     assert sysinfo.size_label(7_241_732_096) == "7.2B" and sysinfo.size_label(8e9) == "8B"
     assert sysinfo.format_size(3 * 1024**3) == "3.00 GiB"
     assert sysinfo.format_params(6_738_415_616) == "6.74 B"
+
+
+def test_thread_limit_reaches_the_fast_paths_numba_pool():
+    import numba
+
+    from atlas_cli.bench.throughput import _thread_limit
+
+    before = numba.get_num_threads()
+    with _thread_limit(1):
+        assert numba.get_num_threads() == 1
+    assert numba.get_num_threads() == before

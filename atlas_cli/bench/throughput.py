@@ -11,8 +11,10 @@ import csv
 import io
 import json
 import random
+import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,14 +112,26 @@ def time_once(engine, spec: BenchSpec, rng: random.Random, bos: int | None = Non
     return time.perf_counter() - t0
 
 
+@contextmanager
 def _thread_limit(n: int | None):
+    """Limit BLAS (the reference path) and numba's pool (the fast CPU path) to `n` threads.
+    numba's setting is per calling thread, which is the one that runs the benchmark."""
     if n is None:
-        from contextlib import nullcontext
-
-        return nullcontext()
+        yield
+        return
     from threadpoolctl import threadpool_limits
 
-    return threadpool_limits(limits=n)
+    with threadpool_limits(limits=n):
+        numba = sys.modules.get("numba")
+        if numba is None:
+            yield
+            return
+        before = numba.get_num_threads()
+        numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
+        try:
+            yield
+        finally:
+            numba.set_num_threads(before)
 
 
 def run(
