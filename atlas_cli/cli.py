@@ -226,11 +226,11 @@ def serve(
 def chat(
     model: ModelArg = None,
     system: System = None,
-    temperature: Temperature = 0.8,
-    top_k: TopK = 40,
-    top_p: TopP = 0.95,
-    min_p: MinP = 0.05,
-    repeat_penalty: RepeatPenalty = 1.0,
+    temperature: Temperature = None,
+    top_k: TopK = None,
+    top_p: TopP = None,
+    min_p: MinP = None,
+    repeat_penalty: RepeatPenalty = None,
     seed: Seed = None,
     max_tokens: MaxTokens = 512,
     stop: Stop = None,
@@ -252,12 +252,16 @@ def chat(
     """Chat with a model in an interactive session (/help inside lists the commands)."""
     from atlas_cli.chat import ChatOptions, ChatSettings, run_chat
 
-    settings = ChatSettings(
+    given = dict(
         temperature=temperature,
         top_k=top_k,
         top_p=top_p,
         min_p=min_p,
         repeat_penalty=repeat_penalty,
+    )
+    given = {k: v for k, v in given.items() if v is not None}
+    settings = ChatSettings(
+        **given,
         seed=seed,
         max_tokens=max_tokens,
         stop=tuple(stop or ()),
@@ -265,7 +269,13 @@ def chat(
         think=think,
         markdown=markdown,
     )
-    options = ChatOptions(system=system, device=device, ctx_size=ctx_size, history=history)
+    options = ChatOptions(
+        system=system,
+        device=device,
+        ctx_size=ctx_size,
+        history=history,
+        explicit=frozenset(given),
+    )
     run_chat(model or DEFAULT_MODEL, settings.validate(), options)
 
 

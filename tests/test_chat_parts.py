@@ -235,3 +235,43 @@ def test_hidden_reasoning_leaves_only_the_answer_on_a_terminal():
     assert printer.finish() == ("Answer here.", "Step one. Step two.")
     assert "thinking…" in console.file.getvalue()  # shown while it thought
     assert screen_after(console.file.getvalue(), 60) == ["Answer here."]
+
+
+def test_chat_takes_recipe_sampling_defaults_unless_given(monkeypatch, tmp_path):
+    """Settings the user did not give come from the model's recipe (`Model.sampling_defaults`)."""
+    from types import SimpleNamespace
+
+    from prompt_toolkit.input import create_pipe_input
+    from prompt_toolkit.output import DummyOutput
+
+    from atlas_cli.chat import ChatOptions, ChatSettings, run_chat
+    from atlas_cli.chat import repl as repl_module
+
+    seen = {}
+
+    class CapturingREPL:
+        def __init__(self, model, name, settings, **kwargs):
+            seen["settings"] = settings
+
+        def run(self):
+            pass
+
+    monkeypatch.setattr(repl_module, "ChatREPL", CapturingREPL)
+    monkeypatch.setenv("ATLAS_HOME", str(tmp_path))
+    model = SimpleNamespace(
+        tokenizer=SimpleNamespace(chat_template="{{ messages }}"),
+        sampling_defaults={"temperature": 0.2, "top_p": 0.9},
+    )
+    options = ChatOptions(history=False, explicit=frozenset({"temperature"}))
+    with create_pipe_input() as pipe:
+        run_chat(
+            "recipe-model",
+            ChatSettings(temperature=0.7),
+            options,
+            input=pipe,
+            output=DummyOutput(),
+            load_model=lambda *args, **kwargs: model,
+        )
+    assert seen["settings"].temperature == 0.7  # given on the command line
+    assert seen["settings"].top_p == 0.9  # from the recipe
+    assert seen["settings"].top_k == ChatSettings().top_k  # neither: atlas's default

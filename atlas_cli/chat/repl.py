@@ -8,6 +8,7 @@ conversation costs one turn's worth of prefill per turn.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from collections.abc import Callable
@@ -51,6 +52,8 @@ class ChatOptions:
     device: str = "cpu"
     ctx_size: int | None = None
     history: bool = True
+    # sampling settings the user gave; the others take the model recipe's defaults
+    explicit: frozenset[str] = frozenset()
 
 
 # -- history -------------------------------------------------------------------------------
@@ -633,6 +636,10 @@ def run_chat(
         return model
 
     model = load(model_name)
+    recipe = getattr(model, "sampling_defaults", {})
+    settings = dataclasses.replace(
+        settings, **{k: v for k, v in recipe.items() if k not in options.explicit}
+    ).validate()
     if input is None and not sys.stdin.isatty():
         lines: LineInput = PlainInput(sys.stdin, console)
     else:
