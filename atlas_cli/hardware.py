@@ -21,6 +21,7 @@ import platform
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from atlas_cli.errors import DeviceError, UsageError
 
@@ -473,3 +474,30 @@ def report(probe_: Probe, chosen: Classification) -> dict:
         "backends": backends,
         "notes": list(chosen.notes),
     }
+
+
+# -- kernels -----------------------------------------------------------------------------------
+
+NATIVE_DEVICES = ("cuda", "hip")
+
+
+def kernel_reports(compile_kernels: bool = True) -> dict[str, dict[str, Any]]:
+    """`atlas hw`: for each native backend whose runtime can start here, what compiling every
+    kernel file took (or that the on-disk cache was hit); backends that cannot run are absent.
+    Each value is native.kernel_report's dict, {"skipped": why} or {"error": message}: `hw` is a
+    diagnostic, so a failed compile is reported, not raised."""
+    from atlas_cli.backend.ops import native  # numpy and the runtimes: only when asked
+
+    out: dict[str, dict[str, Any]] = {}
+    for device in NATIVE_DEVICES:
+        if not native.probe(device).get("available"):
+            continue
+        if not compile_kernels:
+            out[device] = {"skipped": "--no-compile"}
+            continue
+        try:
+            out[device] = native.kernel_report(device)
+        except Exception as exc:  # NVRTC/hiprtc errors, DeviceError: say it, keep the report
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            out[device] = {"error": f"{type(exc).__name__}: {first}".rstrip(": ")}
+    return out

@@ -379,8 +379,22 @@ def rm(
 # -- hw ----------------------------------------------------------------------------------------
 
 
-def hw(json_output: JsonOpt = False, device: DeviceOpt = None):
-    """Show the detected devices, which backends can run and why not, and the variants."""
+def hw(
+    json_output: JsonOpt = False,
+    device: DeviceOpt = None,
+    no_compile: Annotated[
+        bool,
+        typer.Option(
+            "--no-compile", help="Don't compile the GPU kernels; only say which backends can run."
+        ),
+    ] = False,
+):
+    """Show the detected devices, which backends can run and why not, and the variants.
+
+    For each GPU backend that can run, compile its kernels and say per file how long it took.
+
+    The first run compiles (a minute or so); later runs hit the cache. --no-compile skips it.
+    """
     import os
 
     from atlas_cli import hardware, recipes
@@ -392,6 +406,7 @@ def hw(json_output: JsonOpt = False, device: DeviceOpt = None):
     report["recipes"] = {
         r.name: r.variant_for(chosen.hw_class) for r in recipes.all_recipes().values()
     }
+    report["kernels"] = hardware.kernel_reports(compile_kernels=not no_compile)
     if json_output:
         typer.echo(json.dumps(report, indent=1))
         return
@@ -414,11 +429,31 @@ def hw(json_output: JsonOpt = False, device: DeviceOpt = None):
         versions = ", ".join(f"{k} {b[k]}" for k in ("package", "driver", "runtime") if b.get(k))
         state = "yes" if b["available"] else f"no: {b['why_not']}"
         lines.append(f"  {name:6}{state}" + (f" [{versions}]" if versions else ""))
+    for name, k in report["kernels"].items():
+        lines.extend(kernel_lines(name, k))
     lines.append(f"variants for {chosen.hw_class}:")
     for rname, variant in report["recipes"].items():
         v = recipes.get(rname).variants[variant]
         lines.append(f"  {rname:16}{variant:10}{v.format} {v.quantization}")
     typer.echo("\n".join(lines))
+
+
+def kernel_lines(backend: str, k: dict[str, Any]) -> list[str]:
+    """One backend's kernel report (hardware.kernel_reports) as `atlas hw` lines."""
+    if "skipped" in k:
+        return [f"kernels {backend}: not compiled ({k['skipped']})"]
+    if "error" in k:
+        return [f"kernels {backend}: failed: {k['error']}"]
+    about = ", ".join(str(k[x]) for x in ("target", "device", "toolchain") if k.get(x))
+    lines = [f"kernels {backend} ({about}):"]
+    for file, e in k["kernels"].items():
+        state = "cache hit" if e["cache_hit"] else f"compiled in {e['seconds']:.2f} s"
+        lines.append(f"  {file:16}{state}")
+    lines.append(
+        f"  {len(k['kernels'])} files: {k['compiled']} compiled in {k['compile_s']:.2f} s, "
+        f"{k['cache_hits']} from the cache"
+    )
+    return lines
 
 
 # -- formatting --------------------------------------------------------------------------------

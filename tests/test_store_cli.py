@@ -198,6 +198,77 @@ def test_hw_on_a_cpu_only_machine_says_why_no_gpu_backend(monkeypatch):
     assert data["backends"]["cuda"]["available"] is False
     assert data["backends"]["cuda"]["why_not"]
     assert data["recipes"]["qwen3.6-27b"] == "q4_k_m"
+    # no GPU runtime starts here, so nothing is compiled and no kernel section is printed
+    assert data["kernels"] == {}
+    assert "kernels" not in r.stdout
+
+
+@pytest.fixture
+def fake_cuda_kernels(monkeypatch):
+    """native.probe says CUDA can run; kernel_report gives the real CompileStats shape with one
+    file compiled and the rest from the cache. Returns the list of devices compiled for."""
+    from atlas_cli.backend.ops import native
+    from atlas_cli.backend.ops import runtime as rt
+
+    calls: list[str] = []
+
+    def kernel_report(device):
+        calls.append(device)
+        stats = rt.CompileStats()
+        for i, file in enumerate(rt.KERNEL_FILES):
+            stats.record(file, 2.5 if i == 0 else 0.004, i != 0, "sm_90")
+        info = {"runtime": device, "device": "NVIDIA H200", "target": "sm_90"}
+        return {**info, "toolchain": "nvrtc 12.8", **stats.summary()}
+
+    monkeypatch.setattr(
+        native, "probe", lambda d: {"runtime": d, "available": d == "cuda", "reason": "fake"}
+    )
+    monkeypatch.setattr(native, "kernel_report", kernel_report)
+    return calls
+
+
+def test_hw_reports_kernel_compilation_for_a_usable_gpu_backend(fake_cuda_kernels):
+    r = atlas("hw")
+    assert r.exit_code == 0, r.output
+    assert fake_cuda_kernels == ["cuda"]  # hip's runtime cannot start: not compiled for
+    lines = r.stdout.splitlines()
+    head = lines.index("kernels cuda (sm_90, NVIDIA H200, nvrtc 12.8):")
+    rt_files = [line.split()[0] for line in lines[head + 1 : head + 11]]
+    assert rt_files[0] == "attention.cu" and len(rt_files) == 10
+    assert lines[head + 1].endswith("compiled in 2.50 s")
+    assert all(line.endswith("cache hit") for line in lines[head + 2 : head + 11])
+    assert lines[head + 11].strip() == "10 files: 1 compiled in 2.54 s, 9 from the cache"
+    assert not any(line.startswith("kernels hip") for line in lines)
+
+    data = json.loads(atlas("hw", "--json").stdout)
+    assert list(data["kernels"]) == ["cuda"]
+    k = data["kernels"]["cuda"]
+    assert (k["target"], k["compiled"], k["cache_hits"]) == ("sm_90", 1, 9)
+    assert k["kernels"]["attention.cu"] == {"seconds": 2.5, "cache_hit": False, "target": "sm_90"}
+    assert k["kernels"]["sample.cu"]["cache_hit"] is True
+
+
+def test_hw_no_compile_and_compile_failures(fake_cuda_kernels, monkeypatch):
+    r = atlas("hw", "--no-compile")
+    assert r.exit_code == 0, r.output
+    assert fake_cuda_kernels == []
+    assert "kernels cuda: not compiled (--no-compile)" in r.stdout
+    data = json.loads(atlas("hw", "--json", "--no-compile").stdout)
+    assert data["kernels"] == {"cuda": {"skipped": "--no-compile"}}
+
+    from atlas_cli.backend.ops import native
+    from atlas_cli.errors import DeviceError
+
+    def broken(device):
+        raise DeviceError("--device cuda: nvrtc: error: identifier 'foo' is undefined\nmore")
+
+    monkeypatch.setattr(native, "kernel_report", broken)
+    r = atlas("hw")
+    assert r.exit_code == 0, r.output  # a diagnostic: the rest of the report still prints
+    assert "kernels cuda: failed: DeviceError: --device cuda: nvrtc: error: identifier" in r.stdout
+    assert "variants for" in r.stdout
+    err = json.loads(atlas("hw", "--json").stdout)["kernels"]["cuda"]["error"]
+    assert err.endswith("'foo' is undefined")
 
 
 def test_show_a_local_gguf_reads_its_header(smollm2_path):
