@@ -112,6 +112,18 @@ System = Annotated[str | None, typer.Option(help="System prompt.")]
 Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Print timing statistics.")]
 
 
+def given_sampling(temperature, top_k, top_p, min_p, repeat_penalty) -> dict:
+    """The sampling options the user set; the rest come from the model's recipe, then atlas."""
+    given = dict(
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
+        repeat_penalty=repeat_penalty,
+    )
+    return {k: v for k, v in given.items() if v is not None}
+
+
 @app.command()
 @handle_errors
 def run(
@@ -156,14 +168,10 @@ def run(
         prompt_text,
         system=system,
         raw=raw,
-        sampling=dict(
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            min_p=min_p,
-            repeat_penalty=repeat_penalty,
-            seed=seed,
-        ),
+        sampling={
+            **given_sampling(temperature, top_k, top_p, min_p, repeat_penalty),
+            "seed": seed,
+        },
         max_tokens=max_tokens,
         stop=stop or [],
         device=device,
@@ -252,14 +260,7 @@ def chat(
     """Chat with a model in an interactive session (/help inside lists the commands)."""
     from atlas_cli.chat import ChatOptions, ChatSettings, run_chat
 
-    given = dict(
-        temperature=temperature,
-        top_k=top_k,
-        top_p=top_p,
-        min_p=min_p,
-        repeat_penalty=repeat_penalty,
-    )
-    given = {k: v for k, v in given.items() if v is not None}
+    given = given_sampling(temperature, top_k, top_p, min_p, repeat_penalty)
     settings = ChatSettings(
         **given,
         seed=seed,
