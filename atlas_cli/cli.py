@@ -15,6 +15,7 @@ import typer
 
 from atlas_cli import __version__
 from atlas_cli.errors import AtlasError
+from atlas_cli.store.embedded import DEFAULT_MODEL
 
 app = typer.Typer(
     name="atlas",
@@ -23,8 +24,6 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-
-DEFAULT_MODEL = "smollm2-135m"
 
 
 def handle_errors(fn):

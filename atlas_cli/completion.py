@@ -92,16 +92,16 @@ NameSource = Callable[[], Iterable[tuple[str, str]]]  # yields (name, one-line d
 
 
 def _embedded() -> Iterable[tuple[str, str]]:
-    from atlas_cli import store
+    from atlas_cli.store.embedded import DEFAULT_MODEL, EMBEDDED
 
-    for name in store.EMBEDDED:
-        yield name, "default model" if name == store.DEFAULT_MODEL else "embedded model"
+    for name in EMBEDDED:
+        yield name, "default model" if name == DEFAULT_MODEL else "embedded model"
 
 
 def _installed() -> Iterable[tuple[str, str]]:
-    from atlas_cli import store
+    from atlas_cli.store.paths import models_dir
 
-    root = store.models_dir()
+    root = models_dir()
     if not root.is_dir():
         return
     for entry in sorted(root.iterdir()):

@@ -206,6 +206,14 @@ def detect(device: str | None = None) -> Classification:
     return classify(probe(), override)
 
 
+def hardware_class(device: str | None = None) -> str:
+    """The recipe hardware class for `device` (cpu and cpu-ref skip the probe)."""
+    device = device or os.environ.get("ATLAS_DEVICE") or None
+    if device in ("cpu", "cpu-ref"):
+        return "cpu"
+    return detect(device).hw_class
+
+
 def probe(kfd_root: Path = KFD_TOPOLOGY) -> Probe:
     cuda_gpus, cuda_tc = probe_cuda()
     hip_gpus, hip_tc = probe_hip(kfd_root)

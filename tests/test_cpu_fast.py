@@ -303,9 +303,9 @@ def test_unpermute_index_matches_unpermute_rows(rng):
 
 @pytest.mark.slow
 def test_lazy_unpermute_keeps_blocks_in_the_map(smollm2_path):
-    from atlas_cli import store
+    from atlas_cli.store import paths
 
-    gf = gguf.open_gguf(smollm2_path, cache_dir=store.cache_dir())
+    gf = gguf.open_gguf(smollm2_path, cache_dir=paths.cache_dir())
     config = gguf.config_from_metadata(gf.metadata, set(gf.tensors))
     lazy = gguf.load_weights(gf, config, keep_quantized=True, lazy_unpermute=True)
     copied = gguf.load_weights(gf, config, keep_quantized=True)

@@ -79,10 +79,10 @@ def test_load_model_refuses_before_loading(smollm2_path, monkeypatch):
 
 
 def test_refusals_name_smaller_variants_and_models(monkeypatch, tmp_path):
-    from atlas_cli import store
+    from atlas_cli.store import inventory, locate, manifest
 
     path = tmp_path / "snapshot"
-    entry = store.Installed("qwen3-8b", "bf16", "safetensors", "BF16", path, (), 16 * GB, "hub")
-    monkeypatch.setattr(store, "installed", lambda: [entry])
-    assert store.alternatives(path) == ["qwen3-8b:q4_k_m", "qwen3-4b", "qwen3-1.7b"]
-    assert store.alternatives(tmp_path / "other.gguf") == []
+    entry = manifest.Installed("qwen3-8b", "bf16", "safetensors", "BF16", path, (), 16 * GB, "hub")
+    monkeypatch.setattr(inventory, "installed", lambda: [entry])
+    assert locate.alternatives(path) == ["qwen3-8b:q4_k_m", "qwen3-4b", "qwen3-1.7b"]
+    assert locate.alternatives(tmp_path / "other.gguf") == []

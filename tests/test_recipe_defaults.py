@@ -2,21 +2,21 @@
 
 from __future__ import annotations
 
-from atlas_cli import store
 from atlas_cli.backend import SAMPLING_DEFAULTS
+from atlas_cli.store import locate
 
 
 def test_default_model_recipe_defaults():
-    defaults = store.run_defaults("smollm2-135m")
+    defaults = locate.run_defaults("smollm2-135m")
     assert defaults["temperature"] == 0.2 and defaults["top_p"] == 0.9
 
 
 def test_paths_have_no_recipe_defaults(smollm2_path):
-    assert store.run_defaults(str(smollm2_path)) == {}
+    assert locate.run_defaults(str(smollm2_path)) == {}
 
 
 def test_recipe_variant_defaults_merge():
-    defaults = store.run_defaults("qwen3.6-27b", device="cpu")
+    defaults = locate.run_defaults("qwen3.6-27b", device="cpu")
     assert defaults["ctx_size"] == 32_768
     assert defaults["chat_template_kwargs"] == {"enable_thinking": True}
     assert defaults["speculative"] is False  # the CPU's GGUF variant has no MTP head

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from atlas_cli import recipes, store
+from atlas_cli import recipes
 from atlas_cli.errors import ModelNotFoundError, RecipeError
 from atlas_cli.hardware import CLASSES
+from atlas_cli.store import embedded
 
 SHIPPED = sorted(recipes.RECIPE_DIR.glob("*.toml"))
 
@@ -94,8 +95,8 @@ def test_qwen36_gets_nvfp4_on_gpus_and_the_mlperf_gguf_on_cpu():
 
 
 def test_smollm2_recipe_describes_the_embedded_default():
-    r = recipes.get(store.DEFAULT_MODEL)
-    spec = store.EMBEDDED[store.DEFAULT_MODEL]
+    r = recipes.get(embedded.DEFAULT_MODEL)
+    spec = embedded.EMBEDDED[embedded.DEFAULT_MODEL]
     v = r.variants[spec.variant]
     assert r.variant_for("cpu") == spec.variant
     assert (v.repo, v.revision, v.file) == (spec.hub.repo, spec.hub.revision, spec.hub.filename)
@@ -106,8 +107,8 @@ def test_smollm2_recipe_describes_the_embedded_default():
         spec.format,
     )
     p = v.pypi
-    assert store.PyPIMember(p.package, p.version, p.wheel, p.member) == spec.pypi
-    assert store.embedded_spec(r, spec.variant) is spec
+    assert embedded.PyPIMember(p.package, p.version, p.wheel, p.member) == spec.pypi
+    assert embedded.embedded_spec(r, spec.variant) is spec
 
 
 def test_a_good_recipe_loads(tmp_path):

@@ -273,9 +273,9 @@ def test_serve_takes_the_parser_from_the_flag_or_the_recipe(monkeypatch, tmp_pat
     """`atlas serve --tool-parser` wins; a recipe's tool_call_parser is the default."""
     from typer.testing import CliRunner
 
-    from atlas_cli import store
     from atlas_cli.cli import app
     from atlas_cli.serve import server
+    from atlas_cli.store import locate
 
     configs = []
 
@@ -286,7 +286,7 @@ def test_serve_takes_the_parser_from_the_flag_or_the_recipe(monkeypatch, tmp_pat
         configs.append(config)
         raise Stop
 
-    monkeypatch.setattr(store, "resolve", lambda name, *a, **k: tmp_path)
+    monkeypatch.setattr(locate, "resolve", lambda name, *a, **k: tmp_path)
     monkeypatch.setattr(server, "create_app", capture)
     for name, flag, want in [
         ("qwen3.6-27b", None, "qwen3_coder"),

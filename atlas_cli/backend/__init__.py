@@ -139,7 +139,8 @@ def load_model(
     """Resolve `name_or_path` (fetching the embedded default if needed) and load it.
     `draft`: tokens drafted per step by the model's MTP head (None: the default when it has
     one; 0: no speculative decoding)."""
-    from atlas_cli import fit, store
+    from atlas_cli import fit
+    from atlas_cli.store import locate
 
     if device not in DEVICES:
         raise DeviceError(f"unknown device {device!r} (available here: {', '.join(DEVICES)})")
@@ -150,8 +151,8 @@ def load_model(
         ops = native_ops.open_device(device)  # DeviceError before any download or parse
     else:
         ops = importlib.import_module(CPU_OPS[device])
-    path = store.resolve(name_or_path, progress=progress, device=device)
-    defaults = store.run_defaults(name_or_path, device=device)
+    path = locate.resolve(name_or_path, progress=progress, device=device)
+    defaults = locate.run_defaults(name_or_path, device=device)
     t0 = time.perf_counter()
     # the fast CPU path keeps GGUF blocks too, with llama.cpp's Q/K row order undone lazily
     fast = getattr(ops, "KEEP_QUANTIZED", False)
@@ -173,7 +174,7 @@ def load_model(
     context = min(ctx_size or defaults.get("ctx_size") or limit, limit)
     # refuse before dequantizing: that is where the memory goes
     fit.check_loaded(
-        path.name, info.config, weights, context, device, lambda: store.alternatives(path)
+        path.name, info.config, weights, context, device, lambda: locate.alternatives(path)
     )
     if native:
         prepared = {k: _to_device(ops, k, v) for k, v in weights.items()}
@@ -211,11 +212,11 @@ def _to_device(ops, name: str, w):
 
 
 def _open_gguf(path: Path, keep_quantized: bool = False, lazy_unpermute: bool = False):
-    from atlas_cli import store
     from atlas_cli.backend import tokenizer as tok
     from atlas_cli.backend.loaders import gguf, quant
+    from atlas_cli.store import paths
 
-    gf = gguf.open_gguf(path, cache_dir=store.cache_dir())
+    gf = gguf.open_gguf(path, cache_dir=paths.cache_dir())
     config = gguf.config_from_metadata(gf.metadata, set(gf.tensors))
     weights = gguf.load_weights(
         gf, config, keep_quantized=keep_quantized, lazy_unpermute=lazy_unpermute

@@ -102,11 +102,11 @@ def model_facts(model) -> dict[str, Any]:
 
 def _gguf_sizes(path: Path) -> tuple[int | None, int | None]:
     """Tensor bytes and parameter count from the (cached) GGUF header: what llama-bench shows."""
-    from atlas_cli import store
     from atlas_cli.backend.loaders import gguf
+    from atlas_cli.store import paths
 
     try:
-        gf = gguf.open_gguf(path, cache_dir=store.cache_dir())
+        gf = gguf.open_gguf(path, cache_dir=paths.cache_dir())
     except Exception:  # a header we cannot read again is only a missing column
         return None, None
     tensors = gf.tensors.values()

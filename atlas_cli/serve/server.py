@@ -45,14 +45,15 @@ def parse_template_kwargs(text: str | None) -> dict | None:
 def recipe_tool_parser(model: str, device: str) -> str | None:
     """The tool-call parser a recipe names for the variant `model` resolves to (None for a
     path, a hub name, or a parser atlas does not have: the chat template decides then)."""
-    from atlas_cli import recipes, store
+    from atlas_cli import recipes
     from atlas_cli.backend.toolcalls import PARSERS
+    from atlas_cli.store import locate
 
     try:
         ref = recipes.parse_ref(model)
         if ref.kind != "recipe":
             return None
-        variant = ref.variant or ref.recipe.variant_for(store.hardware_class(device))
+        variant = ref.variant or ref.recipe.variant_for(locate.hardware_class(device))
     except AtlasError:
         return None
     parser = ref.recipe.defaults_for(variant).tool_call_parser
@@ -75,7 +76,7 @@ def serve(
 ) -> None:
     import uvicorn
 
-    from atlas_cli import store
+    from atlas_cli.store import locate
 
     if not 0 <= port <= 65535:
         raise UsageError(f"--port must be 0..65535, got {port}")
@@ -85,7 +86,7 @@ def serve(
         from atlas_cli.backend.toolcalls import select_parser
 
         select_parser(None, tool_parser)  # an unknown name fails here
-    path = store.resolve(model)  # a bad name fails here, before the server starts
+    path = locate.resolve(model)  # a bad name fails here, before the server starts
     if tool_parser in (None, "", "auto"):
         tool_parser = recipe_tool_parser(model, device)
     name = served_model_name or (Path(model).stem if model.endswith(".gguf") else model)

@@ -162,9 +162,9 @@ def cache_key(source: str, target: str, toolchain: str, defines: dict | None) ->
 
 
 def kernel_cache_dir() -> Path:
-    from atlas_cli import store
+    from atlas_cli.store import paths
 
-    d = store.cache_dir() / "kernels"
+    d = paths.cache_dir() / "kernels"
     d.mkdir(parents=True, exist_ok=True)
     return d
 

