@@ -37,8 +37,15 @@ def resolve(
 
     backend.open_device(device)
     path = store.resolve(name, progress=progress, device=device, offline=offline)
-    defaults = RunDefaults.from_recipe(store.run_defaults(name, device=device))
-    return Resolved(name, path, device, defaults)
+    return Resolved(name, path, device, run_defaults(name, device=device))
+
+
+def run_defaults(name: str, *, device: str = "cpu") -> RunDefaults:
+    """The run defaults of the recipe variant `name` picks on `device` (none for a path or a
+    Hub reference)."""
+    from atlas_cli import store
+
+    return RunDefaults.from_recipe(store.run_defaults(name, device=device))
 
 
 def load(resolved: Resolved, *, ctx_size: int | None = None, draft: int | None = None):
