@@ -119,6 +119,22 @@ def ensure_fits(what: str, est: FitEstimate, smaller: list[str] = ()) -> None:
     )
 
 
+def recipe_estimate(recipe, variant: str, hw_class: str, available_bytes: int) -> FitEstimate:
+    """Weights + KV cache of a recipe variant at its default context, from the recipe's facts
+    alone (nothing downloaded): float32 weights and KV on the CPU (the numpy backend), the
+    variant's file and its KV dtype (else bf16) on a GPU."""
+    m = recipe.model
+    defaults = recipe.defaults_for(variant)
+    context = defaults.ctx_size or m.context_length
+    shape = KVShape(m.kv_layers, m.kv_heads, m.head_dim, m.state_bytes)
+    if hw_class == "cpu":
+        weights, kv_dtype = m.parameter_count * CPU_WEIGHT_BYTES, "f32"
+    else:
+        weights = recipe.variants[variant].size or m.parameter_count * 2
+        kv_dtype = defaults.kv_cache_dtype if defaults.kv_cache_dtype in DTYPE_BYTES else "bf16"
+    return estimate(weights, shape, context, kv_dtype, available_bytes, hw_class)
+
+
 def gb(n: int) -> str:
     return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB"
 
@@ -172,7 +188,7 @@ def check_loaded(
     device: str,
     alternatives: Callable[[], list[str]] | None = None,
 ) -> FitEstimate:
-    """The check `load_model` runs on the CPU backends before materializing weights.
+    """The check `session.load` runs on the CPU backends before materializing weights.
     `alternatives` names smaller models to suggest (asked only when it does not fit)."""
     from atlas_cli.hardware import system_memory
 

@@ -1,0 +1,107 @@
+"""Arguments and options shared by several commands: one meaning and one help text per flag.
+
+Sampling options left unset take the model recipe's defaults, then atlas's (llama.cpp's), so
+they default to None here and `given_sampling` keeps only the ones the user set.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+
+def choices(values: tuple[str, ...], incomplete: str) -> list[str]:
+    """Shell completion for a flag with a fixed set of values."""
+    return [v for v in values if v.startswith(incomplete)]
+
+
+def _complete_model(incomplete: str):
+    from atlas_cli.completion import complete_models
+
+    return complete_models(incomplete)
+
+
+def _complete_device(incomplete: str):
+    from atlas_cli.backend import DEVICES
+
+    return choices(DEVICES, incomplete)
+
+
+def _complete_variant_device(incomplete: str):
+    from atlas_cli.hardware import DEVICE_CHOICES
+
+    return choices(DEVICE_CHOICES, incomplete)
+
+
+def model_argument(help: str = "Model name or path."):
+    """A model argument that completes names (recipes, installed, embedded) in the shell."""
+    return typer.Argument(help=help, autocompletion=_complete_model)
+
+
+Model = Annotated[str | None, model_argument()]
+
+# -- where and how a model runs ----------------------------------------------------------------
+
+Device = Annotated[
+    str,
+    typer.Option(
+        help="cpu (on the quantized weights), cpu-ref (float32 reference), cuda or hip.",
+        autocompletion=_complete_device,
+    ),
+]
+# The store commands pick a recipe's variant for a device without running anything on it.
+VariantDevice = Annotated[
+    str | None,
+    typer.Option(
+        "--device",
+        help="Pick variants for cpu, cuda or hip (default: detected, ATLAS_DEVICE).",
+        autocompletion=_complete_variant_device,
+    ),
+]
+CtxSize = Annotated[int | None, typer.Option("--ctx-size", help="Context length in tokens.")]
+Draft = Annotated[
+    int | None,
+    typer.Option("--draft", min=0, help="Tokens to draft per step with the model's MTP head."),
+]
+NoSpeculative = Annotated[
+    bool, typer.Option("--no-speculative", help="Turn speculative decoding off.")
+]
+Offline = Annotated[
+    bool, typer.Option("--offline", help="Use only the local caches (also HF_HUB_OFFLINE=1).")
+]
+Json = Annotated[bool, typer.Option("--json", help="Print JSON.")]
+
+# -- generation --------------------------------------------------------------------------------
+
+Temperature = Annotated[
+    float | None, typer.Option(help="Sampling temperature; 0 is greedy (recipe, else 0.8).")
+]
+TopK = Annotated[
+    int | None, typer.Option("--top-k", help="Keep the k likeliest tokens; 0: off (else 40).")
+]
+TopP = Annotated[float | None, typer.Option("--top-p", help="Nucleus mass (else 0.95).")]
+MinP = Annotated[
+    float | None, typer.Option("--min-p", help="Drop tokens under min-p × the best (else 0.05).")
+]
+RepeatPenalty = Annotated[
+    float | None,
+    typer.Option("--repeat-penalty", help="Penalise recent tokens; 1.0: off (else 1.0)."),
+]
+Seed = Annotated[int | None, typer.Option(help="Random seed: the same seed gives the same text.")]
+MaxTokens = Annotated[int, typer.Option("--max-tokens", "-n", help="Most tokens to generate.")]
+Stop = Annotated[list[str] | None, typer.Option(help="Stop at this text (repeatable).")]
+System = Annotated[str | None, typer.Option(help="System prompt.")]
+Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Print timing statistics.")]
+
+
+def given_sampling(temperature, top_k, top_p, min_p, repeat_penalty) -> dict:
+    """The sampling options the user set; the rest come from the model's recipe, then atlas."""
+    given = dict(
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        min_p=min_p,
+        repeat_penalty=repeat_penalty,
+    )
+    return {k: v for k, v in given.items() if v is not None}

@@ -1,0 +1,201 @@
+"""`atlas run`: one prompt in, a streamed reply out (ollama's `run`, llama.cpp's `llama-cli -p`)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+import typer
+
+from atlas_cli.commands.options import (
+    CtxSize,
+    Device,
+    Draft,
+    Json,
+    MaxTokens,
+    MinP,
+    Model,
+    NoSpeculative,
+    Offline,
+    RepeatPenalty,
+    Seed,
+    Stop,
+    System,
+    Temperature,
+    TopK,
+    TopP,
+    Verbose,
+    given_sampling,
+)
+from atlas_cli.errors import UsageError
+from atlas_cli.store.embedded import DEFAULT_MODEL
+
+Prompt = Annotated[str | None, typer.Argument(help="The prompt; read from stdin if piped.")]
+Raw = Annotated[bool, typer.Option(help="Send the prompt as is, without the chat template.")]
+
+
+def run(
+    model: Model = None,
+    prompt: Prompt = None,
+    system: System = None,
+    temperature: Temperature = None,
+    top_k: TopK = None,
+    top_p: TopP = None,
+    min_p: MinP = None,
+    repeat_penalty: RepeatPenalty = None,
+    seed: Seed = None,
+    max_tokens: MaxTokens = 512,
+    stop: Stop = None,
+    raw: Raw = False,
+    json_output: Json = False,
+    verbose: Verbose = False,
+    device: Device = "cpu",
+    ctx_size: CtxSize = None,
+    draft: Draft = None,
+    no_speculative: NoSpeculative = False,
+    offline: Offline = False,
+):
+    """Generate a reply to one prompt, streamed as it is produced."""
+    from atlas_cli import session
+
+    model_name, prompt_text = split_model_and_prompt(model, prompt)
+    if prompt_text is None and not sys.stdin.isatty():
+        prompt_text = sys.stdin.read()
+    if not prompt_text:
+        raise typer.BadParameter("give a prompt as an argument or on stdin")
+    draft = 0 if no_speculative else draft
+    t0 = time.perf_counter()
+    loaded = session.open_model(
+        model_name, device=device, ctx_size=ctx_size, draft=draft, offline=offline or None
+    )
+    if draft and loaded.engine.speculator is None:
+        raise UsageError(
+            f"--draft: {loaded.info.name} has no multi-token-prediction head to draft with; "
+            "drop --draft"
+        )
+    load_s = time.perf_counter() - t0
+    ids = prompt_ids(loaded, prompt_text, system=system, raw=raw)
+    sampling = {**given_sampling(temperature, top_k, top_p, min_p, repeat_penalty), "seed": seed}
+    stats = generate(loaded, ids, max_tokens, stop or [], sampling, stream=not json_output)
+    result = RunResult(model_name, stats, load_s, time.perf_counter() - t0)
+    if json_output:
+        typer.echo(json.dumps(result.as_json(), ensure_ascii=False))
+    elif verbose:
+        typer.echo(result.stats_block(), err=True)
+
+
+def split_model_and_prompt(model: str | None, prompt: str | None) -> tuple[str, str | None]:
+    """`atlas run "hello"` means the default model: one argument that is not a model name
+    or an existing path is the prompt."""
+    if model is not None and prompt is None and not looks_like_model(model):
+        return DEFAULT_MODEL, model
+    return model or DEFAULT_MODEL, prompt
+
+
+def looks_like_model(text: str) -> bool:
+    from atlas_cli import recipes
+    from atlas_cli.store.embedded import EMBEDDED
+    from atlas_cli.store.locate import existing_path
+
+    if text.lower() in EMBEDDED or existing_path(text):
+        return True
+    if " " not in text and recipes.is_model_name(text):
+        return True
+    return " " not in text and text.endswith((".gguf", "/")) or text.startswith("hf.co/")
+
+
+def prompt_ids(model, prompt: str, *, system: str | None, raw: bool) -> list[int]:
+    """The prompt as token ids: as is with --raw, else through the chat template."""
+    if raw:
+        return model.tokenizer.encode(prompt, add_special_tokens=True)
+    messages = [{"role": "system", "content": system}] if system else []
+    messages.append({"role": "user", "content": prompt})
+    return model.chat_prompt(messages)
+
+
+def generate(model, ids, max_tokens: int, stop: list[str], sampling: dict, *, stream: bool):
+    """Generate, writing the text to stdout as it comes when `stream`; the run's stats."""
+    from atlas_cli.backend.engine import GenerationStats
+
+    stats = GenerationStats()
+    out = sys.stdout
+    events = model.generate(ids, max_tokens=max_tokens, stop=stop, stats=stats, **sampling)
+    try:
+        for event in events:
+            if stream and event.text:
+                out.write(event.text)
+                out.flush()
+    finally:
+        events.close()
+        if stream and stats.completion_tokens:
+            out.write("\n")
+            out.flush()
+    return stats
+
+
+@dataclass
+class RunResult:
+    model: str
+    stats: Any  # backend.engine.GenerationStats
+    load_s: float
+    total_s: float
+
+    def as_json(self) -> dict[str, Any]:
+        s = self.stats
+        return {
+            "model": self.model,
+            "text": s.text,
+            "finish_reason": s.finish_reason,
+            "prompt_tokens": s.prompt_tokens,
+            "completion_tokens": s.completion_tokens,
+            "timings": {
+                "load_s": round(self.load_s, 4),
+                "prompt_s": round(s.prompt_s, 4),
+                "ttft_s": round(s.ttft_s, 4),
+                "eval_s": round(s.eval_s, 4),
+                "total_s": round(self.total_s, 4),
+                "prompt_tokens_per_s": round(s.prompt_rate, 2),
+                "eval_tokens_per_s": round(s.eval_rate, 2),
+            },
+            **({"speculative": self._speculative()} if s.draft_rounds else {}),
+        }
+
+    def _speculative(self) -> dict[str, Any]:
+        s = self.stats
+        return {
+            "rounds": s.draft_rounds,
+            "drafted": s.draft_tokens,
+            "accepted": s.accepted_tokens,
+            "mean_accepted_length": round(s.mean_accepted_length, 3),
+        }
+
+    def stats_block(self) -> str:
+        """ollama's `--verbose` block, plus time to first token."""
+        s = self.stats
+        rows = [
+            ("total duration", _dur(self.total_s)),
+            ("load duration", _dur(self.load_s)),
+            ("prompt eval count", f"{s.prompt_tokens} token(s)"),
+            ("prompt eval duration", _dur(s.prompt_s)),
+            ("prompt eval rate", f"{s.prompt_rate:.2f} tokens/s"),
+            ("eval count", f"{s.completion_tokens} token(s)"),
+            ("eval duration", _dur(s.eval_s)),
+            ("eval rate", f"{s.eval_rate:.2f} tokens/s"),
+            ("time to first token", _dur(s.ttft_s)),
+        ]
+        if s.draft_rounds:
+            rows.append(
+                (
+                    "draft acceptance",
+                    f"{s.mean_accepted_length:.2f} mean accepted length "
+                    f"({s.accepted_tokens}/{s.draft_tokens} drafted tokens)",
+                )
+            )
+        return "\n".join(f"{k + ':':22}{v}" for k, v in rows)
+
+
+def _dur(seconds: float) -> str:
+    return f"{seconds * 1000:.2f}ms" if seconds < 1 else f"{seconds:.3f}s"

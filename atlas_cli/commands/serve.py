@@ -1,0 +1,59 @@
+"""`atlas serve`: a model behind OpenAI's and Anthropic's HTTP APIs (atlas_cli/serve/)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from atlas_cli.commands.options import CtxSize, Device, Model
+from atlas_cli.store.embedded import DEFAULT_MODEL
+
+Host = Annotated[str, typer.Option(help="Address to listen on.")]
+Port = Annotated[int, typer.Option(help="Port to listen on.")]
+ServedModelName = Annotated[
+    str | None, typer.Option(help="The model id clients send (default: MODEL).")
+]
+ApiKey = Annotated[
+    str | None,
+    typer.Option(envvar="ATLAS_API_KEY", help="Require this key (Bearer or x-api-key)."),
+]
+ChatTemplateKwargs = Annotated[
+    str | None,
+    typer.Option(help="Template defaults as JSON, e.g. '{\"enable_thinking\": false}'."),
+]
+ToolParser = Annotated[
+    str | None,
+    typer.Option(
+        help="Tool-call format: hermes, qwen3_coder or none "
+        "(default: the recipe's, else read from the chat template)."
+    ),
+]
+
+
+def serve(
+    model: Model = DEFAULT_MODEL,
+    host: Host = "127.0.0.1",
+    port: Port = 8080,
+    served_model_name: ServedModelName = None,
+    api_key: ApiKey = None,
+    ctx_size: CtxSize = None,
+    chat_template_kwargs: ChatTemplateKwargs = None,
+    tool_parser: ToolParser = None,
+    device: Device = "cpu",
+):
+    """Serve a model over an OpenAI-compatible HTTP API (and Anthropic's /v1/messages)."""
+    from atlas_cli.serve.server import parse_template_kwargs
+    from atlas_cli.serve.server import serve as run_server
+
+    run_server(
+        model,
+        host=host,
+        port=port,
+        served_model_name=served_model_name,
+        api_key=api_key,
+        ctx_size=ctx_size,
+        device=device,
+        template_kwargs=parse_template_kwargs(chat_template_kwargs),
+        tool_parser=tool_parser,
+    )

@@ -1,0 +1,185 @@
+"""What `atlas show` and `atlas list --available` say about models, as plain dicts.
+
+A recipe is described from its facts (and the fit estimate for this machine), a pulled Hub
+model or a local file from its GGUF header or config.json: no weights are read. The commands
+print these dicts as text or JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from atlas_cli.errors import AtlasError, ModelNotFoundError
+
+
+def describe(ref, device: str | None) -> dict[str, Any]:
+    """`atlas show REF`: a recipe's facts, or a file's (`ref` from recipes.parse_ref)."""
+    return describe_recipe(ref, device) if ref.kind == "recipe" else describe_file(ref)
+
+
+def describe_recipe(ref, device: str | None) -> dict[str, Any]:
+    from atlas_cli import fit, hardware, recipes
+    from atlas_cli.store.inventory import installed as installed_models
+
+    r = ref.recipe
+    chosen = hardware.detect(device) if device not in ("cpu", "cpu-ref") else None
+    hw_class = chosen.hw_class if chosen else "cpu"
+    variant = ref.variant or r.variant_for(hw_class)
+    v = r.variants[variant]
+    installed = {e.variant: e for e in installed_models() if e.name == r.name}
+    memory = hardware.system_memory()[1] if hw_class == "cpu" else chosen.memory_bytes
+    return {
+        "name": r.name,
+        "description": r.description,
+        "variant": variant,
+        "hardware_class": hw_class,
+        "architecture": r.model.architecture,
+        "family": r.model.family,
+        "parameters": r.model.parameters,
+        "parameter_count": r.model.parameter_count,
+        "format": v.format,
+        "quantization": v.quantization,
+        "context_length": r.model.context_length,
+        "license": r.model.license,
+        "template": r.model.template,
+        "source": f"{v.repo}@{v.revision}"
+        + (f" (PyPI {v.pypi.package} {v.pypi.version})" if v.pypi else ""),
+        "defaults": r.defaults_for(variant).model_dump(exclude_none=True),
+        "memory": fit.recipe_estimate(r, variant, hw_class, memory).as_json(),
+        "installed": installed[variant].as_json() if variant in installed else None,
+        "variants": {k: _variant(x, k in installed) for k, x in r.variants.items()},
+        "aliases": r.aliases,
+        "recipe": recipes.as_dict(r),
+    }
+
+
+def _variant(v, installed: bool) -> dict[str, Any]:
+    return {
+        "format": v.format,
+        "quantization": v.quantization,
+        "repo": v.repo,
+        "revision": v.revision,
+        "size": v.size,
+        "installed": installed,
+        "note": v.note or None,
+    }
+
+
+def describe_file(ref) -> dict[str, Any]:
+    """A pulled hf.co/ reference or a local path, from the files themselves."""
+    from atlas_cli.store.inventory import installed
+
+    if ref.kind == "hub":
+        entries = [e for e in installed() if e.name == ref.name]
+        if ref.variant:
+            entries = [e for e in entries if e.variant == ref.variant.lower()]
+        if not entries:
+            raise ModelNotFoundError(f"{ref.text} is not downloaded; `atlas pull {ref.text}` first")
+        path, entry = entries[0].path, entries[0].as_json()
+    else:
+        path, entry = ref.path, None
+    return {"name": ref.name, **describe_path(path), "installed": entry}
+
+
+def describe_path(path: Path) -> dict[str, Any]:
+    """Facts from a GGUF header or a config.json (no weights are read)."""
+    return _describe_directory(path) if path.is_dir() else _describe_gguf(path)
+
+
+def _describe_directory(path: Path) -> dict[str, Any]:
+    config_path = path / "config.json"
+    try:
+        config = json.loads(config_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise AtlasError(f"{config_path}: cannot read ({exc})") from None
+    text = config.get("text_config") or config
+    quant = (config.get("quantization_config") or {}).get("quant_algo") or str(
+        text.get("torch_dtype") or text.get("dtype") or "?"
+    )
+    return {
+        "path": str(path),
+        "format": "safetensors",
+        "architecture": config.get("model_type"),
+        "quantization": quant,
+        "context_length": text.get("max_position_embeddings"),
+        "layers": text.get("num_hidden_layers"),
+        "size": sum(p.stat().st_size for p in path.glob("*.safetensors")),
+        "template": "chat_template.jinja"
+        if (path / "chat_template.jinja").exists()
+        else "tokenizer_config.json",
+    }
+
+
+def _describe_gguf(path: Path) -> dict[str, Any]:
+    from atlas_cli.backend.loaders import gguf, quant
+    from atlas_cli.store.paths import cache_dir
+
+    gf = gguf.open_gguf(path, cache_dir=cache_dir())
+    md = gf.metadata
+    arch = md.get("general.architecture")
+    counts: dict[int, int] = {}
+    for t in gf.tensors.values():
+        if len(t.shape) == 2:
+            counts[t.type_id] = counts.get(t.type_id, 0) + 1
+    main = max(counts, key=counts.get) if counts else None  # the type most matrices have
+    template = md.get("tokenizer.chat_template")
+    return {
+        "path": str(path),
+        "format": "gguf",
+        "name_in_file": md.get("general.name"),
+        "architecture": arch,
+        "quantization": quant.GGML_TYPES[main].name if main in quant.GGML_TYPES else "?",
+        "parameter_count": sum(math.prod(int(d) for d in t.shape) for t in gf.tensors.values()),
+        "context_length": md.get(f"{arch}.context_length"),
+        "layers": md.get(f"{arch}.block_count"),
+        "size": path.stat().st_size,
+        "template": (template.splitlines()[0][:60] + "…") if template else None,
+        "license": md.get("general.license"),
+    }
+
+
+def available(device: str | None) -> tuple[str, list[dict[str, Any]]]:
+    """`atlas list --available`: the hardware class, and per recipe the variant it gets."""
+    from atlas_cli import hardware, recipes
+    from atlas_cli.store.inventory import installed
+
+    hw_class = hardware.hardware_class(device)
+    have = {(e.name, e.variant) for e in installed() if e.complete}
+    out = []
+    for r in recipes.all_recipes().values():
+        variant = r.variant_for(hw_class)
+        v = r.variants[variant]
+        out.append(
+            {
+                "name": r.name,
+                "parameters": r.model.parameters,
+                "variant": variant,
+                "format": v.format,
+                "quantization": v.quantization,
+                "size": v.size,
+                "installed": (r.name, variant) in have,
+                "variants": list(r.variants),
+                "description": r.description,
+            }
+        )
+    return hw_class, out
+
+
+def hardware_report(device: str | None, compile_kernels: bool = True) -> dict[str, Any]:
+    """`atlas hw`: the probe and its classification (hardware.report), the variant each
+    recipe gets here, and per usable GPU backend what compiling its kernels took."""
+    import os
+
+    from atlas_cli import hardware, recipes
+
+    probe = hardware.probe()
+    chosen = hardware.classify(probe, device or os.environ.get("ATLAS_DEVICE") or None)
+    report = hardware.report(probe, chosen)
+    report["recipes"] = {
+        r.name: r.variant_for(chosen.hw_class) for r in recipes.all_recipes().values()
+    }
+    report["kernels"] = hardware.kernel_reports(compile_kernels=compile_kernels)
+    return report
