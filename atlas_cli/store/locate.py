@@ -13,7 +13,7 @@ from typing import Any
 
 from atlas_cli import recipes
 from atlas_cli.errors import ModelNotFoundError
-from atlas_cli.hardware import hardware_class  # noqa: F401  (part of this module's interface)
+from atlas_cli.hardware import hardware_class
 from atlas_cli.store import inventory
 from atlas_cli.store.embedded import EMBEDDED, ensure_embedded
 from atlas_cli.store.pull import pull
