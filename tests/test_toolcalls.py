@@ -1,4 +1,4 @@
-"""Tool-call and reasoning parsing (atlas_cli.backend.toolcalls) on real-format Qwen outputs.
+"""Tool-call and reasoning parsing (atlas_cli.serve.toolcalls) on real-format Qwen outputs.
 
 Samples are written in the exact shapes Qwen3 (Hermes JSON) and Qwen3.5/3.6 (XML) emit, as the
 project notes (formats.md section 4) describe them; round trips render real MLPerf agentic
@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 
 from atlas_cli.backend.tokenizer import render_template
-from atlas_cli.backend.toolcalls import (
+from atlas_cli.errors import UsageError
+from atlas_cli.serve.toolcalls import (
     ContentDelta,
     HermesParser,
     NoToolParser,
@@ -35,7 +36,6 @@ from atlas_cli.backend.toolcalls import (
     split_reasoning,
     tools_from_openai,
 )
-from atlas_cli.errors import UsageError
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

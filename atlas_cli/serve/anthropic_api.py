@@ -11,7 +11,6 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from atlas_cli.backend.toolcalls import ContentDelta, ReasoningDelta, ToolCallDelta
 from atlas_cli.serve.app import AppState, endpoint, on_disconnect, read_json
 from atlas_cli.serve.errors import APIError
 from atlas_cli.serve.openai_api import SSE_HEADERS
@@ -32,6 +31,7 @@ from atlas_cli.serve.protocol import (
     ToolCallIn,
     parse_body,
 )
+from atlas_cli.serve.toolcalls import ContentDelta, ReasoningDelta, ToolCallDelta
 from atlas_cli.serve.turn import Outcome, Turn, sampling_params
 
 STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use"}

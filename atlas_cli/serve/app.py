@@ -23,12 +23,12 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from atlas_cli import __version__
-from atlas_cli.backend.toolcalls import NoToolParser, ToolParser
 from atlas_cli.serve.errors import APIError
 from atlas_cli.serve.metrics import Metrics
 from atlas_cli.serve.prompt import ChatOptions, build_chat_prompt, choose_parser
 from atlas_cli.serve.protocol import DetokenizeRequest, TokenizeRequest, parse_body
 from atlas_cli.serve.runner import EngineRunner
+from atlas_cli.serve.toolcalls import NoToolParser, ToolParser
 
 log = logging.getLogger("atlas.serve")
 

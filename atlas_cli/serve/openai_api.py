@@ -11,7 +11,6 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from atlas_cli.backend.toolcalls import ContentDelta, ReasoningDelta, ToolCallDelta
 from atlas_cli.serve.app import (
     AppState,
     check_token_ids,
@@ -28,6 +27,7 @@ from atlas_cli.serve.protocol import (
     SamplingFields,
     parse_body,
 )
+from atlas_cli.serve.toolcalls import ContentDelta, ReasoningDelta, ToolCallDelta
 from atlas_cli.serve.turn import Outcome, Turn, sampling_params
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}

@@ -14,12 +14,12 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from atlas_cli.backend import toolcalls
 from atlas_cli.backend.tokenizer import TextTokenizer
-from atlas_cli.backend.toolcalls import HermesParser, NoToolParser, ToolParser
 from atlas_cli.errors import TemplateError
+from atlas_cli.serve import toolcalls
 from atlas_cli.serve.errors import APIError, bad_param
 from atlas_cli.serve.protocol import Message, NamedToolChoice, ResponseFormat, Tool
+from atlas_cli.serve.toolcalls import HermesParser, NoToolParser, ToolParser
 
 RESERVED_TEMPLATE_KEYS = {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"}
 

@@ -46,7 +46,7 @@ def recipe_tool_parser(model: str, device: str) -> str | None:
     """The tool-call parser a recipe names for the variant `model` resolves to (None for a
     path, a hub name, or a parser atlas does not have: the chat template decides then)."""
     from atlas_cli import recipes, store
-    from atlas_cli.backend.toolcalls import PARSERS
+    from atlas_cli.serve.toolcalls import PARSERS
 
     try:
         ref = recipes.parse_ref(model)
@@ -82,7 +82,7 @@ def serve(
     if ctx_size is not None and ctx_size < 16:
         raise UsageError(f"--ctx-size must be at least 16, got {ctx_size}")
     if tool_parser is not None:
-        from atlas_cli.backend.toolcalls import select_parser
+        from atlas_cli.serve.toolcalls import select_parser
 
         select_parser(None, tool_parser)  # an unknown name fails here
     path = store.resolve(model)  # a bad name fails here, before the server starts
