@@ -10,7 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from atlas_cli.serve.app import AppState, ServeConfig, create_app
+from atlas_cli.serve.app import create_app
+from atlas_cli.serve.http import AppState, ServeConfig
 from tests.serve_helpers import (
     ServerThread,
     dumps,

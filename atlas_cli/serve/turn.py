@@ -36,12 +36,12 @@ class Outcome:
 
 
 def sampling_params(
-    temperature: float | None,
-    top_p: float | None,
-    top_k: int | None,
-    min_p: float | None,
-    repeat_penalty: float | None,
-    seed: int | None,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    top_k: int | None = None,
+    min_p: float | None = None,
+    repeat_penalty: float | None = None,
+    seed: int | None = None,
     defaults: dict | None = None,
 ) -> SamplingParams:
     """Fields the client left out take `defaults` (the model recipe's), then atlas's (and
