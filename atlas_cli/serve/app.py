@@ -48,6 +48,9 @@ class ServeConfig:
     accept_any_model: bool = False  # llama-server's way: any model name means this model
     # defaults under each request's chat_template_kwargs, e.g. {"enable_thinking": False}
     template_kwargs: dict | None = None
+    # `model` as atlas.session resolved it (path, device, the recipe's run defaults): the
+    # server loads it with those defaults; None: open `model` by name or path here
+    resolved: Any = None
 
 
 class AppState:
@@ -73,11 +76,11 @@ class AppState:
         self.model = model
 
     def load(self) -> None:
-        from atlas_cli.backend import load_model
         from atlas_cli.errors import AtlasError
+        from atlas_cli.session import open_model
 
         try:
-            model = load_model(
+            model = open_model(
                 self.config.model, device=self.config.device, ctx_size=self.config.ctx_size
             )
         except AtlasError as exc:
