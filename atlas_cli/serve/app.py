@@ -76,13 +76,17 @@ class AppState:
         self.model = model
 
     def load(self) -> None:
+        from atlas_cli import session
         from atlas_cli.errors import AtlasError
-        from atlas_cli.session import open_model
 
+        config = self.config
         try:
-            model = open_model(
-                self.config.model, device=self.config.device, ctx_size=self.config.ctx_size
-            )
+            if config.resolved is not None:  # the recipe's run defaults come with it
+                model = session.load(config.resolved, ctx_size=config.ctx_size)
+            else:
+                model = session.open_model(
+                    config.model, device=config.device, ctx_size=config.ctx_size
+                )
         except AtlasError as exc:
             self.load_error = str(exc)
             log.error("atlas serve: could not load %s: %s", self.config.model, exc)
