@@ -1,8 +1,8 @@
 """Make the SmolLM2 reference fixtures in ``tests/fixtures/`` from transformers.
 
-This script documents how the fixtures were made; it is not part of the test suite and the
-tests never import it. It loads SmolLM2-135M-Instruct from its GGUF file with transformers
-(weights dequantized to float32, CPU) and writes:
+This script documents how the fixtures were made (its steps are in ``scripts/fixtures/``); it
+is not part of the test suite and the tests never import it. It loads SmolLM2-135M-Instruct from
+its GGUF file with transformers (weights dequantized to float32, CPU) and writes:
 
 * ``tokenizer_corpus.json``: ~1,700 seeded, varied strings with transformers' ids for
   ``tok.encode(text, add_special_tokens=False)`` (special-token text *is* parsed into the
