@@ -52,17 +52,12 @@ KNOWN_BIG_FILES = {
     "atlas_cli/backend/toolcalls.py",
     "atlas_cli/chat/repl.py",
     "atlas_cli/store.py",
-    "scripts/make_qwen_fixtures.py",
-    "scripts/make_reference.py",
     "tests/test_serve.py",
     "tests/test_toolcalls.py",
 }
 KNOWN_LONG_FUNCTIONS = {
     "atlas_cli/backend/ops/cpu_kernels.py:decode_step",
     "atlas_cli/bench/cli.py:agentic_cmd",
-    "scripts/make_qwen_fixtures.py:write_qwen35_gguf",
-    "scripts/make_qwen_fixtures.py:main",
-    "scripts/make_reference.py:make_corpus",
     "benchmarks/cpu_vs_llamacpp.py:main",
 }
 
