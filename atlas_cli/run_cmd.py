@@ -114,10 +114,10 @@ def run(
     stream: bool,
     draft: int | None = None,
 ) -> RunResult:
-    from atlas_cli.backend import load_model
+    from atlas_cli.session import open_model
 
     t0 = time.perf_counter()
-    model = load_model(model_name, device=device, ctx_size=ctx_size, draft=draft)
+    model = open_model(model_name, device=device, ctx_size=ctx_size, draft=draft)
     if draft and model.engine.speculator is None:
         raise UsageError(
             f"--draft: {model.info.name} has no multi-token-prediction head to draft with; "

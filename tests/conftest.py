@@ -27,6 +27,6 @@ def smollm2_path() -> Path:
 @pytest.fixture(scope="session")
 def smollm2(smollm2_path):
     """The default model loaded on the numpy reference backend (shared: do not mutate)."""
-    from atlas_cli.backend import load_model
+    from atlas_cli.session import open_model
 
-    return load_model(str(smollm2_path), device="cpu-ref")
+    return open_model(str(smollm2_path), device="cpu-ref")

@@ -71,11 +71,11 @@ def test_shape_from_configs():
 
 def test_load_model_refuses_before_loading(smollm2_path, monkeypatch):
     from atlas_cli import hardware
-    from atlas_cli.backend import load_model
+    from atlas_cli.session import open_model
 
     monkeypatch.setattr(hardware, "system_memory", lambda: (2 * GB, 1 * GB))
     with pytest.raises(ModelTooLargeError, match=r"does not fit.*--ctx-size \d+ fits"):
-        load_model(str(smollm2_path), device="cpu-ref", ctx_size=8192)
+        open_model(str(smollm2_path), device="cpu-ref", ctx_size=8192)
 
 
 def test_refusals_name_smaller_variants_and_models(monkeypatch, tmp_path):

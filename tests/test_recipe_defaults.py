@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from atlas_cli import store
-from atlas_cli.backend import SAMPLING_DEFAULTS
+from atlas_cli.backend.defaults import RunDefaults
+from atlas_cli.backend.sample import SamplingParams
 
 
 def test_default_model_recipe_defaults():
@@ -29,10 +30,11 @@ def test_model_sampling_resolution(smollm2, monkeypatch):
         seen["sampling"] = sampling
         return iter(())
 
-    monkeypatch.setattr(smollm2, "defaults", {"temperature": 0.2, "top_p": 0.9, "ctx_size": 9})
+    recipe = RunDefaults.from_recipe({"temperature": 0.2, "top_p": 0.9, "ctx_size": 9})
+    monkeypatch.setattr(smollm2, "defaults", recipe)
     monkeypatch.setattr(smollm2.engine, "generate", capture)
     smollm2.generate("hi")
     assert seen["sampling"].temperature == 0.2 and seen["sampling"].top_p == 0.9
-    assert seen["sampling"].top_k == SAMPLING_DEFAULTS["top_k"]
+    assert seen["sampling"].top_k == SamplingParams().top_k
     smollm2.generate("hi", temperature=0, top_p=0.5)
     assert seen["sampling"].temperature == 0 and seen["sampling"].top_p == 0.5

@@ -82,3 +82,42 @@ def test_same_seed_same_draws_and_distribution():
 def test_bad_values_are_usage_errors(kwargs):
     with pytest.raises(UsageError):
         SamplingParams(**kwargs)
+
+
+def test_presence_penalty_subtracts_once_per_seen_token():
+    from atlas_cli.backend.sample import apply_presence_penalty
+
+    out = apply_presence_penalty(LOGITS, [3, 3, 3, 0], 0.5)
+    expect = LOGITS.copy()
+    expect[[3, 0]] -= 0.5  # once each, however often seen
+    np.testing.assert_array_equal(out, expect)
+
+
+def test_presence_penalty_changes_the_greedy_choice():
+    # token 3 leads token 0 by 1.0; a presence penalty above that hands the lead to token 0
+    sampler = Sampler(SamplingParams(temperature=0, presence_penalty=1.5))
+    assert sampler(LOGITS, history=[3]) == 0
+    assert Sampler(SamplingParams(temperature=0))(LOGITS, history=[3]) == 3
+
+
+def test_presence_penalty_range():
+    with pytest.raises(UsageError, match="presence penalty"):
+        SamplingParams(presence_penalty=3.0)
+
+
+def test_overrides_take_the_layer_below_for_what_they_leave_unset():
+    from atlas_cli.backend.sample import SamplingOverrides
+
+    recipe = SamplingOverrides(temperature=0.6, top_k=20, min_p=0.0)
+    user = SamplingOverrides(temperature=0.0, seed=7)
+    params = user.over(recipe).params()
+    assert (params.temperature, params.top_k, params.min_p, params.seed) == (0.0, 20, 0.0, 7)
+    assert params.top_p == SamplingParams().top_p  # set by nobody: atlas's default
+    assert SamplingOverrides().params() == SamplingParams()
+
+
+def test_overrides_from_a_mapping_ignore_other_keys():
+    from atlas_cli.backend.sample import SamplingOverrides
+
+    got = SamplingOverrides.from_mapping({"temperature": 0.2, "ctx_size": 9, "top_p": 0.9})
+    assert got == SamplingOverrides(temperature=0.2, top_p=0.9)

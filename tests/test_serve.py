@@ -35,9 +35,9 @@ BODY_LIMIT = 256 * 1024
 
 @pytest.fixture(scope="module")
 def model(smollm2_path):
-    from atlas_cli.backend import load_model
+    from atlas_cli.session import open_model
 
-    return load_model(str(smollm2_path), ctx_size=CTX)
+    return open_model(str(smollm2_path), ctx_size=CTX)
 
 
 @pytest.fixture(scope="module")

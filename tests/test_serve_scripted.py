@@ -31,9 +31,9 @@ CTX = 2048
 
 @pytest.fixture(scope="module")
 def model(smollm2_path):
-    from atlas_cli.backend import load_model
+    from atlas_cli.session import open_model
 
-    return load_model(str(smollm2_path), ctx_size=CTX)
+    return open_model(str(smollm2_path), ctx_size=CTX)
 
 
 # -- parsing, with a scripted engine -----------------------------------------------------------

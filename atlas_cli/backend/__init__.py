@@ -1,6 +1,9 @@
-"""Load a model (recipe name, GGUF file or Hugging Face directory) onto a device.
+"""Load a model file or Hugging Face directory onto a device.
 
-model = load_model("smollm2-135m")
+This package imports nothing of atlas outside `backend/` (but `atlas_cli.errors` and the leaf
+`atlas_cli.store.paths`): names, recipes and the fit check are `atlas_cli.session`'s business.
+
+model = load(Path("model.gguf"))
 model.logits(ids)                     # (len(ids), vocab) float32, fresh sequence
 for event in model.generate("Hi", max_tokens=32, temperature=0):
     print(event.text, end="")
@@ -8,24 +11,19 @@ for event in model.generate("Hi", max_tokens=32, temperature=0):
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from atlas_cli.backend.defaults import RunDefaults
+from atlas_cli.backend.sample import SamplingOverrides, SamplingParams
 from atlas_cli.errors import CorruptModelError, DeviceError, UnsupportedModelError
 
-# Used where neither the caller nor the model's recipe sets a value (llama.cpp's defaults).
-SAMPLING_DEFAULTS = {
-    "temperature": 0.8,
-    "top_k": 40,
-    "top_p": 0.95,
-    "min_p": 0.05,
-    "repeat_penalty": 1.0,
-}
 DEVICES = ("cpu", "cpu-ref", "cuda", "hip")
 NATIVE_DEVICES = ("cuda", "hip")  # our kernels, through backend/ops/native.py
 # The host ops modules: "cpu" computes on the GGUF blocks (numba kernels, ops/cpu_fast.py),
@@ -41,6 +39,9 @@ MODEL_CLASSES = {
     "qwen3_5": ("atlas_cli.backend.models.qwen3_5", "Qwen3_5Model"),
     "qwen3_5_text": ("atlas_cli.backend.models.qwen3_5", "Qwen3_5Model"),
 }
+# Called with (config, weights, context) after the weights are mapped and before they are
+# materialized, where a model that does not fit should be refused (atlas_cli.fit).
+FitCheck = Callable[[dict[str, Any], dict[str, Any], int], None]
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ class Model:
         engine,
         device: str,
         load_s: float,
-        defaults: dict[str, Any] | None = None,
+        defaults: RunDefaults | None = None,
     ):
         from atlas_cli.backend.engine import Engine
 
@@ -71,7 +72,7 @@ class Model:
         self.tokenizer = engine.tokenizer
         self.device = device
         self.load_s = load_s
-        self.defaults = defaults or {}  # the recipe's run defaults (see store.run_defaults)
+        self.defaults = defaults or RunDefaults()
 
     @property
     def context_length(self) -> int:
@@ -90,28 +91,27 @@ class Model:
         top_p: float | None = None,
         min_p: float | None = None,
         repeat_penalty: float | None = None,
+        presence_penalty: float | None = None,
         seed: int | None = None,
         stop: Sequence[str] = (),
         add_special_tokens: bool = True,
         stats=None,
     ) -> Iterator:
         """Stream TokenEvents. Sampling values left as None come from the model's recipe
-        defaults, then from atlas's (`SAMPLING_DEFAULTS`)."""
-        from atlas_cli.backend.sample import SamplingParams
-
-        given = dict(
+        defaults, then from atlas's (`SamplingParams`)."""
+        given = SamplingOverrides(
             temperature=temperature,
             top_k=top_k,
             top_p=top_p,
             min_p=min_p,
             repeat_penalty=repeat_penalty,
+            presence_penalty=presence_penalty,
+            seed=seed,
         )
-        params = {**SAMPLING_DEFAULTS, **self.sampling_defaults}
-        params.update({k: v for k, v in given.items() if v is not None})
         return self.engine.generate(
             prompt,
             max_tokens=max_tokens,
-            sampling=SamplingParams(seed=seed, **params),
+            sampling=self.sampling(given),
             stop=stop,
             add_special_tokens=add_special_tokens,
             stats=stats,
@@ -119,39 +119,52 @@ class Model:
 
     @property
     def sampling_defaults(self) -> dict[str, Any]:
-        return {k: v for k, v in self.defaults.items() if k in SAMPLING_DEFAULTS}
+        """The recipe's sampling settings, as keyword arguments."""
+        return self.defaults.sampling.set_fields()
+
+    def sampling(self, given: SamplingOverrides) -> SamplingParams:
+        """What the sampler runs with: `given`, then the recipe's defaults, then atlas's."""
+        return given.over(self.defaults.sampling).params()
 
     def chat_prompt(self, messages: list[dict[str, Any]], **template_kwargs: Any) -> list[int]:
         """Token ids of `messages` rendered with the model's chat template (the recipe's
         template kwargs, e.g. `enable_thinking`, apply unless given)."""
-        kwargs = {**self.defaults.get("chat_template_kwargs", {}), **template_kwargs}
+        kwargs = {**self.defaults.chat_template_kwargs, **template_kwargs}
         text = self.tokenizer.render_chat(messages, **kwargs)
         return self.tokenizer.encode(text, add_special_tokens=True)
 
 
-def load_model(
-    name_or_path: str,
-    device: str = "cpu",
-    ctx_size: int | None = None,
-    progress=None,
-    draft: int | None = None,
-) -> Model:
-    """Resolve `name_or_path` (fetching the embedded default if needed) and load it.
-    `draft`: tokens drafted per step by the model's MTP head (None: the default when it has
-    one; 0: no speculative decoding)."""
-    from atlas_cli import fit, store
-
+@functools.cache
+def open_device(device: str):
+    """The ops module (CPU) or NativeOps (GPU) for `device`, opened once per process: a
+    DeviceError, one line saying what to install, when it cannot be used."""
     if device not in DEVICES:
         raise DeviceError(f"unknown device {device!r} (available here: {', '.join(DEVICES)})")
-    native = device in NATIVE_DEVICES
-    if native:
+    if device in NATIVE_DEVICES:
         from atlas_cli.backend.ops import native as native_ops
 
-        ops = native_ops.open_device(device)  # DeviceError before any download or parse
-    else:
-        ops = importlib.import_module(CPU_OPS[device])
-    path = store.resolve(name_or_path, progress=progress, device=device)
-    defaults = store.run_defaults(name_or_path, device=device)
+        return native_ops.open_device(device)
+    return importlib.import_module(CPU_OPS[device])
+
+
+def load(
+    path: Path,
+    *,
+    device: str = "cpu",
+    ops=None,
+    ctx_size: int | None = None,
+    draft: int | None = None,
+    defaults: RunDefaults | None = None,
+    fit_check: FitCheck | None = None,
+) -> Model:
+    """Load the model at `path` (a GGUF file or a Hugging Face directory) onto `device`.
+
+    `ops`: the device already opened by `open_device` (opened here when None). `ctx_size` and
+    `draft` (tokens drafted per step by an MTP head; 0: off) fall back to `defaults`, then to
+    the model's own. `fit_check` may refuse the model before its weights are materialized."""
+    defaults = defaults or RunDefaults()
+    ops = ops if ops is not None else open_device(device)
+    native = device in NATIVE_DEVICES
     t0 = time.perf_counter()
     # the fast CPU path keeps GGUF blocks too, with llama.cpp's Q/K row order undone lazily
     fast = getattr(ops, "KEEP_QUANTIZED", False)
@@ -165,29 +178,22 @@ def load_model(
             f"{path.name}: model type {model_type!r} is not supported "
             f"(supported: {', '.join(sorted(MODEL_CLASSES))})"
         )
-    module, cls_name = MODEL_CLASSES[model_type]
-    model_cls = getattr(importlib.import_module(module), cls_name)
-    args_cls = importlib.import_module(module).ModelArgs
-    args = args_cls.from_config(info.config)
+    module_name, cls_name = MODEL_CLASSES[model_type]
+    module = importlib.import_module(module_name)
+    args = module.ModelArgs.from_config(info.config)
     limit = args.max_position_embeddings
-    context = min(ctx_size or defaults.get("ctx_size") or limit, limit)
-    # refuse before dequantizing: that is where the memory goes
-    fit.check_loaded(
-        path.name, info.config, weights, context, device, lambda: store.alternatives(path)
-    )
+    context = min(ctx_size or defaults.ctx_size or limit, limit)
+    if fit_check is not None:  # before dequantizing: that is where the memory goes
+        fit_check(info.config, weights, context)
     if native:
         prepared = {k: _to_device(ops, k, v) for k, v in weights.items()}
     else:
         prepared = {k: ops.prepare_weight(v) if _is_matrix(k, v) else v for k, v in weights.items()}
-    net = model_cls(args, prepared, ops)
+    net = getattr(module, cls_name)(args, prepared, ops)
 
     from atlas_cli.backend.engine import Engine
 
-    if draft is None and isinstance(defaults.get("speculative"), dict):
-        draft = defaults["speculative"].get("draft_tokens")
-    elif defaults.get("speculative") is False:
-        draft = draft if draft is not None else 0
-    engine = Engine(net, tokenizer, context, draft=draft)
+    engine = Engine(net, tokenizer, context, draft=draft if draft is not None else defaults.draft)
     return Model(info, engine, device, time.perf_counter() - t0, defaults)
 
 
@@ -211,7 +217,7 @@ def _to_device(ops, name: str, w):
 
 
 def _open_gguf(path: Path, keep_quantized: bool = False, lazy_unpermute: bool = False):
-    from atlas_cli import store
+    from atlas_cli import store  # TODO(merge): atlas_cli.store.paths
     from atlas_cli.backend import tokenizer as tok
     from atlas_cli.backend.loaders import gguf, quant
 

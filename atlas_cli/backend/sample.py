@@ -1,13 +1,19 @@
-"""Token sampling: repetition penalty, top-k, top-p, min-p, temperature, seeded RNG.
+"""Token sampling: repetition and presence penalties, top-k, top-p, min-p, temperature, seeded
+RNG.
 
 The order follows llama.cpp's default sampler chain (penalties -> top-k -> top-p -> min-p ->
 temperature -> draw); temperature 0 is greedy (argmax, after penalties).
+
+`SamplingParams` is the one home of the sampling fields and atlas's defaults (llama.cpp's).
+Every layer that takes settings from a person or a recipe (CLI flags, `/set` in chat, an HTTP
+request, a recipe's defaults) builds a `SamplingOverrides`; `overrides.over(recipe).params()` is
+the one merge.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
@@ -22,6 +28,7 @@ class SamplingParams:
     min_p: float = 0.05
     repeat_penalty: float = 1.0
     repeat_last_n: int = 64
+    presence_penalty: float = 0.0
     seed: int | None = None
 
     def __post_init__(self):
@@ -35,10 +42,43 @@ class SamplingParams:
             raise UsageError(f"min-p must be in [0, 1), got {self.min_p}")
         if self.repeat_penalty <= 0:
             raise UsageError(f"repeat penalty must be > 0, got {self.repeat_penalty}")
+        if not -2 <= self.presence_penalty <= 2:
+            raise UsageError(f"presence penalty must be in [-2, 2], got {self.presence_penalty}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+@dataclass(frozen=True)
+class SamplingOverrides:
+    """Sampling fields someone set; None means "not set here": the next layer decides."""
+
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    repeat_penalty: float | None = None
+    presence_penalty: float | None = None
+    seed: int | None = None
+
+    @classmethod
+    def from_mapping(cls, values) -> SamplingOverrides:
+        """The sampling fields of a mapping (a recipe's defaults, a saved chat); others ignored."""
+        return cls(**{f.name: values.get(f.name) for f in fields(cls)})
+
+    def set_fields(self) -> dict:
+        return {
+            f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None
+        }
+
+    def over(self, base: SamplingOverrides) -> SamplingOverrides:
+        """These settings, with `base` filling the ones not set here."""
+        return replace(base, **self.set_fields())
+
+    def params(self) -> SamplingParams:
+        """SamplingParams with atlas's defaults for whatever is still unset."""
+        return SamplingParams(**self.set_fields())
 
 
 class Sampler:
@@ -51,6 +91,8 @@ class Sampler:
         logits = np.asarray(logits, dtype=np.float32)
         if p.repeat_penalty != 1.0 and len(history):
             logits = apply_repeat_penalty(logits, history[-p.repeat_last_n :], p.repeat_penalty)
+        if p.presence_penalty and len(history):
+            logits = apply_presence_penalty(logits, history[-p.repeat_last_n :], p.presence_penalty)
         if p.greedy:
             return int(np.argmax(logits))
         ids, probs = filtered_distribution(logits, p.top_k, p.top_p, p.min_p, p.temperature)
@@ -64,6 +106,14 @@ def apply_repeat_penalty(logits: np.ndarray, recent: Sequence[int], penalty: flo
     seen = np.unique(np.asarray(recent, dtype=np.int64))
     vals = out[seen]
     out[seen] = np.where(vals > 0, vals / penalty, vals * penalty)
+    return out
+
+
+def apply_presence_penalty(logits: np.ndarray, recent: Sequence[int], penalty: float):
+    """OpenAI's and llama.cpp's presence penalty: subtract `penalty` once from the logit of
+    every token seen recently, however often it was seen."""
+    out = logits.copy()
+    out[np.unique(np.asarray(recent, dtype=np.int64))] -= penalty
     return out
 
 

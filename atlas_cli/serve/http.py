@@ -54,6 +54,9 @@ class ServeConfig:
     accept_any_model: bool = False  # llama-server's way: any model name means this model
     # defaults under each request's chat_template_kwargs, e.g. {"enable_thinking": False}
     template_kwargs: dict | None = None
+    # `model` as atlas.session resolved it (path, device, the recipe's run defaults): the
+    # server loads it with those defaults; None: open `model` by name or path here
+    resolved: Any = None
 
 
 class AppState:
@@ -79,13 +82,17 @@ class AppState:
         self.model = model
 
     def load(self) -> None:
-        from atlas_cli.backend import load_model
+        from atlas_cli import session
         from atlas_cli.errors import AtlasError
 
+        config = self.config
         try:
-            model = load_model(
-                self.config.model, device=self.config.device, ctx_size=self.config.ctx_size
-            )
+            if config.resolved is not None:  # the recipe's run defaults come with it
+                model = session.load(config.resolved, ctx_size=config.ctx_size)
+            else:
+                model = session.open_model(
+                    config.model, device=config.device, ctx_size=config.ctx_size
+                )
         except AtlasError as exc:
             self.load_error = str(exc)
             log.error("atlas serve: could not load %s: %s", self.config.model, exc)

@@ -1,0 +1,84 @@
+"""Open a model by name, once: the one road from a name to a loaded model.
+
+`resolve` turns a name (recipe, NAME:VARIANT, Hub reference, embedded default, or path) into a
+local path, picking the variant for the device and reading the recipe's run defaults into a
+frozen `RunDefaults`; `load` checks the fit and hands the path to `backend.load`. `run`, `chat`,
+`serve`, `bench` and the Python API all come this way, so a recipe's defaults reach every one
+of them:
+
+    from atlas_cli.session import open_model
+    model = open_model("qwen3.6-27b", device="cuda")
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from atlas_cli.backend.defaults import RunDefaults
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A name made local: where the model is and how its recipe says to run it."""
+
+    name: str  # as the user wrote it
+    path: Path
+    device: str  # the variant was picked for this device, and the model loads on it
+    defaults: RunDefaults = field(default_factory=RunDefaults)
+
+
+def resolve(
+    name: str, *, device: str = "cpu", offline: bool | None = None, progress=None
+) -> Resolved:
+    """Find (or pull) `name` for `device`; a one-line AtlasError for an unknown name, a failed
+    download or a device that cannot be used (checked first: before any download)."""
+    from atlas_cli import backend, store
+
+    backend.open_device(device)
+    path = store.resolve(name, progress=progress, device=device, offline=offline)
+    return Resolved(name, path, device, run_defaults(name, device=device))
+
+
+def run_defaults(name: str, *, device: str = "cpu") -> RunDefaults:
+    """The run defaults of the recipe variant `name` picks on `device` (none for a path or a
+    Hub reference)."""
+    from atlas_cli import store
+
+    return RunDefaults.from_recipe(store.run_defaults(name, device=device))
+
+
+def load(resolved: Resolved, *, ctx_size: int | None = None, draft: int | None = None):
+    """Load a resolved model on its device, refusing it (ModelTooLargeError, with smaller
+    choices) before its weights are materialized when it does not fit."""
+    from atlas_cli import backend, fit, store
+
+    path, device = resolved.path, resolved.device
+
+    def fit_check(config, weights, context):
+        suggest = lambda: store.alternatives(path)  # noqa: E731  (asked only on a refusal)
+        fit.check_loaded(path.name, config, weights, context, device, suggest)
+
+    return backend.load(
+        path,
+        device=device,
+        ops=backend.open_device(device),
+        ctx_size=ctx_size,
+        draft=draft,
+        defaults=resolved.defaults,
+        fit_check=fit_check,
+    )
+
+
+def open_model(
+    name: str,
+    *,
+    device: str = "cpu",
+    ctx_size: int | None = None,
+    draft: int | None = None,
+    offline: bool | None = None,
+    progress=None,
+):
+    """`resolve` then `load`: the Python API's one call."""
+    resolved = resolve(name, device=device, offline=offline, progress=progress)
+    return load(resolved, ctx_size=ctx_size, draft=draft)

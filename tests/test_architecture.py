@@ -1,0 +1,231 @@
+"""The house rules, checked on the source: imports run one way, rooms stay small.
+
+Every `import` counts, function-level ones too (they hide circles rather than remove them). The
+rules are the ones docs/architecture.md draws as layers.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = ROOT / "atlas_cli"
+MAX_FILE_LINES = 600
+MAX_FUNCTION_LINES = 80
+STDLIB_AND_NUMPY = {"numpy", "__future__"}
+
+# What the restructuring has not moved yet. Each ledger may only shrink: a new circle, a new
+# forbidden edge or a new big room fails, and so does a fixed one still listed here.
+KNOWN_CIRCLES = [
+    [
+        "atlas_cli.backend.ops.native",
+        "atlas_cli.backend.ops.runtime",
+        "atlas_cli.backend.ops.runtime_cuda",
+        "atlas_cli.backend.ops.runtime_emu",
+        "atlas_cli.backend.ops.runtime_hip",
+        "atlas_cli.hardware",
+        "atlas_cli.recipes",
+        "atlas_cli.recipes.schema",
+        "atlas_cli.store",
+    ],
+    ["atlas_cli.bench.cli", "atlas_cli.cli"],
+]
+KNOWN_BROKEN = {
+    # the GGUF header cache and the kernel compile cache ask the store for a cache dir
+    "atlas_cli.backend -> atlas_cli.store",
+    "atlas_cli.backend.ops.runtime -> atlas_cli.store",
+    "atlas_cli.bench.cli -> atlas_cli.cli",
+}
+KNOWN_GPU_PACKAGE_USERS = {"atlas_cli.hardware"}  # probes the runtimes directly
+KNOWN_BIG_FILES = {
+    "atlas_cli/backend/ops/cpu_kernels.py",
+    "atlas_cli/backend/ops/native.py",
+    "atlas_cli/chat/repl.py",
+    "atlas_cli/store.py",
+}
+KNOWN_LONG_FUNCTIONS = {
+    "atlas_cli/backend/ops/cpu_kernels.py:decode_step",
+    "atlas_cli/bench/cli.py:agentic_cmd",
+    "benchmarks/cpu_vs_llamacpp.py:main",
+}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+@cache
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def imported_names(path: Path) -> Iterator[str]:
+    """Absolute names of everything `path` imports, wherever in the file the import stands:
+    for `from pkg import name`, `pkg.name` where that is a module, else `pkg`."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                anchor = parts[: len(parts) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                yield sub if sub in modules() else base
+
+
+@cache
+def edges() -> dict[str, set[str]]:
+    """Module -> the atlas modules it imports."""
+    known = modules()
+    return {
+        mod: {n for n in imported_names(path) if n in known and n != mod}
+        for mod, path in known.items()
+    }
+
+
+def third_party(mod: str) -> set[str]:
+    return {n.split(".")[0] for n in imported_names(modules()[mod])} - {"atlas_cli"}
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_circle():
+    assert sorted(circles(edges())) == sorted(KNOWN_CIRCLES)
+
+
+def test_circle_finder_finds_circles():
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def under(mod: str, prefix: str) -> bool:
+    return mod == prefix or mod.startswith(prefix + ".")
+
+
+def broken(rule) -> list[str]:
+    """Edges that break `rule`, less the ledger's."""
+    found = {f"{a} -> {b}" for a, targets in edges().items() for b in targets if rule(a, b)}
+    assert KNOWN_BROKEN - found <= {k for k in KNOWN_BROKEN if not rule(*k.split(" -> "))}
+    return sorted(found - KNOWN_BROKEN)
+
+
+def test_backend_imports_nothing_of_the_app():
+    """The engine never depends on the app: names, recipes, the fit check and the CLI live
+    above it. The one leaf it may read is where atlas keeps its caches."""
+    allowed = ("atlas_cli.backend", "atlas_cli.errors", "atlas_cli.store.paths")
+    assert (
+        broken(lambda a, b: under(a, "atlas_cli.backend") and not any(under(b, x) for x in allowed))
+        == []
+    )
+
+
+def test_models_read_like_the_math():
+    """Model files use the ops contract and the cache only: never loaders, runtimes or the hub."""
+    allowed = {"atlas_cli.backend.cache", "atlas_cli.backend.ops.contract", "atlas_cli.errors"}
+    assert (
+        broken(
+            lambda a, b: (
+                under(a, "atlas_cli.backend.models")
+                and not (under(b, "atlas_cli.backend.models") or b in allowed)
+            )
+        )
+        == []
+    )
+    for mod in modules():
+        if under(mod, "atlas_cli.backend.models"):
+            assert third_party(mod) <= STDLIB_AND_NUMPY | _stdlib(), mod
+
+
+def _stdlib() -> set[str]:
+    import sys
+
+    return set(sys.stdlib_module_names)
+
+
+def test_numpy_reference_imports_numpy_only():
+    mod = "atlas_cli.backend.ops.numpy_ref"
+    assert third_party(mod) <= STDLIB_AND_NUMPY | _stdlib()
+    assert edges()[mod] <= {"atlas_cli.errors"}
+
+
+@pytest.mark.parametrize(
+    "package, only",
+    [("cupy", "atlas_cli.backend.ops.runtime_cuda"), ("hip", "atlas_cli.backend.ops.runtime_hip")],
+)
+def test_one_home_per_gpu_package(package, only):
+    users = {m for m in modules() if package in third_party(m)}
+    assert users - KNOWN_GPU_PACKAGE_USERS <= {only}
+
+
+def test_nothing_imports_the_cli_assembly():
+    assert broken(lambda a, b: b == "atlas_cli.cli" and a != "atlas_cli.__main__") == []
+
+
+def test_api_routers_depend_on_shared_helpers_not_the_app():
+    routers = {"atlas_cli.serve.openai_api", "atlas_cli.serve.anthropic_api"}
+    assert broken(lambda a, b: a in routers and b in routers | {"atlas_cli.serve.app"}) == []
+
+
+def source_files() -> list[Path]:
+    roots = [PACKAGE, ROOT / "scripts", ROOT / "benchmarks", ROOT / "tests"]
+    return sorted(p for r in roots for p in r.rglob("*.py") if "fixtures" not in p.parts)
+
+
+def test_rooms_stay_small():
+    big = {}
+    for path in source_files():
+        lines = path.read_text(encoding="utf-8").count("\n")
+        if lines > MAX_FILE_LINES:
+            big[str(path.relative_to(ROOT))] = lines
+    assert set(big) == KNOWN_BIG_FILES
+
+
+def test_functions_stay_short():
+    long = {}
+    for path in source_files():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                length = node.end_lineno - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    long[f"{path.relative_to(ROOT)}:{node.name}"] = length
+    assert set(long) == KNOWN_LONG_FUNCTIONS
