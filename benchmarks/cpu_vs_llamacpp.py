@@ -46,10 +46,10 @@ LONG_PROMPT = "Why is the sky blue? Explain it to a ten year old."
 def work_atlas_engine(model: str, threads: int, pp: int, tg: int) -> dict:
     import numpy as np
 
-    from atlas_cli.backend import load_model
+    from atlas_cli.session import open_model
 
     t0 = time.perf_counter()
-    m = load_model(model, device="cpu", ctx_size=max(pp, 64 + tg) + 16)
+    m = open_model(model, device="cpu", ctx_size=max(pp, 64 + tg) + 16)
     load_s = time.perf_counter() - t0
     engine = m.engine
     prompt = [1000 + (i * 37) % 20000 for i in range(pp)]

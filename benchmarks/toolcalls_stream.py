@@ -1,6 +1,6 @@
 """Cost of tool-call parsing, whole and streamed, on a large Qwen3.5 XML call and a Qwen3
 JSON call: reasoning, then a `write_file` whose content is this package's parser source
-(about 35 KB, full of the format's own tags). Deltas of 4 characters stand in for tokens.
+(about 40 KB, full of the format's own tags). Deltas of 4 characters stand in for tokens.
 
     python benchmarks/toolcalls_stream.py
 """
@@ -11,8 +11,8 @@ import json
 import time
 from pathlib import Path
 
-from atlas_cli.backend import toolcalls
-from atlas_cli.backend.toolcalls import HermesParser, Qwen3CoderParser
+from atlas_cli.serve import toolcalls
+from atlas_cli.serve.toolcalls import HermesParser, Qwen3CoderParser
 
 TOOLS = [
     {
@@ -49,7 +49,8 @@ def run(name: str, parser_cls, text: str, opened: bool, want: str) -> None:
 
 
 def main() -> None:
-    code = Path(toolcalls.__file__).read_text()
+    package = Path(toolcalls.__file__).parent
+    code = "\n".join(p.read_text() for p in sorted(package.glob("*.py")))
     reasoning = "I should write the file carefully. " * 300
     xml = (
         f"{reasoning}\n</think>\n\nWriting it.\n\n<tool_call>\n<function=write_file>\n"

@@ -109,3 +109,19 @@ def sse_events(body: bytes) -> list[str]:
 
 def dumps(obj) -> bytes:
     return json.dumps(obj).encode()
+
+
+# a question and a tool the server tests share
+ASK = [{"role": "user", "content": "What is the capital of France?"}]
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The current weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}

@@ -250,9 +250,9 @@ def test_float_weights_run_op_by_op(rng):
 
 @pytest.fixture(scope="module")
 def smollm2_fast(smollm2_path):
-    from atlas_cli.backend import load_model
+    from atlas_cli.session import open_model
 
-    return load_model(str(smollm2_path), device="cpu")
+    return open_model(str(smollm2_path), device="cpu")
 
 
 @pytest.mark.slow

@@ -90,17 +90,17 @@ def test_prefix_reuse_gives_same_tokens_as_full_prefill(smollm2):
 
 
 def test_prompt_longer_than_context():
-    from atlas_cli.backend import load_model
+    from atlas_cli.session import open_model
 
-    small = load_model("smollm2-135m", device="cpu-ref", ctx_size=16)
+    small = open_model("smollm2-135m", device="cpu-ref", ctx_size=16)
     with pytest.raises(ContextOverflowError, match="holds 16"):
         list(small.generate("word " * 40, max_tokens=4))
 
 
 def test_generation_stops_when_context_fills():
-    from atlas_cli.backend import load_model
+    from atlas_cli.session import open_model
 
-    small = load_model("smollm2-135m", device="cpu-ref", ctx_size=40)
+    small = open_model("smollm2-135m", device="cpu-ref", ctx_size=40)
     stats = GenerationStats()
     list(small.generate(chat(small, "Tell me a long story."), max_tokens=100, stats=stats))
     assert stats.finish_reason == "length"

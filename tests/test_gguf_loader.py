@@ -9,9 +9,9 @@ import gguf
 import numpy as np
 import pytest
 
-from atlas_cli.backend import load_model
 from atlas_cli.backend.loaders import gguf as loader
 from atlas_cli.errors import CorruptModelError, UnsupportedModelError
+from atlas_cli.session import open_model
 
 
 def write_tiny_gguf(path: Path, arch: str = "llama", qtype=gguf.GGMLQuantizationType.F32):
@@ -148,10 +148,10 @@ def test_damaged_header(tmp_path):
 def test_unsupported_architecture(tmp_path):
     path = write_tiny_gguf(tmp_path / "mamba.gguf", arch="mamba")
     with pytest.raises(UnsupportedModelError, match="architecture 'mamba' is not supported"):
-        load_model(str(path), device="cpu-ref")
+        open_model(str(path), device="cpu-ref")
 
 
 def test_unsupported_quant_type(tmp_path):
     path = write_tiny_gguf(tmp_path / "q5_0.gguf", qtype=gguf.GGMLQuantizationType.Q5_0)
     with pytest.raises(UnsupportedModelError, match="GGML type 6"):
-        load_model(str(path), device="cpu-ref")
+        open_model(str(path), device="cpu-ref")

@@ -11,17 +11,17 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from atlas_cli.backend import load_model
 from atlas_cli.backend.cache import HybridCache, KVCache
 from atlas_cli.backend.engine import Engine
 from atlas_cli.cli import app
+from atlas_cli.session import open_model
 
 FIXTURES = Path(__file__).parent / "fixtures" / "qwen"
 
 
 @pytest.fixture(scope="module")
 def qwen35():
-    return load_model(str(FIXTURES / "qwen35-vlm-bf16"), device="cpu-ref")
+    return open_model(str(FIXTURES / "qwen35-vlm-bf16"), device="cpu-ref")
 
 
 def fresh_last_logits(model, ids) -> np.ndarray:

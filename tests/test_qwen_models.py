@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from atlas_cli.backend import load_model
 from atlas_cli.backend.loaders import safetensors as st
+from atlas_cli.session import open_model
 
 FIXTURES = Path(__file__).parent / "fixtures" / "qwen"
 TOLERANCE = 1e-4  # max |ours - transformers| / max |transformers|
@@ -52,7 +52,7 @@ def models():
 
     def get(name):
         if name not in loaded:
-            loaded[name] = load_model(str(model_path(name)), device="cpu-ref")
+            loaded[name] = open_model(str(model_path(name)), device="cpu-ref")
         return loaded[name]
 
     return get

@@ -59,9 +59,9 @@ def test_golden_france_prompt():
     if not FRANCE.exists():
         pytest.skip(f"{FRANCE} not present")
     golden = json.loads(FRANCE.read_text())
-    from atlas_cli.backend import load_model
+    from atlas_cli.session import open_model
 
-    model = load_model("smollm2-135m", device="cpu-ref")
+    model = open_model("smollm2-135m", device="cpu-ref")
     ids = model.chat_prompt([{"role": "user", "content": golden["user_message"]}])
     assert ids == golden["prompt_ids"]
     events = list(model.generate(ids, max_tokens=30, temperature=0))

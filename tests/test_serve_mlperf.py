@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from atlas_cli.serve.app import ServeConfig, create_app
+from atlas_cli.serve.app import create_app
+from atlas_cli.serve.http import ServeConfig
 from tests.serve_helpers import ServerThread
 
 openai = pytest.importorskip("openai")
@@ -102,9 +103,9 @@ def requests_of(rows: list[dict]) -> list[tuple[list[dict], list[dict]]]:
 
 @pytest.fixture(scope="module")
 def server(smollm2_path):
-    from atlas_cli.backend import load_model
+    from atlas_cli.session import open_model
 
-    model = load_model(str(smollm2_path), ctx_size=CTX)
+    model = open_model(str(smollm2_path), ctx_size=CTX)
     config = ServeConfig(model=str(smollm2_path), served_model_name="smollm2")
     with ServerThread(create_app(config, model)) as srv:
         yield srv

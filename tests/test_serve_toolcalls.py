@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from atlas_cli.backend import tokenizer as tok
-from atlas_cli.serve.app import ServeConfig, create_app
+from atlas_cli.serve.app import create_app
+from atlas_cli.serve.http import ServeConfig
 from tests.serve_helpers import ServerThread, scripted_model
 
 openai = pytest.importorskip("openai")

@@ -1,5 +1,5 @@
 """Unit tests of the server's pieces that need no model: how it chooses and uses the tool-call
-and reasoning parser (backend.toolcalls; whole and streamed in every split), history calls in
+and reasoning parser (serve.toolcalls; whole and streamed in every split), history calls in
 the parser's format, special tokens reaching the parser, JSON mode's cutter, request
 validation, and the llama-server command line."""
 
@@ -14,15 +14,6 @@ import pytest
 
 from atlas_cli.backend.engine import IncrementalDecoder
 from atlas_cli.backend.sample import SamplingParams
-from atlas_cli.backend.toolcalls import (
-    ContentDelta,
-    HermesParser,
-    NoToolParser,
-    Qwen3CoderParser,
-    ReasoningDelta,
-    ToolCallEnd,
-    split_reasoning,
-)
 from atlas_cli.errors import UsageError
 from atlas_cli.serve.errors import APIError
 from atlas_cli.serve.llama_server import parse as parse_llama_args
@@ -37,6 +28,15 @@ from atlas_cli.serve.prompt import (
 )
 from atlas_cli.serve.protocol import ChatCompletionRequest, Message, parse_body
 from atlas_cli.serve.server import recipe_tool_parser
+from atlas_cli.serve.toolcalls import (
+    ContentDelta,
+    HermesParser,
+    NoToolParser,
+    Qwen3CoderParser,
+    ReasoningDelta,
+    ToolCallEnd,
+    split_reasoning,
+)
 from atlas_cli.serve.turn import Turn
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -60,3 +60,35 @@ def test_open_model_carries_the_recipe_defaults(smollm2_path, monkeypatch):
     assert model.defaults == session.run_defaults("smollm2-135m")
     assert model.sampling(SamplingOverrides()).temperature == 0.2  # the recipe's
     assert model.sampling(SamplingOverrides(temperature=1.0)).temperature == 1.0
+
+
+def test_the_server_loads_with_the_recipe_defaults(monkeypatch, tmp_path):
+    """`atlas serve NAME` once resolved NAME to a path and then asked the path for its recipe
+    defaults (none). It now hands the resolved name, defaults included, to its loader."""
+    from atlas_cli.serve import server
+    from atlas_cli.serve.http import AppState
+    from atlas_cli.store import locate
+
+    configs = []
+
+    class Stop(Exception):
+        pass
+
+    def capture(config):
+        configs.append(config)
+        raise Stop
+
+    monkeypatch.setattr(locate, "resolve", lambda name, *a, **k: tmp_path)
+    monkeypatch.setattr(server, "create_app", capture)
+    with pytest.raises(Stop):
+        server.serve("qwen3.6-27b", port=0, device="cpu")
+    config = configs[-1]
+    assert config.resolved.defaults == session.run_defaults("qwen3.6-27b", device="cpu")
+    assert config.resolved.defaults.sampling.temperature == 0.6
+
+    loaded = []
+    monkeypatch.setattr(session, "load", lambda resolved, **kw: loaded.append(resolved))
+    state = AppState(config)
+    with pytest.raises(AttributeError):  # the stand-in returns no model
+        state.load()
+    assert loaded == [config.resolved]

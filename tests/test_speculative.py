@@ -11,17 +11,17 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from atlas_cli.backend import load_model
 from atlas_cli.backend.engine import Engine, GenerationStats
 from atlas_cli.backend.sample import SamplingParams
 from atlas_cli.cli import app
+from atlas_cli.session import open_model
 
 FIXTURES = Path(__file__).parent / "fixtures" / "qwen"
 
 
 @pytest.fixture(scope="module")
 def model():
-    m = load_model(str(FIXTURES / "qwen35-vlm-bf16"), device="cpu-ref")
+    m = open_model(str(FIXTURES / "qwen35-vlm-bf16"), device="cpu-ref")
     assert m.engine.model.has_mtp and m.engine.speculator is not None  # on by default
     return m
 
@@ -124,7 +124,7 @@ def test_prefix_reuse_with_speculation(model):
 
 
 def test_gguf_mtp_head_drafts(tmp_path):
-    m = load_model(str(FIXTURES / "qwen35-gguf" / "model.gguf"), device="cpu-ref")
+    m = open_model(str(FIXTURES / "qwen35-gguf" / "model.gguf"), device="cpu-ref")
     assert m.engine.speculator is not None
     for ids in random_prompts(40, 3):
         assert generate(m, ids, 12, 2).token_ids == generate(m, ids, 12, 0).token_ids

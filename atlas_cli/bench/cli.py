@@ -69,9 +69,9 @@ def _apply_threads(threads: int | None):
 
 
 def _load(model: str, device: str, ctx_size: int | None):
-    from atlas_cli.backend import load_model
+    from atlas_cli.session import open_model
 
-    return load_model(model, device=device, ctx_size=ctx_size)
+    return open_model(model, device=device, ctx_size=ctx_size)
 
 
 def _gate(result: dict, baseline: Path | None, save_baseline: Path | None, tolerance: float):

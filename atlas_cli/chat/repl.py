@@ -619,11 +619,11 @@ def run_chat(
     load_model: Callable[..., Any] | None = None,
 ) -> None:
     """Load `model_name` and chat until the user leaves. `input`/`output` are prompt-toolkit
-    objects and `load_model` stands in for the backend's (tests pass a pipe input, a dummy
-    output and an already loaded model)."""
+    objects and `load_model` stands in for `session.open_model` (tests pass a pipe input, a
+    dummy output and an already loaded model)."""
     console = console or Console(highlight=False)
     if load_model is None:
-        from atlas_cli.backend import load_model
+        from atlas_cli.session import open_model as load_model
 
     def load(name: str):
         console.print(f"Loading {label(name)}…", style="dim", markup=False, soft_wrap=True)

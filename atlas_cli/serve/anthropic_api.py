@@ -4,18 +4,24 @@ prompt building and generation as the OpenAI endpoints."""
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
-from atlas_cli.backend.toolcalls import ContentDelta, ReasoningDelta, ToolCallDelta
-from atlas_cli.serve.app import AppState, endpoint, on_disconnect, read_json
+from atlas_cli.backend.engine import GenerationStats
 from atlas_cli.serve.errors import APIError
-from atlas_cli.serve.openai_api import SSE_HEADERS
-from atlas_cli.serve.prompt import ChatOptions, Prompt, build_chat_prompt
+from atlas_cli.serve.http import (
+    AppState,
+    endpoint,
+    new_id,
+    on_disconnect,
+    read_body,
+    sse,
+    sse_response,
+)
+from atlas_cli.serve.prompt import ChatOptions, Prompt, build_chat_prompt, text_of
 from atlas_cli.serve.protocol import (
     AnthropicBlock,
     AnthropicMessage,
@@ -30,27 +36,12 @@ from atlas_cli.serve.protocol import (
     Tool,
     ToolCallFunction,
     ToolCallIn,
-    parse_body,
 )
-from atlas_cli.serve.turn import Outcome, Turn, sampling_params
+from atlas_cli.serve.toolcalls import ContentDelta, ReasoningDelta, ToolCallDelta
+from atlas_cli.serve.turn import Outcome, Turn
 
 STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use"}
-
-
-def _block_text(content: str | list[AnthropicBlock] | None, where: str) -> str:
-    if content is None or isinstance(content, str):
-        return content or ""
-    parts = []
-    for i, block in enumerate(content):
-        if block.type != "text":
-            raise APIError(
-                400,
-                f"{where}[{i}]: blocks of type {block.type!r} are not supported here",
-                code="unsupported",
-                param=where,
-            )
-        parts.append(block.text or "")
-    return "\n".join(parts)
+TEXT_BLOCKS = ("text",)  # the block types that may stand where Anthropic allows only text
 
 
 def to_openai_messages(
@@ -60,7 +51,7 @@ def to_openai_messages(
     blocks assistant tool_calls, thinking blocks reasoning_content."""
     out: list[Message] = []
     if system:
-        out.append(Message(role="system", content=_block_text(system, "system")))
+        out.append(Message(role="system", content=text_of(system, "system", kinds=TEXT_BLOCKS)))
     for i, msg in enumerate(messages):
         where = f"messages[{i}].content"
         if isinstance(msg.content, str):
@@ -84,7 +75,7 @@ def to_openai_messages(
                     )
                 )
             elif block.type == "tool_result" and msg.role == "user":
-                result = _block_text(block.content, f"{where}[{k}].content")
+                result = text_of(block.content, f"{where}[{k}].content", kinds=TEXT_BLOCKS)
                 if block.is_error:
                     result = f"Error: {result}"
                 out.append(Message(role="tool", content=result, tool_call_id=block.tool_use_id))
@@ -149,28 +140,21 @@ def _prompt(
 
 @endpoint("messages", style="anthropic")
 async def messages(state: AppState, request: Request) -> Response:
-    req = parse_body(MessagesRequest, await read_json(state, request))
-    state.check_model(req.model)
+    req = await read_body(state, request, MessagesRequest)
     prompt = _prompt(state, req, req.tool_choice)
-    sampling = sampling_params(
-        req.temperature, req.top_p, req.top_k, None, None, None, state.model.sampling_defaults
-    )
     stop = list(req.stop_sequences or [])
-    turn = Turn(
-        state.runner,
+    turn = state.new_turn(
         prompt,
         max_tokens=req.max_tokens,
-        sampling=sampling,
         stop=stop,
-        parser=state.parser,
+        temperature=req.temperature,
+        top_p=req.top_p,
+        top_k=req.top_k,
     )
-    msg_id = f"msg_{uuid.uuid4().hex[:24]}"
+    msg_id = new_id("msg_")
     if req.stream:
-        return StreamingResponse(
-            message_stream(turn, msg_id, state.name, stop, state),
-            media_type="text/event-stream",
-            headers=SSE_HEADERS,
-        )
+        events = message_stream(turn, msg_id, state.name, stop, state)
+        return sse_response(turn, events, _error_event)
     async with on_disconnect(request, turn.cancel):
         out = await turn.complete()
     blocks: list[dict[str, Any]] = []
@@ -188,26 +172,38 @@ async def messages(state: AppState, request: Request) -> Response:
             }
         )
     reason, seq = stop_reason(out, stop, state)
+    stats = out.stats
     return JSONResponse(
-        {
-            "id": msg_id,
-            "type": "message",
-            "role": "assistant",
-            "model": state.name,
-            "content": blocks,
-            "stop_reason": reason,
-            "stop_sequence": seq,
-            "usage": usage(out),
-        }
+        message_body(msg_id, state.name, blocks, reason, seq, usage(stats, stats.completion_tokens))
     )
 
 
-def usage(out: Outcome) -> dict[str, int]:
-    s = out.stats
+def message_body(
+    msg_id: str,
+    model: str,
+    content: list[dict[str, Any]],
+    reason: str | None,
+    sequence: str | None,
+    usage: dict[str, int],
+) -> dict[str, Any]:
+    """A whole message, and the head of a streamed one (no content or stop reason yet)."""
     return {
-        "input_tokens": s.prompt_tokens - s.cached_tokens,  # Anthropic counts cache reads apart
-        "output_tokens": s.completion_tokens,
-        "cache_read_input_tokens": s.cached_tokens,
+        "id": msg_id,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content,
+        "stop_reason": reason,
+        "stop_sequence": sequence,
+        "usage": usage,
+    }
+
+
+def usage(stats: GenerationStats, output_tokens: int) -> dict[str, int]:
+    return {
+        "input_tokens": stats.prompt_tokens - stats.cached_tokens,  # cache reads count apart
+        "output_tokens": output_tokens,
+        "cache_read_input_tokens": stats.cached_tokens,
         "cache_creation_input_tokens": 0,
     }
 
@@ -222,8 +218,23 @@ def stop_reason(out: Outcome, stop: list[str], state: AppState) -> tuple[str, st
 
 
 def event(kind: str, body: dict[str, Any]) -> str:
-    data = json.dumps({"type": kind, **body}, ensure_ascii=False, separators=(",", ":"))
-    return f"event: {kind}\ndata: {data}\n\n"
+    return sse({"type": kind, **body}, event=kind)
+
+
+def _error_event(exc: APIError) -> str:
+    return sse(exc.anthropic_body(), event="error")
+
+
+# a content block as it opens, and the delta type that carries its text
+_BLOCK_STARTS: dict[str, dict[str, Any]] = {
+    "text": {"type": "text", "text": ""},
+    "thinking": {"type": "thinking", "thinking": "", "signature": ""},
+}
+_DELTAS = {
+    "text": ("text_delta", "text"),
+    "thinking": ("thinking_delta", "thinking"),
+    "tool_use": ("input_json_delta", "partial_json"),
+}
 
 
 async def message_stream(
@@ -237,74 +248,54 @@ async def message_stream(
     started = False
 
     def start() -> str:
-        s = turn.gen.stats
-        head = {
-            "id": msg_id,
-            "type": "message",
-            "role": "assistant",
-            "model": model,
-            "content": [],
-            "stop_reason": None,
-            "stop_sequence": None,
-            "usage": {
-                "input_tokens": s.prompt_tokens - s.cached_tokens,
-                "output_tokens": 0,
-                "cache_read_input_tokens": s.cached_tokens,
-                "cache_creation_input_tokens": 0,
-            },
-        }
+        head = message_body(msg_id, model, [], None, None, usage(turn.gen.stats, 0))
         return event("message_start", {"message": head})
 
-    try:
-        async for e in turn.deltas():
-            if isinstance(e, ToolCallDelta):
-                kind, text = "tool_use", e.arguments
-            elif isinstance(e, ReasoningDelta | ContentDelta) and e.text:
-                kind, text = ("thinking" if isinstance(e, ReasoningDelta) else "text"), e.text
-            else:  # ToolCallEnd: the call's block closes when the next one opens
-                continue
-            if not started:
-                started = True
-                yield start()
-            # a new block for a new kind, and for each call (its first delta has the id)
-            if kind != open_kind or (kind == "tool_use" and e.id is not None):
-                if open_kind is not None:
-                    yield event("content_block_stop", {"index": index})
-                index, open_kind = index + 1, kind
-                block: dict[str, Any] = {
-                    "text": {"type": "text", "text": ""},
-                    "thinking": {"type": "thinking", "thinking": "", "signature": ""},
-                }.get(kind) or {"type": "tool_use", "id": e.id, "name": e.name, "input": {}}
-                yield event("content_block_start", {"index": index, "content_block": block})
-            if not text:
-                continue
-            if kind == "text":
-                delta = {"type": "text_delta", "text": text}
-            elif kind == "thinking":
-                delta = {"type": "thinking_delta", "thinking": text}
-            else:
-                delta = {"type": "input_json_delta", "partial_json": text}
-            yield event("content_block_delta", {"index": index, "delta": delta})
-        out = turn.outcome
+    async for e in turn.deltas():
+        if isinstance(e, ToolCallDelta):
+            kind, text = "tool_use", e.arguments
+        elif isinstance(e, ReasoningDelta | ContentDelta) and e.text:
+            kind, text = ("thinking" if isinstance(e, ReasoningDelta) else "text"), e.text
+        else:  # ToolCallEnd: the call's block closes when the next one opens
+            continue
         if not started:
+            started = True
             yield start()
-        if open_kind is not None:
-            yield event("content_block_stop", {"index": index})
-        reason, seq = stop_reason(out, stop, state)
-        yield event(
-            "message_delta",
-            {"delta": {"stop_reason": reason, "stop_sequence": seq}, "usage": usage(out)},
-        )
-        yield event("message_stop", {})
-    except APIError as exc:
-        yield f"event: error\ndata: {json.dumps(exc.anthropic_body())}\n\n"
-    finally:
-        turn.cancel()
+        # a new block for a new kind, and for each call (its first delta has the id)
+        if kind != open_kind or (kind == "tool_use" and e.id is not None):
+            if open_kind is not None:
+                yield event("content_block_stop", {"index": index})
+            index, open_kind = index + 1, kind
+            block = _BLOCK_STARTS.get(kind) or {
+                "type": "tool_use",
+                "id": e.id,
+                "name": e.name,
+                "input": {},
+            }
+            yield event("content_block_start", {"index": index, "content_block": block})
+        if text:
+            delta_type, field = _DELTAS[kind]
+            delta = {"type": delta_type, field: text}
+            yield event("content_block_delta", {"index": index, "delta": delta})
+    out = turn.outcome
+    if not started:
+        yield start()
+    if open_kind is not None:
+        yield event("content_block_stop", {"index": index})
+    reason, seq = stop_reason(out, stop, state)
+    stats = out.stats
+    yield event(
+        "message_delta",
+        {
+            "delta": {"stop_reason": reason, "stop_sequence": seq},
+            "usage": usage(stats, stats.completion_tokens),
+        },
+    )
+    yield event("message_stop", {})
 
 
 @endpoint("count_tokens", style="anthropic")
 async def count_tokens(state: AppState, request: Request) -> Response:
-    req = parse_body(CountTokensRequest, await read_json(state, request))
-    state.check_model(req.model)
+    req = await read_body(state, request, CountTokensRequest)
     prompt = _prompt(state, req)
     return JSONResponse({"input_tokens": len(prompt.ids)})

@@ -14,12 +14,12 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from atlas_cli.backend import toolcalls
 from atlas_cli.backend.tokenizer import TextTokenizer
-from atlas_cli.backend.toolcalls import HermesParser, NoToolParser, ToolParser
 from atlas_cli.errors import TemplateError
+from atlas_cli.serve import toolcalls
 from atlas_cli.serve.errors import APIError, bad_param
 from atlas_cli.serve.protocol import Message, NamedToolChoice, ResponseFormat, Tool
+from atlas_cli.serve.toolcalls import HermesParser, NoToolParser, ToolParser
 
 RESERVED_TEMPLATE_KEYS = {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"}
 
@@ -106,18 +106,21 @@ def template_renders(chat_template: str | None, feature: str) -> bool:
     return any(n in chat_template for n in needles)
 
 
-def text_of(content: str | list | None, where: str) -> str:
-    """A message's text: content parts of type text are joined; other kinds are refused."""
+def text_of(
+    content: str | list | None, where: str, kinds: tuple[str, ...] = ("text", "input_text")
+) -> str:
+    """A message's text: parts (OpenAI content parts, Anthropic blocks) of the text `kinds`
+    are joined; other kinds are refused."""
     if content is None:
         return ""
     if isinstance(content, str):
         return content
     parts = []
-    for part in content:
-        if part.type not in ("text", "input_text"):
+    for i, part in enumerate(content):
+        if part.type not in kinds:
             raise APIError(
                 400,
-                f"{where}: content of type {part.type!r} is not supported (text only)",
+                f"{where}[{i}]: content of type {part.type!r} is not supported (text only)",
                 code="unsupported",
                 param=where,
             )

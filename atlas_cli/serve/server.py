@@ -45,19 +45,19 @@ def parse_template_kwargs(text: str | None) -> dict | None:
 def recipe_tool_parser(model: str, device: str) -> str | None:
     """The tool-call parser a recipe names for the variant `model` resolves to (None for a
     path, a hub name, or a parser atlas does not have: the chat template decides then)."""
-    from atlas_cli import recipes
-    from atlas_cli.backend.toolcalls import PARSERS
-    from atlas_cli.store import locate
+    from atlas_cli import session
 
     try:
-        ref = recipes.parse_ref(model)
-        if ref.kind != "recipe":
-            return None
-        variant = ref.variant or ref.recipe.variant_for(locate.hardware_class(device))
+        defaults = session.run_defaults(model, device=device)
     except AtlasError:
         return None
-    parser = ref.recipe.defaults_for(variant).tool_call_parser
-    return parser if parser in PARSERS else None
+    return known_parser(defaults.tool_call_parser)
+
+
+def known_parser(name: str | None) -> str | None:
+    from atlas_cli.serve.toolcalls import PARSERS
+
+    return name if name in PARSERS else None
 
 
 def serve(
@@ -76,22 +76,24 @@ def serve(
 ) -> None:
     import uvicorn
 
-    from atlas_cli.store import locate
+    from atlas_cli import session
 
     if not 0 <= port <= 65535:
         raise UsageError(f"--port must be 0..65535, got {port}")
     if ctx_size is not None and ctx_size < 16:
         raise UsageError(f"--ctx-size must be at least 16, got {ctx_size}")
     if tool_parser is not None:
-        from atlas_cli.backend.toolcalls import select_parser
+        from atlas_cli.serve.toolcalls import select_parser
 
         select_parser(None, tool_parser)  # an unknown name fails here
-    path = locate.resolve(model)  # a bad name fails here, before the server starts
+    # resolved once, here: a bad name fails before the server starts, and the recipe's run
+    # defaults (sampling, context, template kwargs, tool-call parser) travel to the loader
+    resolved = session.resolve(model, device=device)
     if tool_parser in (None, "", "auto"):
-        tool_parser = recipe_tool_parser(model, device)
+        tool_parser = known_parser(resolved.defaults.tool_call_parser)
     name = served_model_name or (Path(model).stem if model.endswith(".gguf") else model)
     config = ServeConfig(
-        model=str(path),
+        model=str(resolved.path),
         served_model_name=name,
         api_key=api_key,
         ctx_size=ctx_size,
@@ -99,6 +101,7 @@ def serve(
         accept_any_model=accept_any_model,
         template_kwargs=template_kwargs,
         tool_parser=tool_parser,
+        resolved=resolved,
     )
     sock = bind(host, port)
     bound = sock.getsockname()[1]

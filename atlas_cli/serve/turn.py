@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 
 from atlas_cli.backend.engine import GenerationStats
 from atlas_cli.backend.sample import SamplingParams
-from atlas_cli.backend.toolcalls import Event, NoToolParser, ParsedMessage, ToolCall, ToolParser
 from atlas_cli.serve.errors import APIError
 from atlas_cli.serve.prompt import JsonCutter, Prompt, valid_json
 from atlas_cli.serve.runner import EngineRunner, Generation, Job
+from atlas_cli.serve.toolcalls import Event, NoToolParser, ParsedMessage, ToolCall, ToolParser
 
 
 @dataclass
@@ -36,12 +36,12 @@ class Outcome:
 
 
 def sampling_params(
-    temperature: float | None,
-    top_p: float | None,
-    top_k: int | None,
-    min_p: float | None,
-    repeat_penalty: float | None,
-    seed: int | None,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    top_k: int | None = None,
+    min_p: float | None = None,
+    repeat_penalty: float | None = None,
+    seed: int | None = None,
     defaults: dict | None = None,
 ) -> SamplingParams:
     """Fields the client left out take `defaults` (the model recipe's), then atlas's (and
@@ -120,7 +120,7 @@ class Turn:
             gen.cancel()  # no-op when it finished; stops it when we left early
 
     async def deltas(self) -> AsyncIterator[Event]:
-        """Reasoning, content and tool-call events (backend.toolcalls) as they are produced."""
+        """Reasoning, content and tool-call events (serve.toolcalls) as they are produced."""
         stream = self.parser.stream(prompt_opened_think=self.prompt.opened_think)
         pieces: list[str] = []
         async for text in self.texts():

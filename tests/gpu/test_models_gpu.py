@@ -26,10 +26,10 @@ def test_tiny_model_matches_numpy(gpu_ops, model_type, kv_dtype):
 
 def test_default_model_greedy_matches_numpy(gpu_device, smollm2_path):
     """SmolLM2-135M Q4_1: the France prompt, greedy, on the GPU and on the numpy reference."""
-    from atlas_cli.backend import load_model
+    from atlas_cli.session import open_model
 
-    ref = load_model(str(smollm2_path), device="cpu-ref")
-    dev = load_model(str(smollm2_path), device=gpu_device)
+    ref = open_model(str(smollm2_path), device="cpu-ref")
+    dev = open_model(str(smollm2_path), device=gpu_device)
     ids = ref.chat_prompt([{"role": "user", "content": "What is the capital of France?"}])
     want = ref.logits(ids)
     got = dev.logits(ids)

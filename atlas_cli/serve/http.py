@@ -1,0 +1,319 @@
+"""What every endpoint module shares: the server's config and state, the endpoint wrapper
+(API key, model readiness, errors in the endpoint's style, metrics), JSON body reading with
+its size limit, disconnect watching, and server-sent events.
+
+The endpoint modules (`openai_api`, `anthropic_api`, `service_api`) import this and never
+`app.py`, which only lists their routes (vLLM's `entrypoints/openai` routers are the model).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from atlas_cli import __version__
+from atlas_cli.serve.errors import APIError
+from atlas_cli.serve.metrics import Metrics
+from atlas_cli.serve.prompt import Prompt, choose_parser
+from atlas_cli.serve.protocol import parse_body
+from atlas_cli.serve.runner import EngineRunner
+from atlas_cli.serve.toolcalls import NoToolParser, ToolParser
+from atlas_cli.serve.turn import Turn, sampling_params
+
+log = logging.getLogger("atlas.serve")
+
+Body = TypeVar("Body", bound=BaseModel)
+
+DEFAULT_MAX_BODY = 32 * 1024 * 1024  # a 256K-token prompt is ~1 MB of text; JSON adds little
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    model: str
+    served_model_name: str | None = None
+    api_key: str | None = None
+    ctx_size: int | None = None
+    device: str = "cpu"
+    max_body_bytes: int = DEFAULT_MAX_BODY
+    # "hermes" | "qwen3_coder" | "none": overrides the parser chosen from the chat template
+    tool_parser: str | None = None
+    accept_any_model: bool = False  # llama-server's way: any model name means this model
+    # defaults under each request's chat_template_kwargs, e.g. {"enable_thinking": False}
+    template_kwargs: dict | None = None
+    # `model` as atlas.session resolved it (path, device, the recipe's run defaults): the
+    # server loads it with those defaults; None: open `model` by name or path here
+    resolved: Any = None
+
+
+class AppState:
+    """What the handlers share: the loaded model (None while loading), its runner, metrics."""
+
+    def __init__(self, config: ServeConfig, model=None):
+        self.config = config
+        self.metrics = Metrics()
+        self.created = int(time.time())
+        self.model = None
+        self.runner: EngineRunner | None = None
+        self.parser: type[ToolParser] = NoToolParser
+        self.load_error: str | None = None
+        self.name = config.served_model_name or _default_name(config.model)
+        self.aliases = {self.name, config.model}
+        if model is not None:
+            self.set_model(model)
+
+    def set_model(self, model) -> None:
+        self.parser = choose_parser(model.tokenizer.chat_template, self.config.tool_parser)
+        self.runner = EngineRunner(model.engine, self.metrics)
+        self.aliases.add(model.info.name)
+        self.model = model
+
+    def load(self) -> None:
+        from atlas_cli import session
+        from atlas_cli.errors import AtlasError
+
+        config = self.config
+        try:
+            if config.resolved is not None:  # the recipe's run defaults come with it
+                model = session.load(config.resolved, ctx_size=config.ctx_size)
+            else:
+                model = session.open_model(
+                    config.model, device=config.device, ctx_size=config.ctx_size
+                )
+        except AtlasError as exc:
+            self.load_error = str(exc)
+            log.error("atlas serve: could not load %s: %s", self.config.model, exc)
+            return
+        self.set_model(model)
+        log.info("atlas serve: %s ready (context %d)", self.name, model.context_length)
+
+    def ready(self):
+        if self.model is not None:
+            return self.model
+        if self.load_error:
+            raise APIError(500, f"the model failed to load: {self.load_error}", type="server_error")
+        raise APIError(
+            503,
+            "the model is still loading; retry shortly",
+            type="unavailable_error",
+            code="model_loading",
+        )
+
+    def template_kwargs(self, given: dict | None = None) -> dict:
+        """The server's chat-template defaults, overridden by the request's."""
+        return {**(self.config.template_kwargs or {}), **(given or {})}
+
+    def check_model(self, name: str | None) -> None:
+        if name and name not in self.aliases and not self.config.accept_any_model:
+            raise APIError(
+                404,
+                f"the model {name!r} does not exist here; this server serves {self.name!r}",
+                code="model_not_found",
+                param="model",
+            )
+
+    def new_turn(
+        self, prompt: Prompt, *, max_tokens: int | None, stop: list[str], **given: Any
+    ) -> Turn:
+        """One answer on the loaded model: the sampling fields the client `given` (None for
+        those it left out) over the model recipe's defaults."""
+        sampling = sampling_params(**given, defaults=self.model.sampling_defaults)
+        return Turn(
+            self.runner,
+            prompt,
+            max_tokens=max_tokens,
+            sampling=sampling,
+            stop=stop,
+            parser=self.parser,
+        )
+
+
+def _default_name(model: str) -> str:
+    p = Path(model)
+    return p.stem if p.suffix == ".gguf" else (p.name or model)
+
+
+# -- the endpoint wrapper and errors -----------------------------------------------------------
+
+Handler = Callable[[AppState, Request], Awaitable[Response]]
+
+
+def endpoint(name: str, *, style: str = "openai", auth: bool = True, model: bool = True):
+    """Wrap a handler: API key, model readiness, errors in the endpoint's style, metrics."""
+
+    def wrap(fn: Handler):
+        async def handler(request: Request) -> Response:
+            state: AppState = request.app.state.atlas
+            try:
+                if auth:
+                    check_api_key(state, request)
+                if model:
+                    state.ready()
+                response = await fn(state, request)
+            except APIError as exc:
+                response = error_response(exc, style)
+            except Exception as exc:
+                log.exception("atlas serve: %s failed", name)
+                response = error_response(
+                    APIError(500, f"internal error: {exc}", type="server_error"), style
+                )
+            state.metrics.requests.labels(name, str(response.status_code)).inc()
+            return response
+
+        return handler
+
+    return wrap
+
+
+def error_response(exc: APIError, style: str = "openai") -> JSONResponse:
+    body = exc.anthropic_body() if style == "anthropic" else exc.openai_body()
+    headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+    return JSONResponse(body, status_code=exc.status, headers=headers)
+
+
+async def not_found(request: Request, exc: HTTPException) -> Response:
+    """Starlette's 404 and 405, in OpenAI's error shape."""
+    return error_response(
+        APIError(
+            exc.status_code,
+            f"{request.method} {request.url.path}: {exc.detail}",
+            code="not_found" if exc.status_code == 404 else "method_not_allowed",
+        )
+    )
+
+
+def check_api_key(state: AppState, request: Request) -> None:
+    key = state.config.api_key
+    if not key:
+        return
+    given = request.headers.get("x-api-key", "")
+    auth = request.headers.get("authorization", "")
+    if auth.lower().startswith("bearer "):
+        given = auth[7:].strip()
+    if not hmac.compare_digest(given.encode(), key.encode()):
+        raise APIError(
+            401,
+            "invalid API key: send the key given to `atlas serve --api-key` as "
+            "'Authorization: Bearer KEY'",
+            code="invalid_api_key",
+        )
+
+
+def check_token_ids(ids: list[int], vocab: int, param: str) -> None:
+    bad = next((i for i in ids if not 0 <= i < vocab), None)
+    if bad is not None:
+        raise APIError(
+            400,
+            f"{param}: token id {bad} is outside the vocabulary (0..{vocab - 1})",
+            code="invalid_value",
+            param=param,
+        )
+
+
+# -- requests ----------------------------------------------------------------------------------
+
+
+async def read_body(state: AppState, request: Request, kind: type[Body]) -> Body:
+    """The request body as `kind` (a 400 naming the bad field), for this server's model."""
+    body = parse_body(kind, await read_json(state, request))
+    state.check_model(getattr(body, "model", None))
+    return body
+
+
+async def read_json(state: AppState, request: Request) -> Any:
+    limit = state.config.max_body_bytes
+    too_big = APIError(
+        413,
+        f"the request body is larger than the server's limit of {limit:,} bytes",
+        code="request_too_large",
+    )
+    length = request.headers.get("content-length")
+    if length and length.isdigit() and int(length) > limit:
+        raise too_big
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise too_big
+    try:
+        return json.loads(body)
+    except ValueError as exc:
+        raise APIError(
+            400, f"the request body is not valid JSON ({exc})", code="invalid_json"
+        ) from None
+
+
+@contextlib.asynccontextmanager
+async def on_disconnect(request: Request, action: Callable[[], None]):
+    """Run `action` if the client goes away before the block ends (non-streaming answers:
+    a streaming response learns it from Starlette itself)."""
+
+    async def watch():
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                action()
+                return
+
+    task = asyncio.create_task(watch())
+    try:
+        yield
+    finally:
+        task.cancel()
+
+
+def new_id(prefix: str) -> str:
+    """A response id in the vendors' shape: `chatcmpl-…`, `cmpl-…`, `msg_…`."""
+    return f"{prefix}{uuid.uuid4().hex[:24]}"
+
+
+def version_tag() -> str:
+    return f"atlas-{__version__}"
+
+
+# -- server-sent events ------------------------------------------------------------------------
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def sse(obj: Any, event: str | None = None) -> str:
+    """One event: compact JSON data, under an `event:` name where the API has them."""
+    data = json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+    return f"event: {event}\ndata: {data}\n\n" if event else f"data: {data}\n\n"
+
+
+def sse_response(
+    turn: Turn,
+    events: AsyncIterator[str],
+    on_error: Callable[[APIError], str],
+    last: str = "",
+) -> StreamingResponse:
+    """Stream a turn's events, then `last` (OpenAI's `[DONE]`). A failure mid-answer becomes
+    an `on_error` event (the status line has gone out already); the turn stops when the
+    stream ends for any reason, a client that went away included."""
+
+    async def guarded() -> AsyncIterator[str]:
+        try:
+            async for event in events:
+                yield event
+        except APIError as exc:
+            yield on_error(exc)
+        finally:
+            turn.cancel()
+        if last:
+            yield last
+
+    return StreamingResponse(guarded(), media_type="text/event-stream", headers=SSE_HEADERS)

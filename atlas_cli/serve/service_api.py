@@ -1,0 +1,89 @@
+"""The endpoints that do not generate: health, models, tokenize / detokenize (llama.cpp's and
+vLLM's field names both work) and Prometheus metrics."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from atlas_cli.serve.errors import APIError
+from atlas_cli.serve.http import AppState, check_token_ids, endpoint, read_body
+from atlas_cli.serve.prompt import ChatOptions, build_chat_prompt
+from atlas_cli.serve.protocol import DetokenizeRequest, TokenizeRequest
+
+
+async def health(request: Request) -> Response:
+    state: AppState = request.app.state.atlas
+    if state.model is not None:
+        return JSONResponse({"status": "ok"})
+    if state.load_error:
+        return JSONResponse({"status": "error", "message": state.load_error}, status_code=500)
+    return JSONResponse({"status": "loading"}, status_code=503)
+
+
+def model_card(state: AppState) -> dict[str, Any]:
+    card: dict[str, Any] = {
+        "id": state.name,
+        "object": "model",
+        "created": state.created,
+        "owned_by": "atlas",
+    }
+    if state.model is not None:
+        card["meta"] = {
+            "context_length": state.model.context_length,
+            "architecture": state.model.info.architecture,
+            "file_type": state.model.info.file_type,
+        }
+    return card
+
+
+@endpoint("models", model=False)
+async def list_models(state: AppState, request: Request) -> Response:
+    return JSONResponse({"object": "list", "data": [model_card(state)]})
+
+
+@endpoint("models", model=False)
+async def get_model(state: AppState, request: Request) -> Response:
+    state.check_model(request.path_params["model"])
+    return JSONResponse(model_card(state))
+
+
+@endpoint("tokenize")
+async def tokenize(state: AppState, request: Request) -> Response:
+    req = await read_body(state, request, TokenizeRequest)
+    tok = state.model.tokenizer
+    if req.messages is not None:
+        opts = ChatOptions(
+            parser=state.parser,
+            tools=req.tools,
+            template_kwargs=state.template_kwargs(req.chat_template_kwargs),
+            add_generation_prompt=req.add_generation_prompt,
+        )
+        ids = build_chat_prompt(tok, req.messages, opts).ids
+    else:
+        text = req.content if req.content is not None else req.prompt
+        if text is None:
+            raise APIError(400, "give 'content' (or 'prompt', or 'messages')", param="content")
+        special = req.add_special if req.add_special is not None else req.add_special_tokens
+        ids = tok.encode(text, add_special_tokens=bool(special))
+    tokens: list[Any] = ids
+    if req.with_pieces:
+        tokens = [{"id": i, "piece": tok.decode([i])} for i in ids]
+    return JSONResponse(
+        {"tokens": tokens, "count": len(ids), "max_model_len": state.model.context_length}
+    )
+
+
+@endpoint("detokenize")
+async def detokenize(state: AppState, request: Request) -> Response:
+    req = await read_body(state, request, DetokenizeRequest)
+    check_token_ids(req.tokens, state.model.tokenizer.vocab_size, "tokens")
+    text = state.model.tokenizer.decode(req.tokens)
+    return JSONResponse({"content": text, "prompt": text})
+
+
+async def metrics(request: Request) -> Response:
+    state: AppState = request.app.state.atlas
+    return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")

@@ -1,0 +1,194 @@
+"""The Hermes JSON parser (Qwen3 / Qwen2.5) on real-format outputs, whole and streamed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from atlas_cli.serve.toolcalls import (
+    ContentDelta,
+    HermesParser,
+    ToolCallDelta,
+    ToolCallEnd,
+)
+from tests.toolcall_helpers import (
+    PARIS,
+    TAGGY_CODE,
+    TOOLS,
+    Case,
+    assert_sample,
+    assert_stream_matches_whole,
+    json_call,
+    xml_call,
+)
+
+HERMES_CASES = [
+    # --- Qwen3: Hermes JSON, the model writes its own <think> -------------------------------
+    Case(
+        "qwen3-reasoning-one-call",
+        HermesParser,
+        "<think>\nThe user wants the weather in Paris. I should call get_weather with "
+        "celsius.\n</think>\n\n" + json_call("get_weather", PARIS),
+        content="",
+        reasoning="The user wants the weather in Paris. I should call get_weather with celsius.",
+        calls=[("get_weather", PARIS)],
+    ),
+    Case(
+        "qwen3-several-calls-thinking-off",
+        HermesParser,
+        json_call("get_weather", {"location": "Paris, France"})
+        + "\n"
+        + json_call("get_weather", {"location": "Tokyo, Japan"})
+        + "\n"
+        + json_call("search", {"query": "weather alerts", "limit": 3}),
+        content="",
+        calls=[
+            ("get_weather", {"location": "Paris, France"}),
+            ("get_weather", {"location": "Tokyo, Japan"}),
+            ("search", {"query": "weather alerts", "limit": 3}),
+        ],
+    ),
+    Case(
+        "qwen3-content-before-calls",
+        HermesParser,
+        "<think>\nTwo cities, two calls.\n</think>\n\nI'll check the weather in both cities.\n"
+        + json_call("get_weather", {"location": "Oslo"})
+        + "\n"
+        + json_call("get_weather", {"location": "Lima"}),
+        content="I'll check the weather in both cities.",
+        reasoning="Two cities, two calls.",
+        calls=[("get_weather", {"location": "Oslo"}), ("get_weather", {"location": "Lima"})],
+    ),
+    Case(
+        "qwen3-reasoning-then-answer",
+        HermesParser,
+        "<think>\nOkay, the capital of France... that's Paris.\n\nDouble-check: yes.\n</think>"
+        "\n\nThe capital of France is **Paris**.",
+        content="The capital of France is **Paris**.",
+        reasoning="Okay, the capital of France... that's Paris.\n\nDouble-check: yes.",
+    ),
+    Case(
+        "qwen3-truncated-reasoning",
+        HermesParser,
+        "<think>\nLet me compute 17 * 23. 17 * 20 = 340, and 17 * 3 = 51, so",
+        content="",
+        reasoning="Let me compute 17 * 23. 17 * 20 = 340, and 17 * 3 = 51, so",
+    ),
+    Case(
+        "qwen3-thinking-off-answer",
+        HermesParser,
+        "Hello! How can I help you today?",
+        content="Hello! How can I help you today?",
+    ),
+    Case(
+        "qwen3-nested-arguments",
+        HermesParser,
+        json_call("search", {"query": "q", "filters": {"a": [1, {"b": None}]}, "exact": True}),
+        content="",
+        calls=[("search", {"query": "q", "filters": {"a": [1, {"b": None}]}, "exact": True})],
+    ),
+    Case(
+        "qwen3-arguments-as-json-string",
+        HermesParser,
+        '<tool_call>\n{"name": "get_weather", "arguments": "{\\"location\\": \\"Oslo\\"}"}\n'
+        "</tool_call>",
+        content="",
+        calls=[("get_weather", {"location": "Oslo"})],
+    ),
+    # --- malformed -------------------------------------------------------------------------
+    Case(
+        "hermes-unterminated-complete-json",
+        HermesParser,
+        '<tool_call>\n{"name": "get_weather", "arguments": {"location": "Rome"}}\n',
+        content="",
+        calls=[("get_weather", {"location": "Rome"})],
+    ),
+    Case(
+        "hermes-unterminated-cut-json",
+        HermesParser,
+        'Checking.\n<tool_call>\n{"name": "get_weather", "argu',
+        content='Checking.\n<tool_call>\n{"name": "get_weather", "argu',
+    ),
+    Case(
+        "hermes-bad-json",
+        HermesParser,
+        '<tool_call>\n{"name": "get_weather", "arguments": {"location": "Paris",}}\n</tool_call>',
+        content='<tool_call>\n{"name": "get_weather", "arguments": {"location": "Paris",}}\n'
+        "</tool_call>",
+    ),
+    Case(
+        "hermes-good-then-bad",
+        HermesParser,
+        json_call("get_weather", {"location": "Oslo"})
+        + "\n<tool_call>\n{name: get_weather}\n</tool_call>",
+        content="<tool_call>\n{name: get_weather}\n</tool_call>",
+        calls=[("get_weather", {"location": "Oslo"})],
+    ),
+    Case(
+        "hermes-extra-closing-brace",
+        HermesParser,
+        '<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}}\n</tool_call>',
+        content="",
+        calls=[("bash", {"command": "ls"})],
+    ),
+    Case(
+        "hermes-nested-duplicated-tags",
+        HermesParser,
+        "<tool_call>\n<tool_call>\n"
+        + '{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call>\n</tool_call>',
+        content="",
+        calls=[("bash", {"command": "ls"})],
+    ),
+    Case(
+        "hermes-closing-tag-inside-a-string",  # an agent writing a tool-call parser
+        HermesParser,
+        json_call("write_file", {"path": "p.py", "content": TAGGY_CODE}),
+        content="",
+        calls=[("write_file", {"path": "p.py", "content": TAGGY_CODE})],
+    ),
+    Case(
+        "hermes-unbalanced-quote",  # the newline ends the broken string: the block still ends
+        HermesParser,
+        '<tool_call>\n{"name": "bash, "arguments": {}}\n</tool_call>\nok',
+        content='<tool_call>\n{"name": "bash, "arguments": {}}\n</tool_call>\nok',
+    ),
+    Case(
+        "hermes-empty-call",
+        HermesParser,
+        "<tool_call>\n</tool_call>",
+        content="<tool_call>\n</tool_call>",
+    ),
+    Case(
+        "hermes-given-xml",
+        HermesParser,
+        xml_call("bash", [("command", "ls")]),
+        content=xml_call("bash", [("command", "ls")]),
+    ),
+    Case(
+        "hermes-no-name",
+        HermesParser,
+        '<tool_call>\n{"arguments": {"command": "ls"}}\n</tool_call>',
+        content='<tool_call>\n{"arguments": {"command": "ls"}}\n</tool_call>',
+    ),
+]
+
+
+@pytest.mark.parametrize("case", HERMES_CASES, ids=[c.id for c in HERMES_CASES])
+def test_samples(case: Case):
+    assert_sample(case)
+
+
+@pytest.mark.parametrize("case", HERMES_CASES, ids=[c.id for c in HERMES_CASES])
+def test_streaming_equals_whole_parse(case: Case):
+    assert_stream_matches_whole(case)
+
+
+def test_hermes_call_arrives_whole_when_its_block_closes():
+    text = json_call("get_weather", PARIS)
+    sp = HermesParser(TOOLS, seed=3).stream()
+    before = sp.feed(text[:-1])
+    assert not [e for e in before if isinstance(e, ToolCallDelta | ContentDelta)]
+    after = sp.feed(text[-1:])
+    assert [type(e) for e in after] == [ToolCallDelta, ToolCallDelta, ToolCallEnd]
+    assert json.loads(after[1].arguments) == PARIS
