@@ -14,6 +14,8 @@ import numpy as np
 
 from atlas_cli.backend import sample as host_sample
 from atlas_cli.backend.loaders import quant
+from atlas_cli.backend.loaders.gguf import QuantizedTensor
+from atlas_cli.backend.loaders.safetensors import NVFP4Tensor
 from atlas_cli.backend.ops import numpy_ref as ref
 from atlas_cli.backend.ops.native import bf16_bits_to_f32, f32_to_bf16_bits
 
@@ -46,11 +48,9 @@ def e4m3_encode_ref(x: np.ndarray) -> np.ndarray:
     return (pick | np.where(np.signbit(x), 0x80, 0)).astype(np.uint8)
 
 
-class NVFP4:
-    """An NVFP4 weight as the safetensors loader holds it (packed, scale, global_scale)."""
-
-    def __init__(self, packed, scale, global_scale):
-        self.packed, self.scale, self.global_scale = packed, scale, global_scale
+class NVFP4(NVFP4Tensor):
+    """An NVFP4 weight as the safetensors loader holds it (packed, scale, global_scale), with
+    its own reference dequantization."""
 
     def dequantize(self) -> np.ndarray:
         # modelopt NVFP4QTensor.dequantize order: E2M1 * (fp8 scale * global scale)
@@ -61,11 +61,8 @@ class NVFP4:
         return (vals * s[..., None]).reshape(out, half * 2)
 
 
-class GGUFWeight:
-    """Like loaders.gguf.QuantizedTensor: blocks (rows, bytes_per_row) of one ggml type."""
-
-    def __init__(self, type_id: int, shape, blocks):
-        self.type_id, self.shape, self.blocks = type_id, shape, blocks
+class GGUFWeight(QuantizedTensor):
+    """A loaders.gguf.QuantizedTensor: blocks (rows, bytes_per_row) of one ggml type."""
 
     def dequantize(self) -> np.ndarray:
         return quant.dequantize(self.blocks, self.type_id, self.shape)

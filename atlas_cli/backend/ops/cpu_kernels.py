@@ -23,6 +23,8 @@ import sys
 
 import numpy as np
 
+from atlas_cli.backend import formats
+
 
 def _preload_tbb() -> None:
     """Make numba's default threading layer TBB where the `tbb` wheel is installed.
@@ -72,18 +74,15 @@ if _THREADS is not None and _POOL != _THREADS:  # numba started before us: this 
 
     set_num_threads(min(_THREADS, _POOL))
 
-# GGML type ids (loaders/quant.py) that have kernels here, and their (block elements, bytes).
-F32, F16, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K, BF16 = 0, 1, 2, 3, 8, 12, 13, 14, 30
+# The formats computed on here (backend/formats.py), by ggml type id, with their kernel blocks:
+# the float formats are read 16 elements (one <16 x float>) at a time.
+F32, F16, BF16 = formats.F32.ggml_type, formats.F16.ggml_type, formats.BF16.ggml_type
+Q4_0, Q4_1, Q8_0 = formats.Q4_0.ggml_type, formats.Q4_1.ggml_type, formats.Q8_0.ggml_type
+Q4_K, Q5_K, Q6_K = formats.Q4_K.ggml_type, formats.Q5_K.ggml_type, formats.Q6_K.ggml_type
 BLOCKS = {
-    F32: (16, 64),
-    F16: (16, 32),
-    BF16: (16, 32),
-    Q4_0: (32, 18),
-    Q4_1: (32, 20),
-    Q8_0: (32, 34),
-    Q4_K: (256, 144),
-    Q5_K: (256, 176),
-    Q6_K: (256, 210),
+    tid: (f.block_elems, f.block_bytes) if f.quantized else (16, 16 * f.block_bytes)
+    for tid, f in formats.GGML.items()
+    if f.cpu
 }
 GROUP = 32  # the "x sums" every kernel receives are sums over consecutive 32-element groups
 

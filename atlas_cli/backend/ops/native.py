@@ -18,35 +18,12 @@ from typing import Any
 
 import numpy as np
 
-from atlas_cli.backend.cache import grown_capacity
+from atlas_cli.backend import formats
+from atlas_cli.backend.cache import KVCacheBase, grown_capacity
+from atlas_cli.backend.formats import QuantizedWeight, StoredRows, WeightFormat
 from atlas_cli.backend.ops import runtime as rt
 from atlas_cli.backend.ops.runtime import f32, i32, i64, ptr
 
-# ggml type id -> kernel format name (loaders/quant.py GGML_TYPES)
-GGUF_FORMATS = {
-    0: "f32",
-    1: "f16",
-    30: "bf16",
-    2: "q4_0",
-    3: "q4_1",
-    8: "q8_0",
-    12: "q4_k",
-    13: "q5_k",
-    14: "q6_k",
-}
-# format -> (elements, bytes) per block
-BLOCKS = {
-    "f32": (1, 4),
-    "f16": (1, 2),
-    "bf16": (1, 2),
-    "q4_0": (32, 18),
-    "q4_1": (32, 20),
-    "q8_0": (32, 34),
-    "q4_k": (256, 144),
-    "q5_k": (256, 176),
-    "q6_k": (256, 210),
-    "nvfp4": (2, 1),  # codes only; scales live in a second buffer
-}
 KV_DTYPES = ("bf16", "fp8", "f32")
 ATTN_HEAD_DIMS = (32, 64, 128, 256)
 GEMV_MAX_T = 8  # gemv.cu GEMV_MAX_T
@@ -243,9 +220,9 @@ class KVView:
         return (self.nkv, self.length, self.hd)
 
 
-class KVCache:
-    """Device KV cache with the interface of cache.KVCache (update, reserve, truncate,
-    length, capacity). Keys and values are stored as bf16, FP8 E4M3 (value / scale) or f32."""
+class KVCache(KVCacheBase):
+    """Device KV cache with the interface of cache.KVCache (a `cache.Cache`). Keys and values
+    are stored as bf16, FP8 E4M3 (value / scale) or f32."""
 
     GROW_STEP = 256
 
@@ -307,9 +284,6 @@ class KVCache:
     def truncate(self, length: int) -> int:
         self.length = min(self.length, length)
         return self.length
-
-    def checkpoint(self) -> None:
-        """A KV cache can be truncated anywhere: nothing to keep."""
 
 
 class NativeOps:
@@ -405,39 +379,14 @@ class NativeOps:
 
     # -- weights --------------------------------------------------------------------------
     def prepare_weight(self, w) -> DeviceWeight:
-        """A loader's weight -> DeviceWeight: float arrays as bf16 (or f32 when the ops were
-        made with weight_dtype="f32"), GGUF QuantizedTensor blocks as they are, NVFP4 packed
-        codes + E4M3 scales + global scale."""
+        """A loader's weight -> DeviceWeight: formats the kernels decode as they are stored
+        (GGUF blocks; NVFP4 codes + E4M3 scales + global scale), anything else as float32
+        dequantized on the host, uploaded as bf16 (or f32 when the ops were made with
+        weight_dtype="f32")."""
         if isinstance(w, DeviceWeight):
             return w
-        if hasattr(w, "packed") and hasattr(w, "global_scale"):  # NVFP4 (ModelOpt)
-            codes = np.ascontiguousarray(w.packed, np.uint8)
-            scales = np.ascontiguousarray(np.asarray(w.scale).view(np.uint8))
-            rows, cols = codes.shape[0], codes.shape[1] * 2
-            assert cols % 32 == 0 and scales.shape == (rows, cols // 16), "bad NVFP4 shapes"
-            return DeviceWeight(
-                "nvfp4",
-                rows,
-                cols,
-                self._upload_bytes(codes),
-                cols // 2,
-                self._upload_bytes(scales),
-                cols // 16,
-                float(np.asarray(w.global_scale, np.float32).reshape(())),
-            )
-        if hasattr(w, "type_id") and hasattr(w, "blocks"):  # GGUF QuantizedTensor
-            fmt = GGUF_FORMATS.get(int(w.type_id))
-            if fmt is None:
-                raise ValueError(f"no kernel for ggml type {w.type_id}")
-            rows, cols = (int(s) for s in w.shape)
-            raw = np.ascontiguousarray(w.blocks).view(np.uint8).reshape(rows, -1)
-            per, nbytes = BLOCKS[fmt]
-            assert cols % 32 == 0 and raw.shape[1] == cols // per * nbytes, (
-                f"{fmt} weight {w.shape}: {raw.shape[1]} bytes per row"
-            )
-            return DeviceWeight(
-                fmt, rows, cols, self._upload_bytes(raw), raw.shape[1], self._dummy, 0, 1.0
-            )
+        if isinstance(w, QuantizedWeight) and w.format.native:
+            return self._upload_stored(w.format, w.shape, w.stored())
         a = np.asarray(w, np.float32)
         if a.ndim == 1:
             a = a.reshape(1, -1)
@@ -449,6 +398,32 @@ class NativeOps:
         bits = f32_to_bf16_bits(a)
         return DeviceWeight(
             "bf16", *a.shape, self._upload_bytes(bits), a.shape[1] * 2, self._dummy, 0, 1.0
+        )
+
+    def _upload_stored(self, fmt: WeightFormat, shape, s: StoredRows) -> DeviceWeight:
+        rows, cols = (int(n) for n in shape)
+        if fmt is formats.NVFP4:
+            codes = np.ascontiguousarray(s.data, np.uint8)
+            scales = np.ascontiguousarray(s.scales)
+            assert cols % 32 == 0 and codes.shape == (rows, cols // 2), "bad NVFP4 shapes"
+            assert scales.shape == (rows, cols // fmt.block_elems), "bad NVFP4 scale shape"
+            return DeviceWeight(
+                fmt.kernel,
+                rows,
+                cols,
+                self._upload_bytes(codes),
+                cols // 2,
+                self._upload_bytes(scales),
+                cols // fmt.block_elems,
+                float(np.asarray(s.global_scale, np.float32).reshape(())),
+            )
+        data = s.data if s.row_perm is None else s.data[s.row_perm]
+        raw = np.ascontiguousarray(data).view(np.uint8).reshape(rows, -1)
+        assert cols % 32 == 0 and raw.shape[1] == cols // fmt.block_elems * fmt.block_bytes, (
+            f"{fmt.kernel} weight {shape}: {raw.shape[1]} bytes per row"
+        )
+        return DeviceWeight(
+            fmt.kernel, rows, cols, self._upload_bytes(raw), raw.shape[1], self._dummy, 0, 1.0
         )
 
     def _upload_bytes(self, a: np.ndarray):
@@ -807,9 +782,15 @@ class NativeOps:
     def _rebase(self, a: DeviceArray):
         return a.copy().buf
 
-    def KVCache(self, n_layers: int, n_kv_heads: int, head_dim: int, max_len: int) -> KVCache:
-        """The device cache the model files ask for (`getattr(ops, "KVCache", ...)`)."""
+    def device_kv_cache(
+        self, n_layers: int, n_kv_heads: int, head_dim: int, max_len: int
+    ) -> KVCache:
+        """The device cache the model files ask for (contract.Ops.device_kv_cache)."""
         return KVCache(self, n_layers, n_kv_heads, head_dim, max_len, self.kv_dtype)
+
+    def fuse_decoder(self, model) -> None:
+        """No fused decode step on the device yet: models run op by op."""
+        return None
 
     # -- Gated DeltaNet -------------------------------------------------------------------
     def l2norm(self, x, eps: float = 1e-6) -> DeviceArray:
@@ -842,8 +823,9 @@ class NativeOps:
             )
         return out
 
-    def causal_conv1d(self, x, weight, state, act: bool = False):
-        """x (T, C), weight (C, K), state (K-1, C) -> (out (T, C), new_state (K-1, C))."""
+    def causal_conv1d(self, x, weight, state, all_states: bool = False, act: bool = False):
+        """x (T, C), weight (C, K), state (K-1, C) -> (out (T, C), new_state (K-1, C)), or the
+        state after every token (T, K-1, C) with `all_states`; SiLU fused with `act`."""
         x, w = self._f32(x, "conv x"), self._f32(weight, "conv weight")
         st = self._f32(state, "conv state")
         t, c = x.shape
@@ -867,11 +849,27 @@ class NativeOps:
                 i32(int(act)),
             ],
         )
-        return out, new_state
+        return out, (self._conv_windows(x, st) if all_states else new_state)
 
-    def gated_delta_rule(self, q, k, v, g, beta, state, scale: float | None = None):
+    def _conv_windows(self, x: DeviceArray, state: DeviceArray) -> DeviceArray:
+        """The conv state after each token: windows (T, K-1, C) of the last K-1 inputs of
+        [state; x], copied on the device (exact, as numpy_ref's sliding windows)."""
+        t, c = x.shape
+        k1 = state.shape[0]
+        full = self.empty((k1 + t, c))  # (K-1+T, C)
+        full[:k1][:] = state
+        full[k1:][:] = x
+        states = self.empty((t, k1, c))
+        for i in range(t):
+            states[i][:] = full[i + 1 : i + 1 + k1]
+        return states
+
+    def gated_delta_rule(
+        self, q, k, v, g, beta, state, scale: float | None = None, all_states: bool = False
+    ):
         """q, k (T, nk, dk); v (T, nv, dv); g, beta (T, nv); state (nv, dk, dv) ->
-        (out (T, nv, dv), new_state). The input state is not modified."""
+        (out (T, nv, dv), new_state), or the state after every token (T, nv, dk, dv) with
+        `all_states` (one launch per token). The input state is not modified."""
         q, k, v = (self._f32(a, "gdn q/k/v") for a in (q, k, v))
         g, beta = self._f32(g, "gdn g"), self._f32(beta, "gdn beta")
         st = self._f32(state, "gdn state").copy()
@@ -882,7 +880,22 @@ class NativeOps:
         assert 256 % dv == 0 and dk % (256 // dv) == 0 and dk * dv <= 64 * 256 and dk <= 256, (
             f"gdn kernel limits: dv | 256, dk*dv <= 16384 (dk {dk}, dv {dv})"
         )
+        scale = scale if scale is not None else dk**-0.5
         out = self.empty((t, nv, dv))
+        if not all_states:
+            self._gdn_recurrent(q, k, v, g, beta, st, out, scale)
+            return out, st
+        states = self.empty((t, nv, dk, dv))
+        for i in range(t):  # the kernel keeps S in registers: one launch per kept state
+            one = slice(i, i + 1)
+            self._gdn_recurrent(q[one], k[one], v[one], g[one], beta[one], st, out[one], scale)
+            states[i][:] = st
+        return out, states
+
+    def _gdn_recurrent(self, q, k, v, g, beta, st, out, scale: float) -> None:
+        """gdn.cu's gdn_recurrent over q's T tokens, updating `st` in place."""
+        t, nk, dk = q.shape
+        _, nv, dv = v.shape
         self._launch(
             "gdn.cu",
             "gdn_recurrent",
@@ -901,10 +914,9 @@ class NativeOps:
                 i32(nv),
                 i32(dk),
                 i32(dv),
-                f32(scale if scale is not None else dk**-0.5),
+                f32(scale),
             ],
         )
-        return out, st
 
     def gated_delta_rule_chunked(self, q, k, v, g, beta, state, scale=None, chunk: int = 64):
         """Same result as gated_delta_rule. The chunked (UT-transform) prefill kernel is not
