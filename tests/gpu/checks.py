@@ -294,7 +294,8 @@ def _l2(x):
 
 
 def _conv_ref(x, w, state):
-    """docs/formats.md 3.2, Gated DeltaNet step 2, without the SiLU (numpy_ref.causal_conv1d on the qwen branch)."""
+    """docs/formats.md 3.2, Gated DeltaNet step 2, without the SiLU (numpy_ref.causal_conv1d on
+    the qwen branch)."""
     k = w.shape[1]
     full = np.concatenate([state, x])
     out = sum(w[:, j] * full[j : j + x.shape[0]] for j in range(k))
@@ -302,7 +303,8 @@ def _conv_ref(x, w, state):
 
 
 def _gdn_ref(q, k, v, g, beta, state):
-    """docs/formats.md 3.2, Gated DeltaNet step 7 (numpy_ref.gated_delta_rule on the qwen branch), in float64."""
+    """docs/formats.md 3.2, Gated DeltaNet step 7 (numpy_ref.gated_delta_rule on the qwen
+    branch), in float64."""
     nv, dk = v.shape[1], q.shape[2]
     r = nv // q.shape[1]
     q = np.repeat(q, r, axis=1).astype(np.float64) * dk**-0.5
