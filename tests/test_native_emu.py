@@ -89,7 +89,7 @@ def test_gdn_all_states_match_reference(emu_ops):
 
 
 def test_native_ops_hooks(emu_ops):
-    from atlas_cli.backend.ops.native import KVCache
+    from atlas_cli.backend.ops.native_attention import KVCache
 
     assert emu_ops.NAME == "emu" and emu_ops.fuse_decoder(object()) is None
     cache = emu_ops.device_kv_cache(2, 1, 32, 16)

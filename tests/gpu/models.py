@@ -8,7 +8,7 @@ import importlib
 import numpy as np
 
 from atlas_cli.backend.ops import numpy_ref
-from atlas_cli.backend.ops.native import bf16_bits_to_f32, f32_to_bf16_bits
+from atlas_cli.backend.ops.native_array import bf16_bits_to_f32, f32_to_bf16_bits
 
 from .checks import rel_err
 

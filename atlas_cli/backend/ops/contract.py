@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from atlas_cli.backend.cache import Cache
 
-Array = Any  # a numpy array, or a native.DeviceArray (the subset of the array protocol models use)
+Array = Any  # a numpy array, or a native_array.DeviceArray (what of the array protocol models use)
 Weight = Any  # what prepare_weight returns
 
 
