@@ -12,7 +12,7 @@ import pytest
 from atlas_cli.backend import formats
 from atlas_cli.backend.loaders import gguf, quant
 from atlas_cli.backend.loaders.safetensors import FP8Tensor, NVFP4Tensor
-from atlas_cli.backend.ops import cpu_kernels, numpy_ref, runtime
+from atlas_cli.backend.ops import cpu_ir, cpu_kernels, numpy_ref, runtime
 
 HEADER = (runtime.kernels_dir() / "quant.cuh").read_text()
 
@@ -46,7 +46,7 @@ def test_every_ggml_format_has_every_kernel():
         assert quant.GGML_TYPES[tid] is f
         assert tid in quant._KERNELS, f"no numpy dequantizer for {f.name}"
         if f.cpu:
-            assert tid in cpu_kernels.BLOCKS and tid in cpu_kernels._EMITTERS
+            assert tid in cpu_kernels.BLOCKS and tid in cpu_ir._EMITTERS
             elems, nbytes = cpu_kernels.BLOCKS[tid]
             assert nbytes * f.block_elems == elems * f.block_bytes  # same bytes per element
 

@@ -23,6 +23,7 @@ import numpy as np
 from atlas_cli.backend import formats
 from atlas_cli.backend.cache import GROW_STEP, KVCache, LayerKV, grown_capacity
 from atlas_cli.backend.formats import QuantizedWeight, WeightFormat
+from atlas_cli.backend.ops import cpu_decode as _d
 from atlas_cli.backend.ops import cpu_kernels as _k
 from atlas_cli.backend.ops import numpy_ref as _ref
 from atlas_cli.backend.ops.numpy_ref import *  # noqa: F403  (ops this backend does not override)
@@ -178,7 +179,7 @@ _PROJ = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_p
 
 
 class FusedDecoder:
-    """All layers of a Llama-family decoder for one token per numba call (cpu_kernels.decode_step).
+    """All layers of a Llama-family decoder for one token per numba call (cpu_decode.decode_step).
     Built by `fuse_decoder`; it reads the same packed weights as the per-op path."""
 
     def __init__(self, model, buf: np.ndarray, packed: dict[str, PackedMatrix]):
@@ -231,14 +232,14 @@ class FusedDecoder:
         self.scores = np.empty((self.n_heads, 0), np.float32)
         # Load the kernels now, before the weights are first read, then let go of the JIT
         # compiler's pages: the two are never resident together (docs/performance.md).
-        if not _k.kernels_cached() and sys.stderr.isatty():
+        if not _d.kernels_cached() and sys.stderr.isatty():
             print(
                 "atlas: compiling the CPU kernels (once per install, about a minute)...",
                 file=sys.stderr,
                 flush=True,
             )
-        _k.warm_up()
-        _k.release_compiler_memory()
+        _d.warm_up()
+        _d.release_compiler_memory()
 
     def new_cache(self, max_len: int) -> StackedKVCache:
         return StackedKVCache(self.n_layers, self.n_kv, self.head_dim, max_len)
@@ -249,7 +250,7 @@ class FusedDecoder:
         if self.scores.shape[1] < cache.capacity:
             self.scores = np.empty((self.n_heads, cache.capacity), np.float32)
         out = np.empty(self.x.shape[0], np.float32)
-        _k.decode_step(
+        _d.decode_step(
             self.buf, self.mats, self.perm_q, self.perm_k, self.embed,
             int(self.embed_perm[token]), pos, self.norms, self.final_norm, self.bias,
             self.qk_norm, self.use_qk_norm, self.inv_freq, self.eps, cache.k, cache.v,
