@@ -16,7 +16,7 @@ import pytest
 from atlas_cli.backend.loaders import gguf, quant
 from atlas_cli.backend.ops import cpu_decode, cpu_fast, cpu_kernels, numpy_ref
 
-GOLDEN = Path("/work/shared/reference/smollm2_france.json")
+GOLDEN = Path(__file__).resolve().parents[2] / "shared" / "reference" / "smollm2_france.json"
 TYPES = sorted(cpu_kernels.BLOCKS)  # F32, F16, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K, BF16
 
 

@@ -9,7 +9,7 @@ import re
 import numpy as np
 import pytest
 
-from atlas_cli.backend import formats
+import atlas_cli.backend.formats as formats
 from atlas_cli.backend.loaders import gguf, quant
 from atlas_cli.backend.loaders.safetensors import FP8Tensor, NVFP4Tensor
 from atlas_cli.backend.ops import cpu_ir, cpu_kernels, numpy_ref, runtime

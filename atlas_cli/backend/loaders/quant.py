@@ -16,7 +16,7 @@ from math import prod
 
 import numpy as np
 
-from atlas_cli.backend import formats
+import atlas_cli.backend.formats as formats
 from atlas_cli.backend.formats import WeightFormat
 
 __all__ = [

@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from atlas_cli.backend import formats
+import atlas_cli.backend.formats as formats
 from atlas_cli.backend.formats import QuantizedWeight, StoredRows
 from atlas_cli.errors import CorruptModelError, UnsupportedModelError
 

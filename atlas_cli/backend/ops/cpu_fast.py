@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from atlas_cli.backend import formats
+import atlas_cli.backend.formats as formats
 from atlas_cli.backend.cache import GROW_STEP, KVCache, LayerKV, grown_capacity
 from atlas_cli.backend.formats import QuantizedWeight, WeightFormat
 from atlas_cli.backend.ops import cpu_decode as _d

@@ -11,7 +11,7 @@ dequantizer (no fast-math, bit-exact with loaders/quant.py). cpu_kernels.py disp
 
 from __future__ import annotations
 
-from atlas_cli.backend import formats
+import atlas_cli.backend.formats as formats
 from atlas_cli.backend.ops import cpu_numba
 
 cpu_numba.configure()  # before numba loads: TBB, the pool size, the cache stamp

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from atlas_cli.backend import formats
+import atlas_cli.backend.formats as formats
 from atlas_cli.backend.formats import QuantizedWeight, StoredRows, WeightFormat
 from atlas_cli.backend.ops.native_array import (
     DeviceArray,
