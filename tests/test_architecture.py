@@ -27,12 +27,9 @@ KNOWN_BROKEN = {
 }
 KNOWN_GPU_PACKAGE_USERS = {"atlas_cli.hardware"}  # probes the runtimes directly
 KNOWN_BIG_FILES = {
-    "atlas_cli/backend/ops/cpu_kernels.py",
-    "atlas_cli/backend/ops/native.py",
     "atlas_cli/chat/repl.py",
 }
 KNOWN_LONG_FUNCTIONS = {
-    "atlas_cli/backend/ops/cpu_kernels.py:decode_step",
     "atlas_cli/bench/cli.py:agentic_cmd",
     "benchmarks/cpu_vs_llamacpp.py:main",
 }

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from atlas_cli.backend.ops import runtime_emu
+from atlas_cli.backend.ops import numpy_ref, runtime_emu
 from tests.gpu import checks
 from tests.gpu import models as model_checks
 
@@ -46,6 +46,54 @@ def test_tiny_model_logits_and_greedy_match_numpy(emu_ops, model_type):
 
 def test_tiny_model_bf16_kv_cache(emu_ops):
     model_checks.check_model(emu_ops, "llama", np.random.default_rng(8), kv_dtype="bf16")
+
+
+def test_conv_all_states_and_fused_silu_match_reference(emu_ops):
+    """causal_conv1d with the contract's all_states and act: the states exactly, the output
+    within float32 rounding."""
+    rng = np.random.default_rng(21)
+    for t, c, k in ((1, 40, 4), (6, 300, 4), (3, 64, 2), (4, 32, 1)):
+        x = rng.standard_normal((t, c)).astype(np.float32)
+        w = rng.standard_normal((c, k)).astype(np.float32)
+        st = rng.standard_normal((k - 1, c)).astype(np.float32)
+        for act in (False, True):
+            want, want_states = numpy_ref.causal_conv1d(x, w, st, all_states=True, act=act)
+            args = (emu_ops.asarray(x), emu_ops.asarray(w), emu_ops.asarray(st))
+            got, states = emu_ops.causal_conv1d(*args, all_states=True, act=act)
+            assert states.shape == (t, k - 1, c)
+            np.testing.assert_array_equal(states.numpy(), want_states)
+            np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_gdn_all_states_match_reference(emu_ops):
+    """gated_delta_rule with all_states: every intermediate state as numpy_ref's, the last one
+    exactly the state a plain call returns, the input state untouched."""
+    rng = np.random.default_rng(22)
+    t, nk, nv, dk, dv = 5, 2, 4, 32, 64
+    q = checks._l2(rng.standard_normal((t, nk, dk)).astype(np.float32))
+    k = checks._l2(rng.standard_normal((t, nk, dk)).astype(np.float32))
+    v = rng.standard_normal((t, nv, dv)).astype(np.float32)
+    g = -rng.uniform(0.01, 1.0, (t, nv)).astype(np.float32)
+    beta = rng.uniform(0, 1, (t, nv)).astype(np.float32)
+    st = rng.standard_normal((nv, dk, dv)).astype(np.float32) * 0.1
+    want, want_states = numpy_ref.gated_delta_rule(q, k, v, g, beta, st, all_states=True)
+    dev = [emu_ops.asarray(a) for a in (q, k, v, g, beta)]
+    dst = emu_ops.asarray(st)
+    got, states = emu_ops.gated_delta_rule(*dev, dst, all_states=True)
+    assert states.shape == (t, nv, dk, dv)
+    assert checks.rel_err(got, want) < 1e-4 and checks.rel_err(states, want_states) < 1e-4
+    plain_out, plain_state = emu_ops.gated_delta_rule(*dev, dst)
+    np.testing.assert_array_equal(states.numpy()[-1], plain_state.numpy())
+    np.testing.assert_array_equal(got.numpy(), plain_out.numpy())
+    np.testing.assert_array_equal(dst.numpy(), st)
+
+
+def test_native_ops_hooks(emu_ops):
+    from atlas_cli.backend.ops.native_attention import KVCache
+
+    assert emu_ops.NAME == "emu" and emu_ops.fuse_decoder(object()) is None
+    cache = emu_ops.device_kv_cache(2, 1, 32, 16)
+    assert isinstance(cache, KVCache) and cache.truncate(5) == 0 and not cache.recording
 
 
 def test_graph_capture_replays_launches(emu_ops):
@@ -149,8 +197,8 @@ def test_real_gguf_weights_on_device_layout(emu_ops, smollm2_path):
     """The default model's own Q4_1 and Q8_0 blocks, laid out as the native loader lays them
     out (load_model's `_to_device`): kernels dequantize, embed and multiply them exactly as the
     numpy reference does."""
-    from atlas_cli.backend import _to_device
     from atlas_cli.backend.loaders import gguf
+    from atlas_cli.backend.ops.placement import to_device as _to_device
     from atlas_cli.store import paths
 
     gf = gguf.open_gguf(smollm2_path, cache_dir=paths.cache_dir())

@@ -198,22 +198,15 @@ def load(
 
 
 def _is_matrix(name: str, value) -> bool:
-    """Weights that `linear` multiplies by: quantized ones, and float 2-D ones other than the
-    embedding table (which is only indexed)."""
-    if hasattr(value, "dequantize"):
-        return True
-    return name.endswith(".weight") and getattr(value, "ndim", 0) == 2 and "embed" not in name
+    from atlas_cli.backend.ops import placement
+
+    return placement.is_matrix(name, value)
 
 
 def _to_device(ops, name: str, w):
-    """Matrices the kernels read in their stored format (linear layers, the embedding table);
-    everything else (norms, biases, conv and decay vectors) as float32 device arrays."""
-    if name == "rope_freqs":  # read on the host to build RoPE frequencies
-        return w
-    linear = name.endswith(("proj.weight", "embed_tokens.weight")) or name == "lm_head.weight"
-    if linear and getattr(w, "ndim", 2) == 2:
-        return ops.prepare_weight(w)
-    return ops.asarray(w)
+    from atlas_cli.backend.ops import placement
+
+    return placement.to_device(ops, name, w)
 
 
 def _open_gguf(path: Path, keep_quantized: bool = False, lazy_unpermute: bool = False):

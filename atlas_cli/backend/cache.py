@@ -14,10 +14,58 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import numpy as np
 
 GROW_STEP = 256
+
+
+class Cache(Protocol):
+    """What the engine, the speculator and the models ask of every cache (the shape of
+    mlx-lm's `_BaseCache`): `length` positions are filled, `capacity` are allocated."""
+
+    length: int
+    recording: bool  # True between start_trail and stop_trail
+
+    @property
+    def capacity(self) -> int: ...
+
+    def reserve(self, new_len: int) -> None:
+        """Make room for `new_len` positions (growing in steps, at most the context length)."""
+
+    def update(self, layer: int, start: int, k: Any, v: Any) -> tuple[Any, Any]:
+        """Write k, v (T, nkv, hd) of attention layer `layer` at positions start..start+T-1;
+        return the whole filled keys and values (nkv, start+T, hd) for attention."""
+
+    def truncate(self, length: int) -> int:
+        """Keep at most `length` positions; return how many were kept (a linear-attention
+        state may only go back to a checkpoint)."""
+
+    def checkpoint(self) -> None:
+        """Remember the state at the current length as a point `truncate` can return to."""
+
+    def start_trail(self) -> None:
+        """Record the state after every token of the next forward (a speculative verify), so
+        that `truncate` can stop at any of them."""
+
+    def stop_trail(self) -> None: ...
+
+
+class KVCacheBase:
+    """The part of `Cache` every pure key-value cache shares: K/V at a position never depend
+    on later positions, so it can be truncated anywhere, with nothing to keep or record."""
+
+    recording = False
+
+    def checkpoint(self) -> None:
+        """Nothing to do: a KV cache can be truncated anywhere."""
+
+    def start_trail(self) -> None:
+        """Nothing to record: truncating keeps exactly the positions asked for."""
+
+    def stop_trail(self) -> None:
+        """See `start_trail`."""
 
 
 def grown_capacity(cap: int, new_len: int, max_len: int) -> int:
@@ -37,7 +85,9 @@ class LayerKV:
     v: np.ndarray
 
 
-class KVCache:
+class KVCache(KVCacheBase):
+    """Host float32 keys and values, one LayerKV per layer."""
+
     def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, max_len: int):
         self.max_len = max_len
         self.length = 0  # positions filled in every layer
@@ -64,11 +114,7 @@ class KVCache:
     def update(self, layer: int, start: int, k: np.ndarray, v: np.ndarray):
         """Write k, v (T, nkv, hd) at positions start..start+T-1 and return the views of the
         whole filled cache (nkv, start+T, hd) for attention."""
-        end = start + k.shape[0]
-        entry = self.layers[layer]
-        entry.k[:, start:end] = k.transpose(1, 0, 2)
-        entry.v[:, start:end] = v.transpose(1, 0, 2)
-        return entry.k[:, :end], entry.v[:, :end]
+        return _write(self.layers[layer], start, k, v)
 
     def truncate(self, length: int) -> int:
         """Forget positions from `length` on (to roll back, or to reuse a common prefix).
@@ -76,16 +122,24 @@ class KVCache:
         self.length = min(self.length, length)
         return self.length
 
-    def checkpoint(self) -> None:
-        """Nothing to do: a KV cache can be truncated anywhere."""
+
+def _write(entry: LayerKV, start: int, k: np.ndarray, v: np.ndarray):
+    """k, v (T, nkv, hd) into the (nkv, capacity, hd) slabs at start..; the filled views."""
+    end = start + k.shape[0]
+    entry.k[:, start:end] = k.transpose(1, 0, 2)
+    entry.v[:, start:end] = v.transpose(1, 0, 2)
+    return entry.k[:, :end], entry.v[:, :end]
 
 
 def _grow(layer: LayerKV, cap: int, length: int) -> None:
-    for name in ("k", "v"):
-        old = getattr(layer, name)
-        new = np.zeros((old.shape[0], cap, old.shape[2]), np.float32)
-        new[:, :length] = old[:, :length]
-        setattr(layer, name, new)
+    layer.k, layer.v = (_regrown(old, cap, length) for old in (layer.k, layer.v))
+
+
+def _regrown(old: np.ndarray, cap: int, length: int) -> np.ndarray:
+    """(nkv, old capacity, hd) -> (nkv, cap, hd) keeping the first `length` positions."""
+    new = np.zeros((old.shape[0], cap, old.shape[2]), np.float32)
+    new[:, :length] = old[:, :length]
+    return new
 
 
 @dataclass
@@ -111,7 +165,8 @@ class HybridCache:
     """KV for full-attention layers plus conv and recurrent state for linear-attention layers.
 
     `layer_types` holds "full_attention" or "linear_attention" per layer. Attention layers use
-    the `KVCache` interface (`update`); linear layers read and write `linear[i]` in place.
+    the `KVCache` interface (`update`); linear layers read and write `linear[i]` in place, and
+    while `recording` hand the state after each token to `record`.
     """
 
     def __init__(
@@ -161,11 +216,7 @@ class HybridCache:
 
     def update(self, layer: int, start: int, k: np.ndarray, v: np.ndarray):
         """As `KVCache.update`, for a full-attention layer."""
-        end = start + k.shape[0]
-        entry = self.kv[layer]
-        entry.k[:, start:end] = k.transpose(1, 0, 2)
-        entry.v[:, start:end] = v.transpose(1, 0, 2)
-        return entry.k[:, :end], entry.v[:, :end]
+        return _write(self.kv[layer], start, k, v)
 
     def start_trail(self) -> None:
         """Record the state after every token of the next forward (a speculative verify):

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from atlas_cli.backend.cache import Cache
+from atlas_cli.backend.models.base import BaseModel
 from atlas_cli.backend.sample import Sampler, SamplingParams
 from atlas_cli.backend.tokenizer import TextTokenizer
 from atlas_cli.errors import ContextOverflowError
@@ -121,17 +123,21 @@ class StopMatcher:
 
 class Engine:
     def __init__(
-        self, model, tokenizer: TextTokenizer, context_length: int, draft: int | None = None
+        self,
+        model: BaseModel,
+        tokenizer: TextTokenizer,
+        context_length: int,
+        draft: int | None = None,
     ):
         """`draft`: tokens to draft per step with the model's MTP head (speculative decoding);
         None picks a default when the model has one, 0 turns speculation off."""
         self.model = model
         self.tokenizer = tokenizer
         self.context_length = context_length
-        self.cache = model.new_cache(context_length)
+        self.cache: Cache = model.new_cache(context_length)
         self.cached_ids: list[int] = []  # tokens whose K/V are in the cache
         self.speculator = None
-        if getattr(model, "has_mtp", False):
+        if model.has_mtp:
             from atlas_cli.backend.speculative import DEFAULT_DRAFT, MTPSpeculator
 
             draft = DEFAULT_DRAFT if draft is None else draft
@@ -184,8 +190,7 @@ class Engine:
             common += 1
         common = min(common, len(ids) - 1)  # recompute at least the last token for its logits
         # a linear-attention state cannot be cut anywhere: the cache may keep less
-        kept = self.cache.truncate(common)
-        common = common if kept is None else kept
+        common = self.cache.truncate(common)
         self.cached_ids = self.cached_ids[:common]
         if self.speculator is not None:
             self.speculator.truncate(common)
@@ -194,8 +199,7 @@ class Engine:
             self._forward(arr[start : min(start + PREFILL_CHUNK, len(ids) - 1)], start)
         # a restart point just before the last prompt token: the same prompt again, or one that
         # shares it and then differs inside this reply, resumes from here
-        if hasattr(self.cache, "checkpoint"):
-            self.cache.checkpoint()
+        self.cache.checkpoint()
         hidden = self._forward(arr[-1:], len(ids) - 1)
         self.cached_ids = list(ids)
         return self.model.logits(hidden)[0], common

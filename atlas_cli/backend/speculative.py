@@ -90,7 +90,7 @@ class MTPSpeculator:
             assert kept == n, "the cache lost positions it recorded"
         self.truncate(n)
         drafts = self.draft(token, n)
-        trail = hasattr(eng.cache, "start_trail") and bool(drafts)
+        trail = bool(drafts)
         if trail:
             eng.cache.start_trail()
         try:

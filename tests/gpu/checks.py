@@ -14,8 +14,10 @@ import numpy as np
 
 from atlas_cli.backend import sample as host_sample
 from atlas_cli.backend.loaders import quant
+from atlas_cli.backend.loaders.gguf import QuantizedTensor
+from atlas_cli.backend.loaders.safetensors import NVFP4Tensor
 from atlas_cli.backend.ops import numpy_ref as ref
-from atlas_cli.backend.ops.native import bf16_bits_to_f32, f32_to_bf16_bits
+from atlas_cli.backend.ops.native_array import bf16_bits_to_f32, f32_to_bf16_bits
 
 # -- reference helpers -------------------------------------------------------------------------
 
@@ -46,11 +48,9 @@ def e4m3_encode_ref(x: np.ndarray) -> np.ndarray:
     return (pick | np.where(np.signbit(x), 0x80, 0)).astype(np.uint8)
 
 
-class NVFP4:
-    """An NVFP4 weight as the safetensors loader holds it (packed, scale, global_scale)."""
-
-    def __init__(self, packed, scale, global_scale):
-        self.packed, self.scale, self.global_scale = packed, scale, global_scale
+class NVFP4(NVFP4Tensor):
+    """An NVFP4 weight as the safetensors loader holds it (packed, scale, global_scale), with
+    its own reference dequantization."""
 
     def dequantize(self) -> np.ndarray:
         # modelopt NVFP4QTensor.dequantize order: E2M1 * (fp8 scale * global scale)
@@ -61,11 +61,8 @@ class NVFP4:
         return (vals * s[..., None]).reshape(out, half * 2)
 
 
-class GGUFWeight:
-    """Like loaders.gguf.QuantizedTensor: blocks (rows, bytes_per_row) of one ggml type."""
-
-    def __init__(self, type_id: int, shape, blocks):
-        self.type_id, self.shape, self.blocks = type_id, shape, blocks
+class GGUFWeight(QuantizedTensor):
+    """A loaders.gguf.QuantizedTensor: blocks (rows, bytes_per_row) of one ggml type."""
 
     def dequantize(self) -> np.ndarray:
         return quant.dequantize(self.blocks, self.type_id, self.shape)
@@ -226,7 +223,7 @@ def check_elementwise(ops, rng, scale: int = 1) -> None:
 
 
 def _attention_case(ops, rng, t, nh, nkv, hd, start, kv_dtype, nsplit):
-    from atlas_cli.backend.ops.native import KVCache
+    from atlas_cli.backend.ops.native_attention import KVCache
 
     s = start + t
     q = rng.standard_normal((t, nh, hd)).astype(np.float32)
@@ -297,7 +294,8 @@ def _l2(x):
 
 
 def _conv_ref(x, w, state):
-    """formats.md 1.4 step 2 without the SiLU (numpy_ref.causal_conv1d on the qwen branch)."""
+    """docs/formats.md 3.2, Gated DeltaNet step 2, without the SiLU (numpy_ref.causal_conv1d on
+    the qwen branch)."""
     k = w.shape[1]
     full = np.concatenate([state, x])
     out = sum(w[:, j] * full[j : j + x.shape[0]] for j in range(k))
@@ -305,7 +303,8 @@ def _conv_ref(x, w, state):
 
 
 def _gdn_ref(q, k, v, g, beta, state):
-    """formats.md 1.4 step 7 (numpy_ref.gated_delta_rule on the qwen branch), in float64."""
+    """docs/formats.md 3.2, Gated DeltaNet step 7 (numpy_ref.gated_delta_rule on the qwen
+    branch), in float64."""
     nv, dk = v.shape[1], q.shape[2]
     r = nv // q.shape[1]
     q = np.repeat(q, r, axis=1).astype(np.float64) * dk**-0.5

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from atlas_cli.backend.formats import QuantizedWeight, StoredRows, WeightFormat
 from atlas_cli.backend.loaders import quant
 from atlas_cli.errors import CorruptModelError, UnsupportedModelError
 
@@ -84,7 +85,7 @@ class TensorInfo:
 
 
 @dataclass(frozen=True)
-class QuantizedTensor:
+class QuantizedTensor(QuantizedWeight):
     """A weight kept in its GGUF blocks: `blocks` is (rows, bytes_per_row) uint8. With
     `row_perm`, logical row i is `blocks[row_perm[i]]` (llama.cpp's Q/K row order left in place,
     see `load_weights(lazy_unpermute=True)`)."""
@@ -94,9 +95,16 @@ class QuantizedTensor:
     blocks: np.ndarray
     row_perm: np.ndarray | None = None
 
+    @property
+    def format(self) -> WeightFormat:
+        return quant.GGML_TYPES[self.type_id]
+
     def dequantize(self) -> np.ndarray:
         blocks = self.blocks if self.row_perm is None else self.blocks[self.row_perm]
         return quant.dequantize(blocks, self.type_id, self.shape)
+
+    def stored(self) -> StoredRows:
+        return StoredRows(self.blocks, row_perm=self.row_perm)
 
 
 class GGUFFile:
@@ -347,7 +355,7 @@ def load_weights(
         if arch == "qwen35":
             weights[target] = _qwen35_tensor(target, raw, info, config, keep_quantized)
             continue
-        quantized = info.type_id not in (0, 1, 30)  # F32, F16, BF16
+        quantized = quant.GGML_TYPES[info.type_id].quantized
         if keep_quantized and quantized and len(info.shape) == 2:
             if perm is not None and not lazy_unpermute:
                 raw, perm = np.ascontiguousarray(raw[perm]), None
@@ -382,7 +390,7 @@ def _qwen35_tensor(target: str, raw: np.ndarray, info: TensorInfo, config, keep_
             raw = grouped_rows(raw, nk, r, dv)
         elif leaf in ("in_proj_a.weight", "in_proj_b.weight"):
             raw = grouped_rows(raw, nk, r, 1)
-    quantized = info.type_id not in (0, 1, 30)
+    quantized = quant.GGML_TYPES[info.type_id].quantized
     if target.endswith("linear_attn.out_proj.weight"):
         # the value heads run along the columns, across quantization blocks: dequantize
         w = quant.dequantize(raw, info.type_id, info.shape)

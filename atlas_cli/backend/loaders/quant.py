@@ -6,102 +6,47 @@ float multiplication and addition do not reassociate exactly. The integer unpack
 differ, and does, for speed: nibbles are unpacked with uint8 arithmetic straight into the
 preallocated output, and big tensors are processed in cache-sized chunks of blocks.
 
-This module imports numpy only, so a runtime without the ``gguf`` package can still use it.
-Block layouts: /work/shared/notes/formats.md section 3.2.
+This module needs numpy only (not the ``gguf`` package). Block layouts: docs/formats.md.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from math import prod
 
 import numpy as np
 
+import atlas_cli.backend.formats as formats
+from atlas_cli.backend.formats import WeightFormat
+
 __all__ = [
     "GGML_TYPES",
-    "QuantType",
     "UnsupportedQuantError",
     "dequantize",
     "dequantize_blocks",
 ]
 
 
-@dataclass(frozen=True)
-class QuantType:
-    """A ggml tensor type: ``block_elems`` values are stored in ``block_bytes`` bytes."""
-
-    name: str
-    block_elems: int
-    block_bytes: int
-
-
 class UnsupportedQuantError(ValueError):
     """The ggml tensor type has no dequantizer here."""
 
 
-QK_K = 256  # elements per K-quant super-block
 K_SCALE_SIZE = 12  # bytes of packed 6-bit scales/mins in Q4_K and Q5_K
 
-GGML_TYPES: dict[int, QuantType] = {
-    0: QuantType("F32", 1, 4),
-    1: QuantType("F16", 1, 2),
-    2: QuantType("Q4_0", 32, 18),
-    3: QuantType("Q4_1", 32, 20),
-    8: QuantType("Q8_0", 32, 34),
-    12: QuantType("Q4_K", QK_K, 144),
-    13: QuantType("Q5_K", QK_K, 176),
-    14: QuantType("Q6_K", QK_K, 210),
-    30: QuantType("BF16", 1, 2),
-}
-
-# Names of the ggml types we do not support, only so that error messages can name them.
-_OTHER_TYPE_NAMES: dict[int, str] = {
-    6: "Q5_0",
-    7: "Q5_1",
-    9: "Q8_1",
-    10: "Q2_K",
-    11: "Q3_K",
-    15: "Q8_K",
-    16: "IQ2_XXS",
-    17: "IQ2_XS",
-    18: "IQ3_XXS",
-    19: "IQ1_S",
-    20: "IQ4_NL",
-    21: "IQ3_S",
-    22: "IQ2_S",
-    23: "IQ4_XS",
-    24: "I8",
-    25: "I16",
-    26: "I32",
-    27: "I64",
-    28: "F64",
-    29: "IQ1_M",
-    34: "TQ1_0",
-    35: "TQ2_0",
-    39: "MXFP4",
-    40: "NVFP4",
-    41: "Q1_0",
-}
+GGML_TYPES: dict[int, WeightFormat] = formats.GGML  # the types dequantize() reads
 
 # Blocks per chunk in dequantize(): big enough to amortise numpy call overhead, small enough
 # that the chunk's temporaries stay in cache (about 1 MiB of float32 output per chunk).
 _CHUNK_ELEMS = 1 << 18
 
 
-def _type_name(type_id: int) -> str:
-    qt = GGML_TYPES.get(type_id)
-    if qt is not None:
-        return qt.name
-    return _OTHER_TYPE_NAMES.get(type_id, "unknown")
-
-
-def _quant_type(type_id: int) -> QuantType:
+def _quant_type(type_id: int) -> WeightFormat:
     qt = GGML_TYPES.get(int(type_id))
     if qt is None:
         supported = ", ".join(f"{q.name} ({i})" for i, q in sorted(GGML_TYPES.items()))
         raise UnsupportedQuantError(
-            f"cannot dequantize ggml type {_type_name(int(type_id))} (id {int(type_id)}); "
+            f"cannot dequantize ggml type {formats.ggml_type_name(int(type_id))} "
+            f"(id {int(type_id)}); "
             f"supported types: {supported}"
         )
     return qt
@@ -114,15 +59,29 @@ def _f16(blocks: np.ndarray, start: int) -> np.ndarray:
 
 # --- per-type kernels: blocks [n, block_bytes] uint8 (C-contiguous) -> out [n, block_elems] f32
 
+_Kernel = Callable[[np.ndarray, np.ndarray], None]
+_BY_FORMAT: dict[str, _Kernel] = {}
 
+
+def _dequantizer(fmt: WeightFormat) -> Callable[[_Kernel], _Kernel]:
+    def register(kernel: _Kernel) -> _Kernel:
+        _BY_FORMAT[fmt.kernel] = kernel
+        return kernel
+
+    return register
+
+
+@_dequantizer(formats.F32)
 def _deq_f32(blocks: np.ndarray, out: np.ndarray) -> None:
     out[:] = blocks.view(np.float32)
 
 
+@_dequantizer(formats.F16)
 def _deq_f16(blocks: np.ndarray, out: np.ndarray) -> None:
     out[:] = blocks.view(np.float16)
 
 
+@_dequantizer(formats.BF16)
 def _deq_bf16(blocks: np.ndarray, out: np.ndarray) -> None:
     # bf16 is the top half of an f32: shift the bits up, keeping NaN payloads as gguf does.
     bits = out.view(np.uint32)
@@ -136,6 +95,7 @@ def _unpack_nibbles32(qs: np.ndarray, q: np.ndarray) -> None:
     np.right_shift(qs, 4, out=q[:, 16:])
 
 
+@_dequantizer(formats.Q4_0)
 def _deq_q4_0(blocks: np.ndarray, out: np.ndarray) -> None:
     d = _f16(blocks, 0)
     q = np.empty(out.shape, dtype=np.uint8)
@@ -145,6 +105,7 @@ def _deq_q4_0(blocks: np.ndarray, out: np.ndarray) -> None:
     np.multiply(d, qi, out=out)
 
 
+@_dequantizer(formats.Q4_1)
 def _deq_q4_1(blocks: np.ndarray, out: np.ndarray) -> None:
     d = _f16(blocks, 0)
     m = _f16(blocks, 2)
@@ -154,6 +115,7 @@ def _deq_q4_1(blocks: np.ndarray, out: np.ndarray) -> None:
     out += m
 
 
+@_dequantizer(formats.Q8_0)
 def _deq_q8_0(blocks: np.ndarray, out: np.ndarray) -> None:
     d = _f16(blocks, 0)
     np.multiply(blocks[:, 2:].view(np.int8), d, out=out)
@@ -183,6 +145,7 @@ def _k_scales(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return dsc, dm
 
 
+@_dequantizer(formats.Q4_K)
 def _deq_q4_k(blocks: np.ndarray, out: np.ndarray) -> None:
     n = blocks.shape[0]
     dsc, dm = _k_scales(blocks)
@@ -196,6 +159,7 @@ def _deq_q4_k(blocks: np.ndarray, out: np.ndarray) -> None:
     o -= dm
 
 
+@_dequantizer(formats.Q5_K)
 def _deq_q5_k(blocks: np.ndarray, out: np.ndarray) -> None:
     n = blocks.shape[0]
     dsc, dm = _k_scales(blocks)
@@ -217,6 +181,7 @@ def _deq_q5_k(blocks: np.ndarray, out: np.ndarray) -> None:
     o -= dm
 
 
+@_dequantizer(formats.Q6_K)
 def _deq_q6_k(blocks: np.ndarray, out: np.ndarray) -> None:
     n = blocks.shape[0]
     ql = blocks[:, :128].reshape(n, 2, 2, 32)  # [half, ql[l] / ql[l+32], l]
@@ -240,20 +205,10 @@ def _deq_q6_k(blocks: np.ndarray, out: np.ndarray) -> None:
     np.multiply(dsc, qi.reshape(n, 16, 16), out=out.reshape(n, 16, 16))
 
 
-_KERNELS: dict[int, Callable[[np.ndarray, np.ndarray], None]] = {
-    0: _deq_f32,
-    1: _deq_f16,
-    2: _deq_q4_0,
-    3: _deq_q4_1,
-    8: _deq_q8_0,
-    12: _deq_q4_k,
-    13: _deq_q5_k,
-    14: _deq_q6_k,
-    30: _deq_bf16,
-}
+_KERNELS: dict[int, _Kernel] = {tid: _BY_FORMAT[f.kernel] for tid, f in GGML_TYPES.items()}
 
 
-def _as_blocks(data: np.ndarray, qt: QuantType) -> np.ndarray:
+def _as_blocks(data: np.ndarray, qt: WeightFormat) -> np.ndarray:
     """Reinterpret ``data`` (any dtype and shape) as C-contiguous [n_blocks, block_bytes] uint8."""
     raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
     if raw.size % qt.block_bytes != 0:

@@ -1,7 +1,8 @@
 """Hugging Face safetensors checkpoints: single-file or sharded, memory-mapped.
 
 Float tensors come back as float32 numpy arrays (bf16 is widened by a 16-bit shift, exactly).
-Quantized linear weights come back as objects with `.dequantize() -> float32 (out, in)`:
+Quantized linear weights come back as `formats.QuantizedWeight`s
+(`.dequantize() -> float32 (out, in)`):
 
 - NVFP4 (NVIDIA ModelOpt): `<p>.weight` U8 (out, in/2) packed E2M1 codes, `<p>.weight_scale`
   F8_E4M3 (out, in/16) per-block scales, `<p>.weight_scale_2` F32 global scale.
@@ -10,7 +11,7 @@ Quantized linear weights come back as objects with `.dequantize() -> float32 (ou
 
 The format is decided per tensor from the stored dtypes, never from the config alone: NVFP4
 checkpoints keep some layers (lm_head, mtp.fc, sometimes all of attention) in bf16.
-Layout and exact formulas: /work/shared/notes/formats.md section 2.
+Layout and exact formulas: docs/formats.md.
 
 We read the header ourselves (8-byte length + JSON, per the safetensors spec) and map the file
 with numpy: the `safetensors` numpy API has no bf16 or fp8 and copies instead of mapping.
@@ -27,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+import atlas_cli.backend.formats as formats
+from atlas_cli.backend.formats import QuantizedWeight, StoredRows
 from atlas_cli.errors import CorruptModelError, UnsupportedModelError
 
 # safetensors dtype -> numpy storage dtype (bf16 and fp8 are stored raw and decoded by us)
@@ -57,7 +60,7 @@ IGNORED_PREFIXES = ("model.visual.", "visual.", "model.vision_tower.")
 E2M1_VALUES = np.array(
     [0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], dtype=np.float32
 )
-NVFP4_BLOCK = 16
+NVFP4_BLOCK = formats.NVFP4.block_elems
 
 
 def _e4m3_table() -> np.ndarray:
@@ -86,14 +89,14 @@ def e4m3_to_f32(codes: np.ndarray) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class NVFP4Tensor:
+class NVFP4Tensor(QuantizedWeight):
     """A ModelOpt NVFP4 linear weight, kept packed until `dequantize`."""
 
     packed: np.ndarray  # (out, in/2) uint8: low nibble = even column, high nibble = odd column
     scale: np.ndarray  # (out, in/16) uint8 float8_e4m3fn codes
     global_scale: float  # weight_scale_2
 
-    format = "nvfp4"
+    format = formats.NVFP4
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -110,15 +113,18 @@ class NVFP4Tensor:
         scale = e4m3_to_f32(self.scale) * np.float32(self.global_scale)  # (out, in/16)
         return (values * scale[..., None]).reshape(out, half * 2)
 
+    def stored(self) -> StoredRows:
+        return StoredRows(self.packed, np.asarray(self.scale).view(np.uint8), self.global_scale)
+
 
 @dataclass(frozen=True)
-class FP8Tensor:
+class FP8Tensor(QuantizedWeight):
     """An FP8 (E4M3) weight with a per-tensor, per-row or per-block float32 scale."""
 
     codes: np.ndarray  # (out, in) uint8 float8_e4m3fn codes
     scale: np.ndarray  # () / (1,) / (out, 1) multiplier, or (out/bo, in/bi) block multipliers
 
-    format = "fp8"
+    format = formats.FP8
 
     @property
     def shape(self) -> tuple[int, int]:

@@ -3,15 +3,18 @@
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from atlas_cli.backend.cache import Cache, KVCache
+from atlas_cli.backend.models.base import BaseModel, BaseModelArgs, rope_inv_freq
+from atlas_cli.backend.ops.contract import Ops
+
 
 @dataclass(frozen=True)
-class ModelArgs:
+class ModelArgs(BaseModelArgs):
     hidden_size: int
     intermediate_size: int
     num_hidden_layers: int
@@ -28,9 +31,7 @@ class ModelArgs:
     partial_rotary_factor: float = 1.0
 
     @classmethod
-    def from_config(cls, config: dict[str, Any]) -> ModelArgs:
-        known = {f.name for f in fields(cls)}
-        args = {k: v for k, v in config.items() if k in known}
+    def derive(cls, args: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
         # transformers 5 nests theta and scaling under rope_parameters
         rope = config.get("rope_parameters") or {}
         if "rope_theta" in rope:
@@ -39,56 +40,31 @@ class ModelArgs:
             args["rope_scaling"] = rope
         if "partial_rotary_factor" in rope:
             args.setdefault("partial_rotary_factor", rope["partial_rotary_factor"])
-        return cls(**args)
+        return args
 
     @property
     def dim_per_head(self) -> int:
         return self.head_dim or self.hidden_size // self.num_attention_heads
 
 
-def rope_inv_freq(args: ModelArgs, freq_factors: np.ndarray | None = None) -> np.ndarray:
-    """RoPE inverse frequencies (rot/2,) float32, with the scaling the config names (HF's
-    `ROPE_INIT_FUNCTIONS`: default, linear, llama3). GGUF files carry llama3 scaling as
-    per-frequency divisors (`rope_freqs`) instead."""
-    rot = int(args.dim_per_head * args.partial_rotary_factor)
-    inv = 1.0 / (args.rope_theta ** (np.arange(0, rot, 2, dtype=np.float64) / rot))
-    scaling = args.rope_scaling or {}
-    kind = scaling.get("rope_type", scaling.get("type", "default"))
-    if kind == "linear":
-        inv = inv / scaling["factor"]
-    elif kind == "llama3":
-        factor = scaling["factor"]
-        low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
-        old_ctx = scaling["original_max_position_embeddings"]
-        wavelen = 2 * math.pi / inv
-        smooth = (old_ctx / wavelen - low) / (high - low)
-        scaled = np.where(wavelen > old_ctx / low, inv / factor, inv)
-        mid = (wavelen <= old_ctx / low) & (wavelen >= old_ctx / high)
-        inv = np.where(mid, (1 - smooth) * inv / factor + smooth * inv, scaled)
-    elif kind not in ("default",):
-        raise ValueError(f"unsupported rope scaling {kind!r}")
-    if freq_factors is not None:
-        inv = inv / freq_factors.astype(np.float64)
-    return inv.astype(np.float32)
-
-
-class LlamaModel:
+class LlamaModel(BaseModel):
     """Runs on any ops module (numpy reference or native): the math only."""
 
     qk_norm = False  # Qwen3 normalises q and k per head before RoPE
 
-    def __init__(self, args: ModelArgs, weights: dict[str, Any], ops):
-        self.args = args
-        self.ops = ops
-        self.w = weights
-        self.inv_freq = rope_inv_freq(args, weights.get("rope_freqs"))
-        if args.tie_word_embeddings or "lm_head.weight" not in weights:
-            self.w["lm_head.weight"] = weights["model.embed_tokens.weight"]
-        # Backends may run a whole decode step in one call (ops.fuse_decoder); None: op by op.
-        fuse = getattr(ops, "fuse_decoder", None)
-        self.fused = fuse(self) if fuse is not None else None
+    def __init__(self, args: ModelArgs, weights: dict[str, Any], ops: Ops):
+        super().__init__(args, weights, ops)
+        self.inv_freq = rope_inv_freq(
+            args.dim_per_head,
+            args.rope_theta,
+            args.partial_rotary_factor,
+            args.rope_scaling,
+            self.w.get("rope_freqs"),
+        )
+        # Backends may run a whole decode step in one call; None: op by op.
+        self.fused = ops.fuse_decoder(self)
 
-    def forward(self, ids: np.ndarray, cache, start: int) -> np.ndarray:
+    def forward(self, ids: np.ndarray, cache: Cache, start: int) -> np.ndarray:
         """Hidden states after the final norm, (T, H), for `ids` (T,) at positions start...;
         writes their keys and values into `cache`."""
         if self.fused is not None and len(ids) == 1:
@@ -101,10 +77,10 @@ class LlamaModel:
             h = ops.rms_norm(x, self.w[p + "input_layernorm.weight"], a.rms_norm_eps)
             x = x + self.attention(h, i, positions, cache, start)
             h = ops.rms_norm(x, self.w[p + "post_attention_layernorm.weight"], a.rms_norm_eps)
-            x = x + self.mlp(h, p)
+            x = x + self.mlp(h, p + "mlp.")
         return ops.rms_norm(x, self.w["model.norm.weight"], a.rms_norm_eps)
 
-    def attention(self, h, layer: int, positions, cache, start: int):
+    def attention(self, h, layer: int, positions, cache: Cache, start: int):
         ops, a, w = self.ops, self.args, self.w
         p = f"model.layers.{layer}.self_attn."
         t, hd = h.shape[0], a.dim_per_head
@@ -123,22 +99,11 @@ class LlamaModel:
         out = ops.attention(q, keys, values, start)  # (T, nh, hd)
         return ops.linear(out.reshape(t, -1), w[p + "o_proj.weight"])
 
-    def mlp(self, h, prefix: str):
-        ops, w = self.ops, self.w
-        gate = ops.linear(h, w[prefix + "mlp.gate_proj.weight"])
-        up = ops.linear(h, w[prefix + "mlp.up_proj.weight"])
-        return ops.linear(ops.silu_mul(gate, up), w[prefix + "mlp.down_proj.weight"])
-
-    def logits(self, hidden: np.ndarray) -> np.ndarray:
-        """(T, H) final hidden states -> (T, V) float32 logits."""
-        return self.ops.linear(hidden, self.w["lm_head.weight"])
-
-    def new_cache(self, max_len: int):
-        from atlas_cli.backend.cache import KVCache
-
+    def new_cache(self, max_len: int) -> Cache:
         if self.fused is not None:
             return self.fused.new_cache(max_len)
         a = self.args
-        # native ops keep the cache on the device; the numpy reference uses cache.KVCache
-        make = getattr(self.ops, "KVCache", KVCache)
-        return make(a.num_hidden_layers, a.num_key_value_heads, a.dim_per_head, max_len)
+        shape = (a.num_hidden_layers, a.num_key_value_heads, a.dim_per_head, max_len)
+        # native ops keep the cache on the device; the host backends use cache.KVCache
+        cache = self.ops.device_kv_cache(*shape)
+        return cache if cache is not None else KVCache(*shape)

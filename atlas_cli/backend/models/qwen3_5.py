@@ -2,23 +2,27 @@
 `Qwen3_5ForCausalLM`: a hybrid of Gated DeltaNet (linear attention) layers and gated full
 attention layers, with (1 + w) RMSNorms, partial rotary embedding and a SwiGLU MLP.
 
-The math and weight names are in /work/shared/notes/formats.md section 1.4. Text-only input
-makes the interleaved mrope plain 1-D RoPE, which is what this file computes.
+The math and weight names are in docs/formats.md ("Qwen3.5"). Text-only input makes the
+interleaved mrope plain 1-D RoPE, which is what this file computes.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+from atlas_cli.backend.cache import HybridCache, KVCache
+from atlas_cli.backend.models.base import BaseModel, BaseModelArgs, rope_inv_freq
+from atlas_cli.backend.ops.contract import Ops
 
 FULL = "full_attention"
 LINEAR = "linear_attention"
 
 
 @dataclass(frozen=True)
-class ModelArgs:
+class ModelArgs(BaseModelArgs):
     hidden_size: int
     intermediate_size: int
     num_hidden_layers: int
@@ -44,11 +48,13 @@ class ModelArgs:
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> ModelArgs:
         """From config.json: a `qwen3_5_text` config, or a `qwen3_5` one whose language model
-        sits under `text_config` (keys there win over the top level)."""
+        sits under `text_config` (keys there win over the top level); null values are unset."""
         merged = {**config, **(config.get("text_config") or {})}
-        known = {f.name for f in fields(cls)}
-        args = {k: v for k, v in merged.items() if k in known and v is not None}
-        rope = merged.get("rope_parameters") or {}
+        return super().from_config({k: v for k, v in merged.items() if v is not None})
+
+    @classmethod
+    def derive(cls, args: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
+        rope = config.get("rope_parameters") or {}
         for key in ("rope_theta", "partial_rotary_factor"):
             if key in rope:
                 args.setdefault(key, rope[key])
@@ -62,7 +68,7 @@ class ModelArgs:
         args["layer_types"] = tuple(args["layer_types"])
         if len(args["layer_types"]) != n or set(args["layer_types"]) - {FULL, LINEAR}:
             raise ValueError(f"bad layer_types for {n} layers: {args['layer_types']}")
-        return cls(**args)
+        return args
 
     @property
     def dim_per_head(self) -> int:
@@ -77,35 +83,28 @@ class ModelArgs:
         return self.linear_num_value_heads * self.linear_value_head_dim
 
 
-def rope_inv_freq(args: ModelArgs) -> np.ndarray:
-    """(rot/2,) inverse frequencies for the rotated first `rot` dims of each head."""
-    rot = int(args.head_dim * args.partial_rotary_factor)
-    return (1.0 / (args.rope_theta ** (np.arange(0, rot, 2, dtype=np.float64) / rot))).astype(
-        np.float32
-    )
-
-
-class Qwen3_5Model:
+class Qwen3_5Model(BaseModel):
     """Runs on any ops module (numpy reference or native): the math only."""
 
-    def __init__(self, args: ModelArgs, weights: dict[str, Any], ops):
-        self.args = args
-        self.ops = ops
-        self.w = weights
-        self.inv_freq = rope_inv_freq(args)
-        if args.tie_word_embeddings or "lm_head.weight" not in weights:
-            self.w["lm_head.weight"] = weights["model.embed_tokens.weight"]
-        for i, kind in enumerate(args.layer_types):
+    def __init__(self, args: ModelArgs, weights: dict[str, Any], ops: Ops):
+        super().__init__(args, weights, ops)
+        self.inv_freq = rope_inv_freq(args.head_dim, args.rope_theta, args.partial_rotary_factor)
+
+    def sanitize(self, weights: dict[str, Any]) -> dict[str, Any]:
+        """The tied lm_head, plus per Gated DeltaNet layer: the conv weight as (C, K), and the
+        constant decay rate `A` = -exp(A_log), computed once in float32."""
+        w = super().sanitize(weights)
+        for i, kind in enumerate(self.args.layer_types):
             if kind == LINEAR:
                 p = f"model.layers.{i}.linear_attn."
-                conv = self.w[p + "conv1d.weight"]
-                self.w[p + "conv1d.weight"] = conv.reshape(conv.shape[0], -1)  # (C, 1, K) -> (C, K)
-                # the decay rate -exp(A_log) is a constant: compute it once, in float32
-                self.w[p + "A"] = -np.exp(np.asarray(self.w[p + "A_log"], np.float32))
+                conv = w[p + "conv1d.weight"]
+                w[p + "conv1d.weight"] = conv.reshape(conv.shape[0], -1)  # (C, 1, K) -> (C, K)
+                w[p + "A"] = -np.exp(np.asarray(w[p + "A_log"], np.float32))
+        return w
 
     # -- the stack ----------------------------------------------------------------------------
 
-    def forward(self, ids: np.ndarray, cache, start: int) -> np.ndarray:
+    def forward(self, ids: np.ndarray, cache: HybridCache, start: int) -> np.ndarray:
         """Hidden states after the final norm, (T, H), for `ids` (T,) at positions start...;
         advances `cache` (KV of attention layers, state of linear layers) by T positions."""
         ops, a = self.ops, self.args
@@ -113,7 +112,7 @@ class Qwen3_5Model:
         x = self.layers(x, cache, start)
         return ops.rms_norm(x, self.w["model.norm.weight"], a.rms_norm_eps, unit_offset=True)
 
-    def layers(self, x: np.ndarray, cache, start: int) -> np.ndarray:
+    def layers(self, x: np.ndarray, cache: HybridCache, start: int) -> np.ndarray:
         ops, a = self.ops, self.args
         positions = np.arange(start, start + x.shape[0])
         for i, kind in enumerate(a.layer_types):
@@ -149,13 +148,13 @@ class Qwen3_5Model:
             out = out * ops.sigmoid(gate.reshape(t, nh * hd))
         return ops.linear(out, w[p + "o_proj.weight"])
 
-    def gated_deltanet(self, h, p: str, cache, layer: int, start: int) -> np.ndarray:
+    def gated_deltanet(self, h, p: str, cache: HybridCache, layer: int, start: int) -> np.ndarray:
         """Gated DeltaNet (transformers' Qwen3_5GatedDeltaNet); updates the layer's conv and
         recurrent state in `cache`, and records the state after each token when the cache
         asks (a speculative verify, so that rejected tokens can be dropped)."""
         ops, a, w = self.ops, self.args, self.w
         state = cache.linear[layer]
-        record = getattr(cache, "recording", False)
+        record = cache.recording
         t = h.shape[0]
         nk, dk = a.linear_num_key_heads, a.linear_key_head_dim
         nv, dv = a.linear_num_value_heads, a.linear_value_head_dim
@@ -183,12 +182,6 @@ class Qwen3_5Model:
         out = ops.rms_norm_gated(out, z, w[p + "norm.weight"], a.rms_norm_eps)
         return ops.linear(out.reshape(t, nv * dv), w[p + "out_proj.weight"])
 
-    def mlp(self, h, p: str):
-        ops, w = self.ops, self.w
-        gate = ops.linear(h, w[p + "gate_proj.weight"])
-        up = ops.linear(h, w[p + "up_proj.weight"])
-        return ops.linear(ops.silu_mul(gate, up), w[p + "down_proj.weight"])
-
     # -- multi-token prediction (vLLM qwen3_5_mtp.py / qwen3_next_mtp.py) ----------------------
 
     @property
@@ -215,19 +208,11 @@ class Qwen3_5Model:
         x = x + self.mlp(h, p + "mlp.")
         return ops.rms_norm(x, w["mtp.norm.weight"], eps, unit_offset=True)
 
-    def new_mtp_cache(self, max_len: int):
-        from atlas_cli.backend.cache import KVCache
-
+    def new_mtp_cache(self, max_len: int) -> KVCache:
         a = self.args
         return KVCache(1, a.num_key_value_heads, a.head_dim, max_len)
 
-    def logits(self, hidden: np.ndarray) -> np.ndarray:
-        """(T, H) final hidden states -> (T, V) float32 logits."""
-        return self.ops.linear(hidden, self.w["lm_head.weight"])
-
-    def new_cache(self, max_len: int):
-        from atlas_cli.backend.cache import HybridCache
-
+    def new_cache(self, max_len: int) -> HybridCache:
         a = self.args
         return HybridCache(
             a.layer_types,

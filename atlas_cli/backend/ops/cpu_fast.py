@@ -1,7 +1,8 @@
 """The fast CPU ops (`--device cpu`): GGUF weights stay in their quantized blocks.
 
-Same op names and signatures as `numpy_ref` (every op not defined here is numpy_ref's), plus the
-fused decoder hook. Matrix products run on the blocks (cpu_kernels.py):
+The ops contract (ops/contract.py): every op not defined here is numpy_ref's; this module adds
+products on the blocks and the fused decoder hook. Matrix products run on the blocks
+(cpu_kernels.py):
 
 - a few tokens (decode): each row's blocks are read once and dotted with every token's float32
   activations, dequantizing on the fly; rows are split across cores;
@@ -16,11 +17,13 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
-from atlas_cli.backend.cache import GROW_STEP, KVCache, LayerKV
+import atlas_cli.backend.formats as formats
+from atlas_cli.backend.cache import GROW_STEP, KVCache, LayerKV, grown_capacity
+from atlas_cli.backend.formats import QuantizedWeight, WeightFormat
+from atlas_cli.backend.ops import cpu_decode as _d
 from atlas_cli.backend.ops import cpu_kernels as _k
 from atlas_cli.backend.ops import numpy_ref as _ref
 from atlas_cli.backend.ops.numpy_ref import *  # noqa: F403  (ops this backend does not override)
@@ -32,7 +35,7 @@ GEMV_MAX_TOKENS = 4  # up to this many tokens, products dot each row's blocks di
 
 
 @dataclass(frozen=True)
-class PackedMatrix:
+class PackedMatrix(QuantizedWeight):
     """A (rows, cols) weight as GGUF blocks inside a flat uint8 buffer (usually the memory map
     of the whole file): logical row r is stored at byte `offset + perm[r] * row_bytes`."""
 
@@ -42,6 +45,10 @@ class PackedMatrix:
     offset: int
     row_bytes: int
     perm: np.ndarray  # (rows,) int64
+
+    @property
+    def format(self) -> WeightFormat:
+        return formats.GGML[self.type_id]
 
     @property
     def blocks_per_row(self) -> int:
@@ -65,12 +72,14 @@ def _root(a: np.ndarray) -> np.ndarray:
     return a
 
 
-def pack(qt: Any) -> PackedMatrix | None:
-    """A QuantizedTensor as a PackedMatrix, or None when its type has no kernel here."""
+def pack(qt: QuantizedWeight) -> PackedMatrix | None:
+    """A GGUF-block weight as a PackedMatrix, or None when its format has no kernel here."""
     rows, cols = qt.shape
-    if qt.type_id not in _k.BLOCKS or cols % _k.BLOCKS[qt.type_id][0] != 0:
+    type_id = qt.format.ggml_type
+    if not qt.format.cpu or cols % _k.BLOCKS[type_id][0] != 0:
         return None
-    blocks = qt.blocks
+    stored = qt.stored()
+    blocks = stored.data
     if not blocks.flags.c_contiguous:
         blocks = np.ascontiguousarray(blocks)
     root = _root(blocks)
@@ -78,16 +87,16 @@ def pack(qt: Any) -> PackedMatrix | None:
         root = blocks
     buf = np.asarray(root).reshape(-1).view(np.uint8)  # no copy: the same memory
     offset = blocks.__array_interface__["data"][0] - buf.__array_interface__["data"][0]
-    perm = getattr(qt, "row_perm", None)
+    perm = stored.row_perm
     perm = np.arange(rows, dtype=np.int64) if perm is None else np.asarray(perm, np.int64)
-    return PackedMatrix(qt.type_id, (rows, cols), buf, int(offset), blocks.shape[1], perm)
+    return PackedMatrix(type_id, (rows, cols), buf, int(offset), blocks.shape[1], perm)
 
 
 def prepare_weight(w):
     """Quantized GGUF weights stay packed; anything else is numpy_ref's float32."""
     if isinstance(w, PackedMatrix):
         return w
-    if hasattr(w, "blocks") and hasattr(w, "type_id"):
+    if isinstance(w, QuantizedWeight):
         packed = pack(w)
         if packed is not None:
             return packed
@@ -117,9 +126,10 @@ def linear(x: np.ndarray, w, bias: np.ndarray | None = None) -> np.ndarray:
     return out.reshape(*x.shape[:-1], rows)
 
 
-def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int) -> np.ndarray:
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int, nsplit=None):
     """Causal GQA attention of new queries against the whole cache (numpy_ref.attention):
-    q (T, nh, hd) at positions start..start+T-1; k, v (nkv, S, hd), S = start + T."""
+    q (T, nh, hd) at positions start..start+T-1; k, v (nkv, S, hd), S = start + T. One task per
+    head and block of queries, whatever `nsplit` says."""
     out = np.empty(q.shape, np.float32)
     _k.attention(
         np.ascontiguousarray(q, np.float32),
@@ -155,14 +165,9 @@ class StackedKVCache(KVCache):
         return self.k.shape[2]
 
     def reserve(self, new_len: int) -> None:
-        if new_len > self.max_len:
-            raise ValueError(f"cache holds {self.max_len} positions, {new_len} requested")
-        if new_len <= self.capacity:
+        cap = grown_capacity(self.capacity, new_len, self.max_len)
+        if cap == self.capacity:
             return
-        cap = self.capacity
-        while cap < new_len:
-            cap *= 2
-        cap = min(cap, self.max_len)
         shape = (*self.k.shape[:2], cap, self.k.shape[3])
         k, v = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
         k[:, :, : self.length] = self.k[:, :, : self.length]
@@ -174,7 +179,7 @@ _PROJ = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_p
 
 
 class FusedDecoder:
-    """All layers of a Llama-family decoder for one token per numba call (cpu_kernels.decode_step).
+    """All layers of a Llama-family decoder for one token per numba call (cpu_decode.decode_step).
     Built by `fuse_decoder`; it reads the same packed weights as the per-op path."""
 
     def __init__(self, model, buf: np.ndarray, packed: dict[str, PackedMatrix]):
@@ -227,14 +232,14 @@ class FusedDecoder:
         self.scores = np.empty((self.n_heads, 0), np.float32)
         # Load the kernels now, before the weights are first read, then let go of the JIT
         # compiler's pages: the two are never resident together (docs/performance.md).
-        if not _k.kernels_cached() and sys.stderr.isatty():
+        if not _d.kernels_cached() and sys.stderr.isatty():
             print(
                 "atlas: compiling the CPU kernels (once per install, about a minute)...",
                 file=sys.stderr,
                 flush=True,
             )
-        _k.warm_up()
-        _k.release_compiler_memory()
+        _d.warm_up()
+        _d.release_compiler_memory()
 
     def new_cache(self, max_len: int) -> StackedKVCache:
         return StackedKVCache(self.n_layers, self.n_kv, self.head_dim, max_len)
@@ -245,7 +250,7 @@ class FusedDecoder:
         if self.scores.shape[1] < cache.capacity:
             self.scores = np.empty((self.n_heads, cache.capacity), np.float32)
         out = np.empty(self.x.shape[0], np.float32)
-        _k.decode_step(
+        _d.decode_step(
             self.buf, self.mats, self.perm_q, self.perm_k, self.embed,
             int(self.embed_perm[token]), pos, self.norms, self.final_norm, self.bias,
             self.qk_norm, self.use_qk_norm, self.inv_freq, self.eps, cache.k, cache.v,

@@ -1,7 +1,8 @@
 """The numpy reference ops: float32 math, the oracle every other backend is tested against.
 
-Shapes use T for tokens in this call, S for cached positions, H for hidden size, nh/nkv for
-query/key-value heads and hd for the head dimension. Imports numpy only.
+Implements the ops contract (ops/contract.py). Shapes use T for tokens in this call, S for
+cached positions, H for hidden size, nh/nkv for query/key-value heads and hd for the head
+dimension. Imports numpy only.
 """
 
 from __future__ import annotations
@@ -12,10 +13,19 @@ NAME = "cpu-ref"
 
 
 def prepare_weight(w):
-    """What `linear` takes: float32 (out, in). Quantized weights are dequantized once at load."""
-    if hasattr(w, "dequantize"):
-        w = w.dequantize()
+    """What `linear` takes: float32 (out, in). Quantized weights are dequantized once at load
+    (a loader's `QuantizedWeight` converts through the numpy array protocol)."""
     return np.ascontiguousarray(w, dtype=np.float32)
+
+
+def fuse_decoder(model) -> None:
+    """No fused decode step: models run op by op."""
+    return None
+
+
+def device_kv_cache(n_layers: int, n_kv_heads: int, head_dim: int, max_len: int) -> None:
+    """Host arrays: the model's cache is `cache.KVCache`."""
+    return None
 
 
 def embedding(table: np.ndarray, ids: np.ndarray) -> np.ndarray:
@@ -56,11 +66,11 @@ def rope(x: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray) -> np.ndarr
     return out
 
 
-def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int) -> np.ndarray:
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int, nsplit=None):
     """Causal GQA attention of new queries against the whole cache.
 
     q (T, nh, hd) at positions start..start+T-1; k, v (nkv, S, hd) with S = start + T.
-    Returns (T, nh, hd).
+    Returns (T, nh, hd). `nsplit` (how a kernel splits the keys) changes nothing here.
     """
     t, nh, hd = q.shape
     nkv, s, _ = k.shape
@@ -116,8 +126,10 @@ def rms_norm_gated(x: np.ndarray, gate: np.ndarray, weight: np.ndarray, eps: flo
     return rms_norm(x, weight, eps) * silu(gate)
 
 
-def causal_conv1d(x: np.ndarray, weight: np.ndarray, state: np.ndarray, all_states=False):
-    """Depthwise causal conv over time, no bias, no activation.
+def causal_conv1d(
+    x: np.ndarray, weight: np.ndarray, state: np.ndarray, all_states=False, act=False
+):
+    """Depthwise causal conv over time, no bias; with `act`, SiLU of the result.
 
     x (T, C) new inputs; weight (C, K) with weight[:, K-1] multiplying the current token;
     state (K-1, C) the inputs before x (zeros at the start of a sequence).
@@ -130,6 +142,8 @@ def causal_conv1d(x: np.ndarray, weight: np.ndarray, state: np.ndarray, all_stat
     out = np.zeros((t, x.shape[1]), np.float32)
     for j in range(k):  # tap j sees the input j-(K-1) steps back
         out += weight[:, j] * full[j : j + t]
+    if act:
+        out = silu(out)
     if all_states:
         windows = np.lib.stride_tricks.sliding_window_view(full, k - 1, axis=0)  # (T+1, C, K-1)
         return out, np.ascontiguousarray(windows[1:].transpose(0, 2, 1))

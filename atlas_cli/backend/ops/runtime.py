@@ -21,6 +21,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Protocol
 
+from atlas_cli.errors import DeviceError
+
 KERNEL_FILES = (
     "attention.cu",
     "dequant.cu",
@@ -36,8 +38,16 @@ KERNEL_FILES = (
 
 
 def kernels_dir() -> Path:
-    """The kernel sources, shipped inside the package (see docs/architecture.md)."""
-    return Path(str(resources.files("atlas_cli") / "kernels"))
+    """The kernel sources: the top-level `kernels/` beside `atlas_cli/` in a checkout (with an
+    editable install or none), `atlas_cli/kernels/` in an installed wheel (setup.py maps the
+    one onto the other)."""
+    package = Path(str(resources.files("atlas_cli")))
+    for candidate in (package / "kernels", package.parent / "kernels"):
+        if (candidate / "atlas_common.cuh").is_file():
+            return candidate
+    raise DeviceError(
+        f"the kernel sources are missing from {package} (a broken install?): reinstall atlas-cli"
+    )
 
 
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+\.cuh)"\s*$', re.M)

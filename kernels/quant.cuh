@@ -5,7 +5,8 @@
 // `cols/16` bytes per row plus one float32 global scale. Every format is dequantized with the
 // same float32 operations, in the same order, as the numpy reference (loaders/quant.py for
 // GGUF, loaders' NVFP4 dequantize for NVFP4), so that dequantization is bit-exact.
-// Block layouts: /work/shared/notes/formats.md sections 2.2 and 3.2.
+// Block layouts: docs/formats.md. Each format's facts are registered in backend/formats.py;
+// tests/test_formats.py checks that the FMT_ list and the BLOCK_ sizes below agree with it.
 #pragma once
 #include "atlas_common.cuh"
 
@@ -19,6 +20,30 @@
 #define FMT_Q5_K 7
 #define FMT_Q6_K 8
 #define FMT_NVFP4 9
+
+// Elements and bytes of one block in a row (NVFP4: 16 codes in 8 bytes; the block's E4M3
+// scale is one byte of the second buffer). A unit of 32 elements is one Q4_0/Q4_1/Q8_0 block,
+// an eighth of a K-quant block, two NVFP4 blocks.
+#define BLOCK_ELEMS_F32 1
+#define BLOCK_BYTES_F32 4
+#define BLOCK_ELEMS_F16 1
+#define BLOCK_BYTES_F16 2
+#define BLOCK_ELEMS_BF16 1
+#define BLOCK_BYTES_BF16 2
+#define BLOCK_ELEMS_Q4_0 32
+#define BLOCK_BYTES_Q4_0 18
+#define BLOCK_ELEMS_Q4_1 32
+#define BLOCK_BYTES_Q4_1 20
+#define BLOCK_ELEMS_Q8_0 32
+#define BLOCK_BYTES_Q8_0 34
+#define BLOCK_ELEMS_Q4_K 256
+#define BLOCK_BYTES_Q4_K 144
+#define BLOCK_ELEMS_Q5_K 256
+#define BLOCK_BYTES_Q5_K 176
+#define BLOCK_ELEMS_Q6_K 256
+#define BLOCK_BYTES_Q6_K 210
+#define BLOCK_ELEMS_NVFP4 16
+#define BLOCK_BYTES_NVFP4 8
 
 // X(name, FMT_ID) for every format: used to stamp out one extern "C" entry point per format.
 #define ATLAS_FOR_EACH_FORMAT(X) \
@@ -63,7 +88,7 @@ ATLAS_DEV void deq32(const u8* __restrict__ row, const u8* __restrict__ srow, fl
 #pragma unroll
         for (int i = 0; i < 32; i++) v[i] = bf16_to_f32(p[i]);
     } else if (F == FMT_Q4_0) {
-        const u8* b = row + 18 * u;
+        const u8* b = row + BLOCK_BYTES_Q4_0 * u;
         float d = f16_to_f32(ld_u16(b));
         const u8* qs = b + 2;
 #pragma unroll
@@ -72,7 +97,7 @@ ATLAS_DEV void deq32(const u8* __restrict__ row, const u8* __restrict__ srow, fl
             v[j + 16] = mul_rn(d, (float)((int)(qs[j] >> 4) - 8));
         }
     } else if (F == FMT_Q4_1) {
-        const u8* b = row + 20 * u;
+        const u8* b = row + BLOCK_BYTES_Q4_1 * u;
         float d = f16_to_f32(ld_u16(b));
         float m = f16_to_f32(ld_u16(b + 2));
         const u8* qs = b + 4;
@@ -82,13 +107,13 @@ ATLAS_DEV void deq32(const u8* __restrict__ row, const u8* __restrict__ srow, fl
             v[j + 16] = add_rn(mul_rn(d, (float)(qs[j] >> 4)), m);
         }
     } else if (F == FMT_Q8_0) {
-        const u8* b = row + 34 * u;
+        const u8* b = row + BLOCK_BYTES_Q8_0 * u;
         float d = f16_to_f32(ld_u16(b));
         const i8* qs = (const i8*)(b + 2);
 #pragma unroll
         for (int i = 0; i < 32; i++) v[i] = mul_rn((float)qs[i], d);
     } else if (F == FMT_Q4_K || F == FMT_Q5_K) {
-        const int bytes = F == FMT_Q4_K ? 144 : 176;
+        const int bytes = F == FMT_Q4_K ? BLOCK_BYTES_Q4_K : BLOCK_BYTES_Q5_K;
         const u8* b = row + bytes * (u >> 3);
         int j = u & 7;  // sub-block
         float d = f16_to_f32(ld_u16(b));
@@ -106,7 +131,7 @@ ATLAS_DEV void deq32(const u8* __restrict__ row, const u8* __restrict__ srow, fl
             v[l] = sub_rn(mul_rn(dsc, (float)q), dm);
         }
     } else if (F == FMT_Q6_K) {
-        const u8* b = row + 210 * (u >> 3);
+        const u8* b = row + BLOCK_BYTES_Q6_K * (u >> 3);
         int k32 = u & 7;
         int h = k32 >> 2, k = k32 & 3;
         const u8* ql = b + 64 * h + 32 * (k & 1);
@@ -122,7 +147,7 @@ ATLAS_DEV void deq32(const u8* __restrict__ row, const u8* __restrict__ srow, fl
             v[l] = mul_rn(l < 16 ? dsc0 : dsc1, (float)q);
         }
     } else if (F == FMT_NVFP4) {
-        const u8* p = row + 16 * u;
+        const u8* p = row + 2 * BLOCK_BYTES_NVFP4 * u;
         float s0 = mul_rn(e4m3_to_f32(srow[2 * u]), gs);
         float s1 = mul_rn(e4m3_to_f32(srow[2 * u + 1]), gs);
 #pragma unroll

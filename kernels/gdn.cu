@@ -1,4 +1,4 @@
-// Gated DeltaNet (Qwen3.5 linear attention) pieces; the math is formats.md section 1.4.
+// Gated DeltaNet (Qwen3.5 linear attention) pieces; the math is in docs/formats.md (Qwen3.5).
 //
 // causal_conv1d: depthwise causal conv over time, no bias, optional fused SiLU.
 //   x (T, C), w (C, K) with w[:, K-1] on the current token, state (K-1, C) the inputs before x;

@@ -1,0 +1,137 @@
+"""Each weight format's facts, registered once (after gguf-py's `quants.py`).
+
+A `WeightFormat` names a storage format and its block: `block_elems` values stored in
+`block_bytes` bytes of a row. `kernel` is the name the kernels use for it (`FMT_Q4_0` and the
+`*_q4_0` entry points in kernels/quant.cuh, the block decoder of the fast CPU path), and `cpu` /
+`native` say which backends compute on the blocks themselves; every other backend, and every
+format without kernels, dequantizes once at load. The numpy dequantizers (loaders/quant.py), the
+CPU kernels (ops/cpu_kernels.py) and the native launchers (ops/native.py) take their tables
+from here; tests/test_formats.py checks the kernels' header against it.
+
+`QuantizedWeight` is the one interface of a weight the loaders keep in its stored format
+(GGUF blocks, NVFP4, FP8): a model file never sees it, `ops.prepare_weight` does.
+Block layouts and formulas: docs/formats.md.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class WeightFormat:
+    name: str  # what GGUF tools and `atlas show` call it: "Q4_0"
+    kernel: str  # the kernels' name: "q4_0" (FMT_Q4_0, gemv_q4_0, ...)
+    ggml_type: int | None  # the type id in GGUF files; None for safetensors-only formats
+    block_elems: int
+    block_bytes: int  # bytes of one block in the row buffer (NVFP4: codes only)
+    cpu: bool  # ops/cpu_kernels.py computes on the blocks
+    native: bool  # kernels/quant.cuh decodes the blocks
+
+    @property
+    def quantized(self) -> bool:
+        """Blocks with scales, as opposed to plain floats (one element per block)."""
+        return self.block_elems > 1
+
+
+FORMATS: dict[str, WeightFormat] = {}  # by kernel name
+GGML: dict[int, WeightFormat] = {}  # the formats GGUF files can hold, by ggml type id
+
+
+def register(fmt: WeightFormat) -> WeightFormat:
+    assert fmt.kernel not in FORMATS, f"{fmt.kernel} registered twice"
+    FORMATS[fmt.kernel] = fmt
+    if fmt.ggml_type is not None:
+        assert fmt.ggml_type not in GGML, f"ggml type {fmt.ggml_type} registered twice"
+        GGML[fmt.ggml_type] = fmt
+    return fmt
+
+
+QK_K = 256  # elements per K-quant super-block
+
+F32 = register(WeightFormat("F32", "f32", 0, 1, 4, cpu=True, native=True))
+F16 = register(WeightFormat("F16", "f16", 1, 1, 2, cpu=True, native=True))
+BF16 = register(WeightFormat("BF16", "bf16", 30, 1, 2, cpu=True, native=True))
+Q4_0 = register(WeightFormat("Q4_0", "q4_0", 2, 32, 18, cpu=True, native=True))
+Q4_1 = register(WeightFormat("Q4_1", "q4_1", 3, 32, 20, cpu=True, native=True))
+Q8_0 = register(WeightFormat("Q8_0", "q8_0", 8, 32, 34, cpu=True, native=True))
+Q4_K = register(WeightFormat("Q4_K", "q4_k", 12, QK_K, 144, cpu=True, native=True))
+Q5_K = register(WeightFormat("Q5_K", "q5_k", 13, QK_K, 176, cpu=True, native=True))
+Q6_K = register(WeightFormat("Q6_K", "q6_k", 14, QK_K, 210, cpu=True, native=True))
+# ModelOpt NVFP4 (safetensors): 16 E2M1 codes in 8 bytes; the block's E4M3 scale lives in a
+# second buffer (one byte per block), times one float32 global scale per tensor. Not the GGUF
+# NVFP4 type (ggml id 40), whose packing differs.
+NVFP4 = register(WeightFormat("NVFP4", "nvfp4", None, 16, 8, cpu=False, native=True))
+# FP8 E4M3 weights with per-tensor, per-row or per-tile scales: dequantized at load everywhere.
+FP8 = register(WeightFormat("FP8", "fp8", None, 1, 1, cpu=False, native=False))
+
+# ggml types atlas cannot read, named only so that error messages can say which one a file has.
+UNSUPPORTED_GGML_NAMES: dict[int, str] = {
+    6: "Q5_0",
+    7: "Q5_1",
+    9: "Q8_1",
+    10: "Q2_K",
+    11: "Q3_K",
+    15: "Q8_K",
+    16: "IQ2_XXS",
+    17: "IQ2_XS",
+    18: "IQ3_XXS",
+    19: "IQ1_S",
+    20: "IQ4_NL",
+    21: "IQ3_S",
+    22: "IQ2_S",
+    23: "IQ4_XS",
+    24: "I8",
+    25: "I16",
+    26: "I32",
+    27: "I64",
+    28: "F64",
+    29: "IQ1_M",
+    34: "TQ1_0",
+    35: "TQ2_0",
+    39: "MXFP4",
+    40: "NVFP4",
+    41: "Q1_0",
+}
+
+
+def ggml_type_name(type_id: int) -> str:
+    """ "Q4_1" for 3; the name of an unsupported type too; "unknown" for ids ggml never had."""
+    fmt = GGML.get(type_id)
+    return fmt.name if fmt is not None else UNSUPPORTED_GGML_NAMES.get(type_id, "unknown")
+
+
+@dataclass(frozen=True)
+class StoredRows:
+    """A weight as the kernels read it (kernels/quant.cuh): `data` (rows, row_bytes) uint8 of
+    whole blocks per row; NVFP4 adds `scales` (rows, cols/16) uint8 E4M3 codes and the float32
+    `global_scale`. With `row_perm`, logical row i is stored row `row_perm[i]`."""
+
+    data: np.ndarray
+    scales: np.ndarray | None = None
+    global_scale: float = 1.0
+    row_perm: np.ndarray | None = None
+
+
+class QuantizedWeight(ABC):
+    """A 2-D weight (rows, cols) that a loader keeps in its stored format. Subclasses give
+    `format` and `shape` (as fields, properties or class attributes) and `dequantize`."""
+
+    format: WeightFormat
+    shape: tuple[int, int]
+
+    @abstractmethod
+    def dequantize(self) -> np.ndarray:
+        """float32 (rows, cols), bit-exact with the format's reference (docs/formats.md)."""
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        """`np.asarray(w)` is the dequantized weight: what the float32 backends compute with."""
+        out = self.dequantize()
+        return out if dtype is None else out.astype(dtype, copy=False)
+
+    def stored(self) -> StoredRows:
+        """The stored bytes in the kernels' layout; only formats with kernels have one."""
+        raise TypeError(f"{self.format.name} weights have no kernel layout: dequantize them")

@@ -1,0 +1,306 @@
+"""The fused decode step of the fast CPU path: every layer of a Llama-family decoder for one
+token in one numba call (cpu_fast.FusedDecoder), and the start-up that loads the kernels.
+
+Shapes: H hidden size, I MLP size, L layers, nq/nkv query/key-value heads of dim hd.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import sys
+
+import numpy as np
+
+from atlas_cli.backend.ops import cpu_numba
+from atlas_cli.backend.ops.cpu_kernels import (
+    BLOCKS,
+    GROUP,
+    Q8_0,
+    attention,
+    fast_exp,
+    gather_rows,
+    gemm,
+    gemv_batch,
+    group_sums,
+    row_dequant,
+    row_dot,
+    tile_dots,
+)
+
+cpu_numba.configure()
+
+from numba import njit, prange  # noqa: E402
+
+# # mats (L, 7, 4) int64: for q, k, v, o, gate, up, down: [type, byte offset, row bytes, blocks].
+# norms (L, 2, H): input and post-attention RMSNorm weights. bias (L, nq*hd + 2*nkv*hd): q/k/v
+# biases (zeros when the model has none). qk_norm (L, 2, hd): per-head q/k norms (used when
+# `use_qk_norm`). kc, vc (L, nkv, capacity, hd): the KV cache.
+
+Q, K, V, O, GATE, UP, DOWN = range(7)
+
+
+@njit(cache=True, fastmath=True)
+def _rms_norm_into(x, w, eps, out):
+    n = x.shape[0]
+    ss = np.float32(0.0)
+    for i in range(n):
+        ss += x[i] * x[i]
+    scale = np.float32(1.0) / np.sqrt(ss / np.float32(n) + np.float32(eps))
+    for i in range(n):
+        out[i] = x[i] * scale * w[i]
+
+
+@njit(cache=True, fastmath=True)
+def _rope_neox(v, n_heads, hd, cos, sin):
+    """In place on v (n_heads * hd,): rotate_half RoPE on the first 2 * len(cos) dims of each
+    head (as numpy_ref.rope)."""
+    half = cos.shape[0]
+    for h in range(n_heads):
+        base = h * hd
+        for i in range(half):
+            a = v[base + i]
+            b = v[base + half + i]
+            v[base + i] = a * cos[i] - b * sin[i]
+            v[base + half + i] = b * cos[i] + a * sin[i]
+
+
+@njit(cache=True, fastmath=True)
+def _attend_group(q, keys, vals, n_pos, scale, scores, out):
+    """Attention of one GQA group's query heads q (g * hd,) over keys/vals (>= n_pos, hd);
+    scores (g, >= n_pos) scratch; writes out (g * hd,)."""
+    g = scores.shape[0]
+    hd = keys.shape[1]
+    qs = np.empty((g, hd), np.float32)
+    for j in range(g):
+        for d in range(hd):
+            qs[j, d] = q[j * hd + d] * scale
+    tile_dots(qs, keys, n_pos, scores, 0)
+    acc = np.zeros((g, hd), np.float32)
+    for j in range(g):
+        best = np.float32(-np.inf)
+        for s in range(n_pos):
+            best = max(best, scores[j, s])
+        total = np.float32(0.0)
+        for s in range(n_pos):
+            e = fast_exp(scores[j, s] - best)
+            scores[j, s] = e
+            total += e
+        inv = np.float32(1.0) / total
+        for s in range(n_pos):
+            scores[j, s] *= inv
+    for s in range(n_pos):
+        for j in range(g):
+            p = scores[j, s]
+            for d in range(hd):
+                acc[j, d] += p * vals[s, d]
+    for j in range(g):
+        for d in range(hd):
+            out[j * hd + d] = acc[j, d]
+
+
+@njit(cache=True, fastmath=True)  # the parallel loops are in the blocks
+def decode_step(
+    w,  # uint8 (file bytes)
+    mats,  # int64 (L, 7, 4)
+    perm_q,  # int64 (nq * hd,)
+    perm_k,  # int64 (nkv * hd,)
+    embed,  # int64 (4,): [type, offset, row bytes, blocks] of the embedding table
+    token,
+    pos,
+    norms,  # float32 (L, 2, H)
+    final_norm,  # float32 (H,)
+    bias,  # float32 (L, nq*hd + 2*nkv*hd)
+    qk_norm,  # float32 (L, 2, hd)
+    use_qk_norm,
+    inv_freq,  # float32 (rot/2,)
+    eps,
+    kc,  # float32 (L, nkv, cap, hd)
+    vc,
+    qkv,  # float32 scratch (nq*hd + 2*nkv*hd,)
+    act,  # float32 scratch (I,)
+    scores,  # float32 scratch (nq, cap)
+    x,  # float32 scratch (H,): the residual stream
+    out,  # float32 (H,): the final normed hidden state
+):
+    n_layers = mats.shape[0]
+    hd = kc.shape[3]
+    n_heads = scores.shape[0]
+    hidden, inter = x.shape[0], act.shape[0]
+    nq = n_heads * hd
+    xn = np.empty(hidden, np.float32)
+    att = np.empty(nq, np.float32)
+    xs = np.empty(max(hidden, inter, nq) // GROUP, np.float32)  # 32-group sums of the input
+
+    half = inv_freq.shape[0]
+    cos = np.empty(half, np.float32)
+    sin = np.empty(half, np.float32)
+    for i in range(half):
+        angle = np.float32(pos) * inv_freq[i]  # float32, as numpy_ref.rope
+        cos[i] = np.cos(angle)
+        sin[i] = np.sin(angle)
+    row_dequant(embed[0], w, embed[1] + token * embed[2], x, 0, embed[3])
+
+    for layer in range(n_layers):
+        _attention_block(
+            w, mats[layer], perm_q, perm_k, pos, norms[layer, 0], bias[layer], qk_norm[layer],
+            use_qk_norm, cos, sin, eps, kc[layer], vc[layer], qkv, scores, x, xn, att, xs,
+        )  # fmt: skip
+        _mlp_block(w, mats[layer], norms[layer, 1], eps, x, xn, act, xs)
+    _rms_norm_into(x, final_norm, eps, out)
+
+
+@njit(parallel=True, cache=True, fastmath=True)
+def _attention_block(
+    w, m, perm_q, perm_k, pos, norm, bias, qk_norm, use_qk_norm, cos, sin, eps, kc, vc, qkv,
+    scores, x, xn, att, xs,
+):  # fmt: skip
+    """x += o_proj(attention(rms_norm(x))) for one layer: m (7, 4) its matrices, bias and
+    qk_norm its rows, kc/vc (nkv, cap, hd) its cache (position `pos` is written here)."""
+    n_kv, hd = kc.shape[0], kc.shape[2]
+    n_heads = scores.shape[0]
+    hidden = x.shape[0]
+    nq, nk = n_heads * hd, n_kv * hd
+    n_qkv = nq + 2 * nk
+    group = n_heads // n_kv
+    n_pos = pos + 1
+    inv_sqrt = np.float32(1.0 / math.sqrt(hd))
+    _rms_norm_into(x, norm, eps, xn)
+    group_sums(xn, xs[: hidden // GROUP])
+    for r in prange(n_qkv):
+        if r < nq:
+            t, off, rb, nb, src = m[Q, 0], m[Q, 1], m[Q, 2], m[Q, 3], perm_q[r]
+        elif r < nq + nk:
+            t, off, rb, nb, src = m[K, 0], m[K, 1], m[K, 2], m[K, 3], perm_k[r - nq]
+        else:
+            t, off, rb, nb, src = m[V, 0], m[V, 1], m[V, 2], m[V, 3], r - nq - nk
+        qkv[r] = row_dot(t, w, off + src * rb, xn, 0, xs, 0, nb) + bias[r]
+    q = qkv[:nq]
+    k = qkv[nq : nq + nk]
+    v = qkv[nq + nk :]
+    if use_qk_norm:
+        for h in range(n_heads):
+            seg = q[h * hd : (h + 1) * hd]
+            _rms_norm_into(seg, qk_norm[0], eps, seg)
+        for h in range(n_kv):
+            seg = k[h * hd : (h + 1) * hd]
+            _rms_norm_into(seg, qk_norm[1], eps, seg)
+    _rope_neox(q, n_heads, hd, cos, sin)
+    _rope_neox(k, n_kv, hd, cos, sin)
+    for h in range(n_kv):
+        kc[h, pos, :] = k[h * hd : (h + 1) * hd]
+        vc[h, pos, :] = v[h * hd : (h + 1) * hd]
+    for kvh in prange(n_kv):  # the query heads of one KV head share each key and value read
+        h0 = kvh * group
+        _attend_group(
+            q[h0 * hd : (h0 + group) * hd],
+            kc[kvh],
+            vc[kvh],
+            n_pos,
+            inv_sqrt,
+            scores[h0 : h0 + group],
+            att[h0 * hd : (h0 + group) * hd],
+        )
+    group_sums(att, xs[: nq // GROUP])
+    for r in prange(hidden):
+        x[r] += row_dot(m[O, 0], w, m[O, 1] + r * m[O, 2], att, 0, xs, 0, m[O, 3])
+
+
+@njit(parallel=True, cache=True, fastmath=True)
+def _mlp_block(w, m, norm, eps, x, xn, act, xs):
+    """x += down(silu(gate(h)) * up(h)), h = rms_norm(x), for one layer's matrices m (7, 4)."""
+    hidden, inter = x.shape[0], act.shape[0]
+    _rms_norm_into(x, norm, eps, xn)
+    group_sums(xn, xs[: hidden // GROUP])
+    for r in prange(inter):
+        g = row_dot(m[GATE, 0], w, m[GATE, 1] + r * m[GATE, 2], xn, 0, xs, 0, m[GATE, 3])
+        u = row_dot(m[UP, 0], w, m[UP, 1] + r * m[UP, 2], xn, 0, xs, 0, m[UP, 3])
+        act[r] = g / (np.float32(1.0) + fast_exp(-g)) * u
+    group_sums(act, xs[: inter // GROUP])
+    for r in prange(hidden):
+        x[r] += row_dot(m[DOWN, 0], w, m[DOWN, 1] + r * m[DOWN, 2], act, 0, xs, 0, m[DOWN, 3])
+
+
+# -- start-up --------------------------------------------------------------------------------
+
+GEMV_WARM_TOKENS = 8  # any count above cpu_fast.GEMV_MAX_TOKENS: the gemm kernel
+
+
+def warm_up() -> None:
+    """Load every kernel a generation uses (from numba's disk cache, or compile it) by running
+    each once on a tiny dummy model with the argument types of real calls."""
+    hidden, hd, heads, kv, inter = 32, 16, 2, 1, 32
+    nb, rb = 1, BLOCKS[Q8_0][1]  # one Q8_0 block per 32-wide row
+    w = np.zeros(64 * rb, np.uint8)
+    perm = np.arange(32, dtype=np.int64)
+    x = np.zeros((1, hidden), np.float32)
+    gemv_batch(Q8_0, w, 0, rb, nb, perm, x, np.empty((1, 32), np.float32))
+    x = np.zeros((GEMV_WARM_TOKENS, hidden), np.float32)
+    gemm(Q8_0, w, 0, rb, nb, perm, x, np.empty((GEMV_WARM_TOKENS, 32), np.float32))
+    gather_rows(Q8_0, w, 0, rb, nb, np.zeros(2, np.int64), np.empty((2, hidden), np.float32))
+    q = np.ones((2, heads, hd), np.float32)
+    kc = np.ones((kv, 2, hd), np.float32)
+    attention(q, kc, kc, 0, np.empty_like(q))
+    mats = np.zeros((1, 7, 4), np.int64)
+    mats[0, :, 0], mats[0, :, 2], mats[0, :, 3] = Q8_0, rb, nb
+    mats[0, O, 3] = mats[0, DOWN, 3] = 1  # o_proj and down_proj read 32 columns too
+    cache = np.zeros((1, kv, 4, hd), np.float32)
+    decode_step(
+        w,
+        mats,
+        perm,
+        perm[: kv * hd],
+        np.array([Q8_0, 0, rb, nb], np.int64),
+        0,
+        0,
+        np.ones((1, 2, hidden), np.float32),
+        np.ones(hidden, np.float32),
+        np.zeros((1, (heads + 2 * kv) * hd), np.float32),
+        np.ones((1, 2, hd), np.float32),
+        False,
+        np.ones(hd // 2, np.float32),
+        1e-5,
+        cache,
+        cache.copy(),
+        np.empty((heads + 2 * kv) * hd, np.float32),
+        np.empty(inter, np.float32),
+        np.empty((heads, 4), np.float32),
+        np.empty(hidden, np.float32),
+        np.empty(hidden, np.float32),
+    )
+
+
+def kernels_cached() -> bool:
+    """Whether numba's disk cache already holds the kernels for this source file (so loading
+    takes a fraction of a second instead of a compile). Best effort: numba's cache index is
+    not public API, and any surprise counts as cached."""
+    try:
+        return bool(decode_step._cache._cache_file._load_index())
+    except Exception:
+        return True
+
+
+def release_compiler_memory() -> None:
+    """Drop LLVM's code pages from this process's resident memory (Linux, MADV_PAGEOUT).
+
+    Once the kernels are loaded, the ~60-70 MB of libllvmlite code that loading touched is
+    not run again (unless a new kernel has to be compiled, when the pages fault back in from
+    the page cache). Called after `warm_up` and before the weights are first read, it keeps
+    the compiler and the weights from being resident at the same time."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        madvise = libc.madvise
+        madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        with open("/proc/self/maps") as maps:
+            ranges = [
+                line.split()[0]
+                for line in maps
+                if line.rstrip().endswith(".so") and "libllvmlite" in line.rsplit("/", 1)[-1]
+            ]
+    except (OSError, AttributeError):
+        return
+    for span in ranges:
+        lo, hi = (int(v, 16) for v in span.split("-"))
+        madvise(lo, hi - lo, 21)  # MADV_PAGEOUT; clean file pages only, errors are harmless

@@ -1,0 +1,115 @@
+"""How atlas sets numba up, once, before any fast-CPU kernel is compiled or loaded.
+
+- Threads: TBB where the `tbb` wheel is installed, and `ATLAS_THREADS` as the pool size; both
+  have to happen before numba is first imported.
+- The disk cache: numba stamps a cached function with the contents (or, in older releases, the
+  mtime) of its own source file only. The kernels span several files (the LLVM IR of the block
+  formats in cpu_ir.py, the loops in cpu_kernels.py, the fused decode step in cpu_decode.py),
+  and a change to a callee must recompile its callers, so their stamp covers all of them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import hashlib
+import os
+import sys
+from pathlib import Path
+
+KERNEL_FILES = ("cpu_ir.py", "cpu_kernels.py", "cpu_decode.py")
+_HERE = Path(__file__).resolve().parent
+
+
+def _preload_tbb() -> None:
+    """Make numba's default threading layer TBB where the `tbb` wheel is installed.
+
+    TBB hands out work by stealing, so when another process takes one of the cores the other
+    thread finishes the loop; OpenMP's static split waits for the preempted thread, and on a
+    busy 2-core machine that made each decode step 10-50x slower (docs/architecture.md).
+    numba's PyPI wheel looks for libtbb.so.12 only on the system library path, while the tbb
+    wheel installs it into <prefix>/lib: loading it first makes it resolvable by soname."""
+    if sys.platform != "linux":
+        return
+    for prefix in dict.fromkeys((sys.prefix, sys.base_prefix)):
+        path = os.path.join(prefix, "lib", "libtbb.so.12")
+        if os.path.exists(path):
+            with contextlib.suppress(OSError):  # numba then falls back to OpenMP
+                ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+            return
+
+
+def _threads_from_env() -> int | None:
+    """ATLAS_THREADS as numba's pool size. It has to be in the environment before numba starts:
+    `numba.set_num_threads` only applies to the calling thread, and the server decodes on a
+    worker thread."""
+    value = os.environ.get("ATLAS_THREADS")
+    if value is None:
+        return None
+    if not value.isdigit() or int(value) < 1:
+        from atlas_cli.errors import UsageError
+
+        raise UsageError(f"ATLAS_THREADS must be a positive whole number, got {value!r}")
+    if "numba" not in sys.modules:
+        os.environ["NUMBA_NUM_THREADS"] = value
+    return int(value)
+
+
+@functools.cache
+def configure() -> None:
+    """Preload TBB, size the thread pool, and stamp the kernels' cache entries with every
+    kernel file (idempotent; call before importing numba)."""
+    _preload_tbb()
+    threads = _threads_from_env()
+    from numba.core.config import NUMBA_NUM_THREADS as pool
+
+    if threads is not None and pool != threads:  # numba started before us: this thread only
+        from numba import set_num_threads
+
+        set_num_threads(min(threads, pool))
+    _install_locator()
+
+
+@functools.cache
+def kernel_sources_digest() -> str:
+    """sha256 over the kernel files, as they were when this process first asked."""
+    h = hashlib.sha256()
+    for name in KERNEL_FILES:
+        h.update((_HERE / name).read_bytes())
+    return h.hexdigest()
+
+
+def _install_locator() -> None:
+    from numba.core import caching
+
+    class KernelFilesLocator(caching._CacheLocator):
+        """Wraps the locator numba would pick for a kernel file (same cache directory and
+        names) and adds the digest of every kernel file to its source stamp."""
+
+        def __init__(self, inner):
+            self._inner = inner
+
+        def ensure_cache_path(self):
+            self._inner.ensure_cache_path()
+
+        def get_cache_path(self):
+            return self._inner.get_cache_path()
+
+        def get_source_stamp(self):
+            return (self._inner.get_source_stamp(), kernel_sources_digest())
+
+        def get_disambiguator(self):
+            return self._inner.get_disambiguator()
+
+        @classmethod
+        def from_function(cls, py_func, py_file):
+            if Path(py_file).resolve().parent != _HERE or Path(py_file).name not in KERNEL_FILES:
+                return None
+            for other in caching.CacheImpl._locator_classes:
+                inner = None if other is cls else other.from_function(py_func, py_file)
+                if inner is not None:
+                    return cls(inner)
+            return None
+
+    caching.CacheImpl._locator_classes.insert(0, KernelFilesLocator)

@@ -1,0 +1,205 @@
+"""The device KV cache and the attention launchers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from atlas_cli.backend.cache import GROW_STEP, KVCacheBase, grown_capacity
+from atlas_cli.backend.ops.native_array import DeviceArray, DeviceOpsBase
+from atlas_cli.backend.ops.runtime import f32, i32, ptr
+
+KV_DTYPES = ("bf16", "fp8", "f32")
+ATTN_HEAD_DIMS = (32, 64, 128, 256)
+
+
+@dataclass(frozen=True)
+class KVView:
+    """One layer's cached keys or values, (nkv, length, hd) inside a (nkv, cap, hd) buffer."""
+
+    buf: Any
+    nkv: int
+    length: int
+    hd: int
+    cap: int
+    dtype: str  # "bf16" | "fp8" | "f32"
+    scale: float
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return (self.nkv, self.length, self.hd)
+
+
+class KVCache(KVCacheBase):
+    """Device KV cache with the interface of cache.KVCache (a `cache.Cache`). Keys and values
+    are stored as bf16, FP8 E4M3 (value / scale) or f32."""
+
+    def __init__(
+        self,
+        ops: AttentionLaunchers,
+        n_layers: int,
+        n_kv_heads: int,
+        head_dim: int,
+        max_len: int,
+        dtype: str = "bf16",
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
+    ):
+        assert dtype in KV_DTYPES, f"KV dtype {dtype!r} not in {KV_DTYPES}"
+        self.ops = ops
+        self.nkv, self.hd, self.max_len = n_kv_heads, head_dim, max_len
+        self.dtype, self.k_scale, self.v_scale = dtype, k_scale, v_scale
+        self.esize = {"bf16": 2, "fp8": 1, "f32": 4}[dtype]
+        self.length = 0
+        self._cap = min(GROW_STEP, max_len)
+        self.layers = [[self._alloc(self._cap), self._alloc(self._cap)] for _ in range(n_layers)]
+
+    def _alloc(self, cap: int):
+        return self.ops.rt.alloc(self.nkv * cap * self.hd * self.esize)
+
+    @property
+    def capacity(self) -> int:
+        return self._cap
+
+    def reserve(self, new_len: int) -> None:
+        cap = grown_capacity(self._cap, new_len, self.max_len)
+        if cap == self._cap:
+            return
+        head_old, head_new = self._cap * self.hd * self.esize, cap * self.hd * self.esize
+        keep = self.length * self.hd * self.esize
+        for pair in self.layers:
+            for i, old in enumerate(pair):
+                new = self._alloc(cap)
+                for h in range(self.nkv):  # each head's slab moves to its new stride
+                    if keep:
+                        self.ops.rt.d2d(new, h * head_new, old, h * head_old, keep)
+                pair[i] = new
+        self._cap = cap
+
+    def update(self, layer: int, start: int, k, v):
+        """Write k, v (T, nkv, hd) at positions start.. and return KVViews of the filled cache."""
+        t = k.shape[0]
+        end = start + t
+        assert end <= self._cap, f"reserve({end}) first (capacity {self._cap})"
+        kb, vb = self.layers[layer]
+        self.ops.kv_write(k, kb, self._cap, start, self.dtype, self.k_scale)
+        self.ops.kv_write(v, vb, self._cap, start, self.dtype, self.v_scale)
+        return (
+            KVView(kb, self.nkv, end, self.hd, self._cap, self.dtype, self.k_scale),
+            KVView(vb, self.nkv, end, self.hd, self._cap, self.dtype, self.v_scale),
+        )
+
+    def truncate(self, length: int) -> int:
+        self.length = min(self.length, length)
+        return self.length
+
+
+class AttentionLaunchers(DeviceOpsBase):
+    def kv_write(self, k, cache_buf, cap: int, start: int, dtype: str, scale: float) -> None:
+        """cache (nkv, cap, hd)[:, start:start+T] = encode(k (T, nkv, hd) / scale)."""
+        k = self._f32(k, "kv_write k")
+        assert k.ndim == 3 and dtype in KV_DTYPES
+        t, nkv, hd = k.shape
+        assert start + t <= cap
+        self._launch(
+            "attention.cu",
+            f"kv_write_{dtype}",
+            (t, nkv),
+            (128,),
+            [
+                ptr(k.ptr),
+                ptr(cache_buf.ptr),
+                i32(t),
+                i32(nkv),
+                i32(hd),
+                i32(cap),
+                i32(start),
+                ptr(0),
+                f32(scale),
+            ],
+        )
+
+    def attention(self, q, k, v, start: int, nsplit: int | None = None) -> DeviceArray:
+        """Causal GQA attention: q (T, nh, hd) at positions start..; k, v the whole cache
+        (nkv, start+T, hd), as KVViews of a device KVCache or float32 arrays."""
+        q = self._f32(q, "attention q")
+        assert q.ndim == 3
+        t, nh, hd = q.shape
+        k, v = self._as_kv(k), self._as_kv(v)
+        assert k.shape == v.shape and k.dtype == v.dtype and k.cap == v.cap
+        nkv, s, khd = k.shape
+        assert khd == hd and nh % nkv == 0, f"attention: q {q.shape} vs kv {k.shape}"
+        assert s == start + t, f"attention: cache length {s} != start {start} + T {t}"
+        assert hd in ATTN_HEAD_DIMS, f"no attention kernel for head_dim {hd}"
+        out = self.empty((t, nh, hd))
+        if t == 0:
+            return out
+        g = nh // nkv
+        if nsplit is None:
+            # split the keys only when there are few query rows to spread over the GPU
+            nsplit = 1 if t * g * nkv >= 256 else max(1, min(32, s // 512))
+        split_len = -(-s // nsplit)
+        split_len = -(-split_len // 32) * 32
+        nsplit = -(-s // split_len)
+        if nsplit > 1:
+            part_o = self.empty((nsplit, t, nh, hd))
+            part_ml = self.empty((nsplit, t, nh, 2))
+        else:
+            part_o = part_ml = out
+        grid = (-(-(t * g) // 4), nkv, nsplit)
+        self._launch(
+            "attention.cu",
+            f"attn_{k.dtype}_hd{hd}",
+            grid,
+            (128,),
+            [
+                ptr(q.ptr),
+                ptr(k.buf.ptr),
+                ptr(v.buf.ptr),
+                f32(k.scale),
+                f32(v.scale),
+                ptr(out.ptr),
+                ptr(part_o.ptr),
+                ptr(part_ml.ptr),
+                i32(t),
+                i32(nh),
+                i32(nkv),
+                i32(k.cap),
+                i32(start),
+                ptr(0),
+                i32(split_len),
+            ],
+        )
+        if nsplit > 1:
+            self._launch(
+                "attention.cu",
+                "attn_combine",
+                (t * nh,),
+                (128,),
+                [
+                    ptr(part_o.ptr),
+                    ptr(part_ml.ptr),
+                    ptr(out.ptr),
+                    i32(nsplit),
+                    i32(t * nh),
+                    i32(hd),
+                ],
+            )
+        return out
+
+    def _as_kv(self, x) -> KVView:
+        if isinstance(x, KVView):
+            return x
+        a = self._f32(x, "attention k/v")
+        assert a.ndim == 3
+        nkv, s, hd = a.shape
+        return KVView(a.buf if a.offset == 0 else self._rebase(a), nkv, s, hd, s, "f32", 1.0)
+
+    def _rebase(self, a: DeviceArray):
+        return a.copy().buf
+
+    def device_kv_cache(
+        self, n_layers: int, n_kv_heads: int, head_dim: int, max_len: int
+    ) -> KVCache:
+        """The device cache the model files ask for (contract.Ops.device_kv_cache)."""
+        return KVCache(self, n_layers, n_kv_heads, head_dim, max_len, self.kv_dtype)

@@ -1,0 +1,108 @@
+"""Launchers of the Gated DeltaNet pieces (Qwen3.5 linear attention): causal conv, delta rule."""
+
+from __future__ import annotations
+
+from atlas_cli.backend.ops.native_array import DeviceArray, DeviceOpsBase
+from atlas_cli.backend.ops.runtime import f32, i32, ptr
+
+
+class GatedDeltaNetLaunchers(DeviceOpsBase):
+    def causal_conv1d(self, x, weight, state, all_states: bool = False, act: bool = False):
+        """x (T, C), weight (C, K), state (K-1, C) -> (out (T, C), new_state (K-1, C)), or the
+        state after every token (T, K-1, C) with `all_states`; SiLU fused with `act`."""
+        x, w = self._f32(x, "conv x"), self._f32(weight, "conv weight")
+        st = self._f32(state, "conv state")
+        t, c = x.shape
+        kk = w.shape[-1]
+        assert w.size == c * kk and st.shape == (kk - 1, c) and 1 <= kk <= 8
+        out, new_state = self.empty((t, c)), self.empty((kk - 1, c))
+        self._launch(
+            "gdn.cu",
+            "causal_conv1d",
+            (-(-c // 256),),
+            (256,),
+            [
+                ptr(x.ptr),
+                ptr(w.ptr),
+                ptr(st.ptr),
+                ptr(out.ptr),
+                ptr(new_state.ptr),
+                i32(t),
+                i32(c),
+                i32(kk),
+                i32(int(act)),
+            ],
+        )
+        return out, (self._conv_windows(x, st) if all_states else new_state)
+
+    def _conv_windows(self, x: DeviceArray, state: DeviceArray) -> DeviceArray:
+        """The conv state after each token: windows (T, K-1, C) of the last K-1 inputs of
+        [state; x], copied on the device (exact, as numpy_ref's sliding windows)."""
+        t, c = x.shape
+        k1 = state.shape[0]
+        full = self.empty((k1 + t, c))  # (K-1+T, C)
+        full[:k1][:] = state
+        full[k1:][:] = x
+        states = self.empty((t, k1, c))
+        for i in range(t):
+            states[i][:] = full[i + 1 : i + 1 + k1]
+        return states
+
+    def gated_delta_rule(
+        self, q, k, v, g, beta, state, scale: float | None = None, all_states: bool = False
+    ):
+        """q, k (T, nk, dk); v (T, nv, dv); g, beta (T, nv); state (nv, dk, dv) ->
+        (out (T, nv, dv), new_state), or the state after every token (T, nv, dk, dv) with
+        `all_states` (one launch per token). The input state is not modified."""
+        q, k, v = (self._f32(a, "gdn q/k/v") for a in (q, k, v))
+        g, beta = self._f32(g, "gdn g"), self._f32(beta, "gdn beta")
+        st = self._f32(state, "gdn state").copy()
+        t, nk, dk = q.shape
+        _, nv, dv = v.shape
+        assert k.shape == q.shape and v.shape[0] == t and g.shape == (t, nv) == beta.shape
+        assert st.shape == (nv, dk, dv) and nv % nk == 0
+        assert 256 % dv == 0 and dk % (256 // dv) == 0 and dk * dv <= 64 * 256 and dk <= 256, (
+            f"gdn kernel limits: dv | 256, dk*dv <= 16384 (dk {dk}, dv {dv})"
+        )
+        scale = scale if scale is not None else dk**-0.5
+        out = self.empty((t, nv, dv))
+        if not all_states:
+            self._gdn_recurrent(q, k, v, g, beta, st, out, scale)
+            return out, st
+        states = self.empty((t, nv, dk, dv))
+        for i in range(t):  # the kernel keeps S in registers: one launch per kept state
+            one = slice(i, i + 1)
+            self._gdn_recurrent(q[one], k[one], v[one], g[one], beta[one], st, out[one], scale)
+            states[i][:] = st
+        return out, states
+
+    def _gdn_recurrent(self, q, k, v, g, beta, st, out, scale: float) -> None:
+        """gdn.cu's gdn_recurrent over q's T tokens, updating `st` in place."""
+        t, nk, dk = q.shape
+        _, nv, dv = v.shape
+        self._launch(
+            "gdn.cu",
+            "gdn_recurrent",
+            (nv,),
+            (256,),
+            [
+                ptr(q.ptr),
+                ptr(k.ptr),
+                ptr(v.ptr),
+                ptr(g.ptr),
+                ptr(beta.ptr),
+                ptr(st.ptr),
+                ptr(out.ptr),
+                i32(t),
+                i32(nk),
+                i32(nv),
+                i32(dk),
+                i32(dv),
+                f32(scale),
+            ],
+        )
+
+    def gated_delta_rule_chunked(self, q, k, v, g, beta, state, scale=None, chunk: int = 64):
+        """Same result as gated_delta_rule. The chunked (UT-transform) prefill kernel is not
+        written yet: this runs the recurrent kernel over all T tokens in one launch."""
+        return self.gated_delta_rule(q, k, v, g, beta, state, scale)

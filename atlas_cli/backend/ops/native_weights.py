@@ -1,0 +1,144 @@
+"""Launchers that read weights in their stored format: upload, dequantize, embedding, linear."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import atlas_cli.backend.formats as formats
+from atlas_cli.backend.formats import QuantizedWeight, StoredRows, WeightFormat
+from atlas_cli.backend.ops.native_array import (
+    DeviceArray,
+    DeviceOpsBase,
+    DeviceWeight,
+    f32_to_bf16_bits,
+)
+from atlas_cli.backend.ops.runtime import f32, i32, i64, ptr
+
+GEMV_MAX_T = 8  # gemv.cu GEMV_MAX_T
+
+
+class WeightLaunchers(DeviceOpsBase):
+    def prepare_weight(self, w) -> DeviceWeight:
+        """A loader's weight -> DeviceWeight: formats the kernels decode as they are stored
+        (GGUF blocks; NVFP4 codes + E4M3 scales + global scale), anything else as float32
+        dequantized on the host, uploaded as bf16 (or f32 when the ops were made with
+        weight_dtype="f32")."""
+        if isinstance(w, DeviceWeight):
+            return w
+        if isinstance(w, QuantizedWeight) and w.format.native:
+            return self._upload_stored(w.format, w.shape, w.stored())
+        a = np.asarray(w, np.float32)
+        if a.ndim == 1:
+            a = a.reshape(1, -1)
+        assert a.ndim == 2 and a.shape[1] % 32 == 0, f"weight {a.shape}: cols % 32 != 0"
+        if self.weight_dtype == "f32":
+            return DeviceWeight(
+                "f32", *a.shape, self._upload_bytes(a), a.shape[1] * 4, self._dummy, 0, 1.0
+            )
+        bits = f32_to_bf16_bits(a)
+        return DeviceWeight(
+            "bf16", *a.shape, self._upload_bytes(bits), a.shape[1] * 2, self._dummy, 0, 1.0
+        )
+
+    def _upload_stored(self, fmt: WeightFormat, shape, s: StoredRows) -> DeviceWeight:
+        rows, cols = (int(n) for n in shape)
+        if fmt is formats.NVFP4:
+            codes = np.ascontiguousarray(s.data, np.uint8)
+            scales = np.ascontiguousarray(s.scales)
+            assert cols % 32 == 0 and codes.shape == (rows, cols // 2), "bad NVFP4 shapes"
+            assert scales.shape == (rows, cols // fmt.block_elems), "bad NVFP4 scale shape"
+            return DeviceWeight(
+                fmt.kernel,
+                rows,
+                cols,
+                self._upload_bytes(codes),
+                cols // 2,
+                self._upload_bytes(scales),
+                cols // fmt.block_elems,
+                float(np.asarray(s.global_scale, np.float32).reshape(())),
+            )
+        data = s.data if s.row_perm is None else s.data[s.row_perm]
+        raw = np.ascontiguousarray(data).view(np.uint8).reshape(rows, -1)
+        assert cols % 32 == 0 and raw.shape[1] == cols // fmt.block_elems * fmt.block_bytes, (
+            f"{fmt.kernel} weight {shape}: {raw.shape[1]} bytes per row"
+        )
+        return DeviceWeight(
+            fmt.kernel, rows, cols, self._upload_bytes(raw), raw.shape[1], self._dummy, 0, 1.0
+        )
+
+    def _wargs(self, w: DeviceWeight) -> list:
+        return [ptr(w.data.ptr), ptr(w.scales.ptr), f32(w.gscale)]
+
+    def dequantize(self, w: DeviceWeight) -> DeviceArray:
+        """The whole weight as float32 (rows, cols), bit-exact with the numpy dequantizers."""
+        assert isinstance(w, DeviceWeight)
+        out = self.empty((w.rows, w.cols))
+        units = w.cols // 32
+        self._launch(
+            "dequant.cu",
+            f"dequant_{w.fmt}",
+            (-(-units // 256), w.rows),
+            (256,),
+            [
+                *self._wargs(w),
+                ptr(out.ptr),
+                i32(w.rows),
+                i32(w.cols),
+                i64(w.row_bytes),
+                i64(w.srow_bytes),
+            ],
+        )
+        return out
+
+    def embedding(self, table, ids) -> DeviceArray:
+        """table (V, H) weight, ids (T,) -> (T, H) float32."""
+        w = table if isinstance(table, DeviceWeight) else self.prepare_weight(table)
+        ids_h = np.asarray(ids).reshape(-1)
+        assert ids_h.size == 0 or (ids_h.min() >= 0 and ids_h.max() < w.rows), "id out of range"
+        dev_ids = self.asarray(ids_h.astype(np.int32))
+        t = ids_h.size
+        out = self.empty((t, w.cols))
+        if t:
+            self._launch(
+                "embedding.cu",
+                f"embedding_{w.fmt}",
+                (t,),
+                (128,),
+                [
+                    *self._wargs(w),
+                    ptr(dev_ids.ptr),
+                    ptr(out.ptr),
+                    i32(w.cols),
+                    i64(w.row_bytes),
+                    i64(w.srow_bytes),
+                ],
+            )
+        return out
+
+    def linear(self, x, w, bias=None) -> DeviceArray:
+        """x (T, in) @ w (out, in)^T (+ bias) -> (T, out): gemv for T <= 8, tiled gemm above."""
+        x = self._f32(x, "linear x")
+        w = w if isinstance(w, DeviceWeight) else self.prepare_weight(w)
+        assert x.ndim == 2 and x.shape[1] == w.cols, f"linear: x {x.shape} vs weight {w.shape}"
+        b = self._f32(bias, "linear bias") if bias is not None else None
+        assert b is None or b.size == w.rows
+        t = x.shape[0]
+        out = self.empty((t, w.rows))
+        if t == 0:
+            return out
+        args = [
+            *self._wargs(w),
+            ptr(x.ptr),
+            ptr(b.ptr if b is not None else 0),
+            ptr(out.ptr),
+            i32(t),
+            i32(w.rows),
+            i32(w.cols),
+            i64(w.row_bytes),
+            i64(w.srow_bytes),
+        ]
+        if t <= GEMV_MAX_T:
+            self._launch("gemv.cu", f"gemv_{w.fmt}", (-(-w.rows // 8),), (256,), args)
+        else:
+            self._launch("gemm.cu", f"gemm_{w.fmt}", (-(-w.rows // 64), -(-t // 64)), (256,), args)
+        return out

@@ -1,0 +1,40 @@
+"""The fast CPU path's numba set-up: the disk cache of every kernel is stamped with all the
+kernel files, so that a change to a callee in one file recompiles its callers in another."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+from numba.core.caching import FunctionCache
+
+from atlas_cli.backend.ops import cpu_decode, cpu_kernels, cpu_numba
+
+
+def test_kernel_stamp_covers_every_kernel_file():
+    here = cpu_numba._HERE
+    h = hashlib.sha256()
+    for name in cpu_numba.KERNEL_FILES:
+        h.update((here / name).read_bytes())
+    assert cpu_numba.kernel_sources_digest() == h.hexdigest()
+    for fn in (cpu_kernels.row_dot, cpu_kernels.gemm, cpu_decode.decode_step):
+        locator = fn._cache._impl.locator
+        assert type(locator).__name__ == "KernelFilesLocator"
+        assert locator.get_source_stamp()[1] == h.hexdigest()
+
+
+def test_a_change_in_any_kernel_file_invalidates_the_cache(monkeypatch):
+    cpu_kernels.group_sums(np.ones(64, np.float32), np.empty(2, np.float32))
+    assert FunctionCache(cpu_kernels.group_sums.py_func)._cache_file._load_index()
+    monkeypatch.setattr(cpu_numba, "kernel_sources_digest", lambda: "another source")
+    assert FunctionCache(cpu_kernels.group_sums.py_func)._cache_file._load_index() == {}
+
+
+def test_functions_elsewhere_keep_numba_s_own_locator(tmp_path, monkeypatch):
+    (tmp_path / "elsewhere.py").write_text(
+        "from numba import njit\n\n@njit(cache=True)\ndef f(x):\n    return x + 1\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import elsewhere
+
+    assert type(elsewhere.f._cache._impl.locator).__name__ != "KernelFilesLocator"

@@ -1,0 +1,80 @@
+"""The weight-format registry (backend/formats.py) is the one statement of each format's facts:
+the kernels' header, the numpy dequantizers, the fast CPU path and the native launchers agree
+with it."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+import atlas_cli.backend.formats as formats
+from atlas_cli.backend.loaders import gguf, quant
+from atlas_cli.backend.loaders.safetensors import FP8Tensor, NVFP4Tensor
+from atlas_cli.backend.ops import cpu_ir, cpu_kernels, numpy_ref, runtime
+
+HEADER = (runtime.kernels_dir() / "quant.cuh").read_text()
+
+
+def _defines(prefix: str) -> dict[str, int]:
+    return {
+        m.group(1).lower(): int(m.group(2))
+        for m in re.finditer(rf"^#define {prefix}(\w+) (\d+)$", HEADER, re.M)
+    }
+
+
+def test_header_formats_are_the_native_formats():
+    native = {f.kernel for f in formats.FORMATS.values() if f.native}
+    ids = _defines("FMT_")
+    assert set(ids) == native
+    assert sorted(ids.values()) == list(range(len(ids)))  # dense: a template parameter each
+    body = HEADER[HEADER.index("#define ATLAS_FOR_EACH_FORMAT(X)") :].split("\n\n")[0]
+    listed = dict(re.findall(r"X\((\w+), FMT_(\w+)\)", body))
+    assert listed == {k: k.upper() for k in native}
+
+
+def test_header_block_sizes_match_the_registry():
+    elems, nbytes = _defines("BLOCK_ELEMS_"), _defines("BLOCK_BYTES_")
+    for f in formats.FORMATS.values():
+        if f.native:
+            assert (elems[f.kernel], nbytes[f.kernel]) == (f.block_elems, f.block_bytes), f.name
+
+
+def test_every_ggml_format_has_every_kernel():
+    for tid, f in formats.GGML.items():
+        assert quant.GGML_TYPES[tid] is f
+        assert tid in quant._KERNELS, f"no numpy dequantizer for {f.name}"
+        if f.cpu:
+            assert tid in cpu_kernels.BLOCKS and tid in cpu_ir._EMITTERS
+            elems, nbytes = cpu_kernels.BLOCKS[tid]
+            assert nbytes * f.block_elems == elems * f.block_bytes  # same bytes per element
+
+
+def test_registry_ids_and_names_are_unique():
+    assert len({f.name for f in formats.FORMATS.values()}) == len(formats.FORMATS)
+    assert formats.ggml_type_name(12) == "Q4_K"
+    assert formats.ggml_type_name(6) == "Q5_0" and formats.ggml_type_name(999) == "unknown"
+    assert not set(formats.GGML) & set(formats.UNSUPPORTED_GGML_NAMES)
+    with pytest.raises(AssertionError):
+        formats.register(formats.WeightFormat("X", "q4_0", None, 1, 1, cpu=False, native=False))
+
+
+def test_quantized_weights_share_one_interface():
+    rng = np.random.default_rng(0)
+    blocks = rng.integers(0, 256, (2, 34), dtype=np.uint8)
+    blocks[:, :2] = np.array([0.01], np.float16).view(np.uint8)
+    weights = [
+        gguf.QuantizedTensor(8, (2, 32), blocks),
+        NVFP4Tensor(rng.integers(0, 256, (2, 16), np.uint8), np.full((2, 2), 0x30, np.uint8), 0.5),
+        FP8Tensor(np.full((2, 32), 0x38, np.uint8), np.float32(2.0)),
+    ]
+    for w in weights:
+        assert isinstance(w, formats.QuantizedWeight)
+        assert w.format in formats.FORMATS.values()
+        dense = w.dequantize()
+        assert dense.shape == w.shape and dense.dtype == np.float32
+        np.testing.assert_array_equal(numpy_ref.prepare_weight(w), dense)  # the array protocol
+    assert weights[0].stored().data is blocks
+    with pytest.raises(TypeError, match="dequantize"):
+        weights[2].stored()
