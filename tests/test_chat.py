@@ -13,7 +13,7 @@ from rich.console import Console
 
 from atlas_cli.chat import ChatOptions, ChatREPL, ChatSettings, run_chat
 from atlas_cli.chat.commands import SlashCompleter
-from atlas_cli.chat.repl import PromptInput, history_path
+from atlas_cli.chat.input import PromptInput, history_path
 
 ENTER = "\r"
 ALT_ENTER = "\x1b\r"

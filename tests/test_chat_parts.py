@@ -10,10 +10,10 @@ from prompt_toolkit.completion import CompleteEvent
 from prompt_toolkit.document import Document
 from rich.console import Console
 
-from atlas_cli.chat.commands import SlashCompleter
+from atlas_cli.chat.commands import SlashCompleter, resolve_command
 from atlas_cli.chat.conversation import Conversation, plan_fit, reply_room
+from atlas_cli.chat.input import block_open, unwrap_block
 from atlas_cli.chat.render import ThinkSplitter, TurnPrinter, footer
-from atlas_cli.chat.repl import block_open, resolve_command, unwrap_block
 from atlas_cli.chat.settings import ChatSettings, apply, from_options
 from atlas_cli.errors import UsageError
 

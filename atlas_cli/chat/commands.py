@@ -1,4 +1,6 @@
-"""The REPL's slash commands: their table (for /help) and tab completion."""
+"""The REPL's slash commands as data: their names, arguments and help (for /help), how a typed
+word finds one (name, alias or unique prefix), and their tab completion. What each command
+does lives in handlers.py."""
 
 from __future__ import annotations
 
@@ -8,7 +10,8 @@ from dataclasses import dataclass
 from prompt_toolkit.completion import CompleteEvent, Completer, Completion, PathCompleter
 from prompt_toolkit.document import Document
 
-from atlas_cli.chat.settings import PARAMS
+from atlas_cli.chat.settings import PARAMS, find_param
+from atlas_cli.errors import UsageError
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,19 @@ def lookup(name: str) -> Command | None:
     return BY_NAME.get(name.lower())
 
 
+def resolve_command(word: str) -> Command:
+    """A command by name, alias or unique prefix (`/cl` is /clear)."""
+    exact = lookup(word)
+    if exact is not None:
+        return exact
+    matches = [c for c in COMMANDS if c.name.startswith(word.lower())] if word else []
+    if len(matches) == 1:
+        return matches[0]
+    if matches:
+        raise UsageError(f"/{word} could be " + ", ".join("/" + c.name for c in matches))
+    raise UsageError(f"unknown command /{word}; /help lists them")
+
+
 class SlashCompleter(Completer):
     """Completes /commands, their arguments, /set parameters and values, model names and
     file paths for /save and /load."""
@@ -82,7 +98,7 @@ class SlashCompleter(Completer):
             name, space, value = rest.partition(" ")
             if not space:
                 yield from _choices(rest, {n: p.help for n, p in PARAMS.items()})
-            elif (param := PARAMS.get(name.replace("-", "_").lower())) is not None:
+            elif (param := find_param(name)) is not None:
                 yield from _choices(value, dict.fromkeys(param.values, ""))
         elif command.name == "show":
             yield from _choices(rest, SHOW_TOPICS)

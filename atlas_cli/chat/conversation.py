@@ -29,8 +29,10 @@ class Conversation:
     turns: list[Message] = field(default_factory=list)  # user/assistant messages, in order
 
     def messages(self) -> list[Message]:
-        head = [{"role": "system", "content": self.system}] if self.system else []
-        return head + self.turns
+        return self._head() + self.turns
+
+    def _head(self) -> list[Message]:
+        return [{"role": "system", "content": self.system}] if self.system else []
 
     def add(self, role: str, content: str, reasoning: str = "") -> None:
         message = {"role": role, "content": content}
@@ -53,17 +55,17 @@ class Conversation:
 
     def without_oldest(self, n: int) -> list[Message]:
         """The messages with the `n` oldest turns removed (the system prompt stays)."""
-        starts = self.turn_starts
-        if n <= 0 or not starts:
+        if n <= 0 or not self.turn_starts:
             return self.messages()
-        cut = starts[n] if n < len(starts) else len(self.turns)
-        head = [{"role": "system", "content": self.system}] if self.system else []
-        return head + self.turns[cut:]
+        return self._head() + self.turns[self._cut(n) :]
 
     def drop_oldest(self, n: int) -> None:
+        del self.turns[: self._cut(n)]
+
+    def _cut(self, n: int) -> int:
+        """Where in `turns` the turns after the `n` oldest begin."""
         starts = self.turn_starts
-        cut = starts[n] if n < len(starts) else len(self.turns)
-        del self.turns[:cut]
+        return starts[n] if n < len(starts) else len(self.turns)
 
     # -- files -------------------------------------------------------------------------------
 

@@ -1,15 +1,20 @@
-"""Streaming a reply to the terminal with rich: reasoning apart from the answer, optional
-Markdown, and the per-turn stats line."""
+"""How the chat looks on the terminal (rich): a streamed reply with its reasoning apart from the
+answer and optional Markdown, the per-turn stats line and the session totals, and the
+two-column tables and model labels that the commands print."""
 
 from __future__ import annotations
 
+import os
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 from rich.console import Console
 from rich.control import Control
 from rich.live import Live
 from rich.markdown import Markdown
 from rich.segment import ControlType, Segment, Segments
+from rich.table import Table
 from rich.text import Text
 
 from atlas_cli.backend.engine import GenerationStats
@@ -192,6 +197,9 @@ class TurnPrinter:
             self.column0 = True
 
 
+# -- stats ---------------------------------------------------------------------------------
+
+
 def footer(stats: GenerationStats) -> str:
     """The one-line stats of a turn (verbose mode)."""
     cached = f", {stats.cached_tokens} cached" if stats.cached_tokens else ""
@@ -199,4 +207,59 @@ def footer(stats: GenerationStats) -> str:
         f"prompt {stats.prompt_tokens} tok{cached} · {stats.prompt_rate:.1f} tok/s · "
         f"answer {stats.completion_tokens} tok · {stats.eval_rate:.1f} tok/s · "
         f"TTFT {stats.ttft_s:.2f}s · {stats.finish_reason}"
+    )
+
+
+@dataclass
+class Totals:
+    """What the answers of a session add up to (for /stats)."""
+
+    answers: int = 0
+    prompt_tokens: int = 0  # evaluated, not taken from the cache
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    prompt_s: float = 0.0
+    eval_s: float = 0.0
+
+    def add(self, s: GenerationStats) -> None:
+        self.answers += 1
+        self.prompt_tokens += s.prompt_tokens - s.cached_tokens
+        self.cached_tokens += s.cached_tokens
+        self.completion_tokens += s.completion_tokens
+        self.prompt_s += s.prompt_s
+        self.eval_s += s.eval_s
+
+    def summary(self) -> str:
+        rate = (self.completion_tokens / self.eval_s) if self.eval_s else 0.0
+        return (
+            f"{self.answers} answer(s), {self.completion_tokens:,} tokens generated "
+            f"(~{rate:.1f} tok/s); {self.prompt_tokens:,} prompt tokens evaluated, "
+            f"{self.cached_tokens:,} reused from the cache"
+        )
+
+
+# -- tables and labels ---------------------------------------------------------------------
+
+
+def table(rows: dict[str, str], plain_values: bool = False) -> Table:
+    """Two columns, keys then values, no borders; values print as given (no markup)."""
+    grid = Table(show_header=False, box=None, padding=(0, 2, 0, 0))
+    grid.add_column(style="bold" if plain_values else "cyan", no_wrap=True)
+    grid.add_column()
+    for key, value in rows.items():
+        grid.add_row(key, Text(value))
+    return grid
+
+
+def label(name: str) -> str:
+    """A model name for display: a path shows as its file or folder name."""
+    return Path(name).name if ("/" in name or os.sep in name) else name
+
+
+def describe(model) -> str:
+    """A loaded model in one line: architecture, quantization, context, device, load time."""
+    info = model.info
+    return (
+        f"{info.architecture}, {info.file_type}, context {model.context_length:,}, "
+        f"{model.device}, loaded in {model.load_s:.1f}s"
     )

@@ -132,11 +132,16 @@ PARAMS = {
 }
 
 
+def find_param(text: str) -> Param | None:
+    """The parameter `text` names (any case, `-` for `_`), or None."""
+    return PARAMS.get(text.strip().lower().replace("-", "_"))
+
+
 def param_name(text: str) -> str:
-    name = text.strip().lower().replace("-", "_")
-    if name not in PARAMS:
+    param = find_param(text)
+    if param is None:
         raise UsageError(f"unknown parameter {text!r}; one of: {', '.join(PARAMS)}")
-    return name
+    return param.name
 
 
 def apply(settings: ChatSettings, name: str, value: str) -> ChatSettings:
