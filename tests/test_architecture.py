@@ -26,9 +26,7 @@ KNOWN_BROKEN = {
     "atlas_cli.bench.cli -> atlas_cli.cli",
 }
 KNOWN_GPU_PACKAGE_USERS = {"atlas_cli.hardware"}  # probes the runtimes directly
-KNOWN_BIG_FILES = {
-    "atlas_cli/chat/repl.py",
-}
+KNOWN_BIG_FILES: set[str] = set()
 KNOWN_LONG_FUNCTIONS = {
     "atlas_cli/bench/cli.py:agentic_cmd",
     "benchmarks/cpu_vs_llamacpp.py:main",
