@@ -303,7 +303,7 @@ from atlas_cli import models_cli  # noqa: E402
 models_cli.register(app, handle_errors)
 
 
-from atlas_cli.bench.cli import bench_app  # noqa: E402  (typer only: keeps --help light)
+from atlas_cli.bench.cli import bench_app, route_bench_args  # noqa: E402  (typer only)
 
 app.add_typer(bench_app, name="bench")
 
@@ -315,7 +315,10 @@ def main() -> None:
         from atlas_cli.completion import register
 
         register()
-    app(prog_name=PROG, complete_var=COMPLETE_VAR)
+    argv = sys.argv[1:]
+    if argv[:1] == ["bench"]:  # `atlas bench MODEL ...` runs the default bench subcommand
+        argv[1:] = route_bench_args(argv[1:])
+    app(args=argv, prog_name=PROG, complete_var=COMPLETE_VAR)
 
 
 if __name__ == "__main__":

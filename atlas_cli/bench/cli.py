@@ -1,7 +1,7 @@
 """The `atlas bench` command group. Thin: check flags, call the bench modules, print.
 
-`atlas bench MODEL -p 512 -n 128` runs the throughput benchmark (llama-bench's interface), so
-the group routes any first argument that is not a subcommand name to `throughput`.
+`atlas bench MODEL -p 512 -n 128` runs the throughput benchmark (llama-bench's interface):
+`route_bench_args` puts the default subcommand in front before Typer parses.
 Nothing heavy is imported at module level (the bench modules import numpy and the backend
 only where they run): `atlas --help` loads this file.
 """
@@ -15,7 +15,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import typer
-from typer.core import TyperGroup
 
 from atlas_cli.bench import agentic, coherence, gate, throughput
 from atlas_cli.bench import options as o
@@ -24,19 +23,9 @@ from atlas_cli.errors import UsageError
 
 DEFAULT_MODEL = "smollm2-135m"
 DEFAULT_COMMAND = "throughput"
-
-
-class DefaultCommandGroup(TyperGroup):
-    """A group whose first argument may be a model rather than a subcommand."""
-
-    def parse_args(self, ctx, args: list[str]) -> list[str]:
-        if not args or (args[0] not in self.commands and args[0] not in ("--help", "-h")):
-            args = [DEFAULT_COMMAND, *args]
-        return super().parse_args(ctx, args)
-
+HELP_FLAGS = ("--help", "-h")
 
 bench_app = typer.Typer(
-    cls=DefaultCommandGroup,
     help=(
         "Benchmark a model: throughput (llama-bench style; the default), agentic replay, "
         "coherence. `atlas bench MODEL -p 512 -n 128` runs throughput."
@@ -44,6 +33,15 @@ bench_app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+
+
+def route_bench_args(argv: list[str]) -> list[str]:
+    """The words after `bench`, with the default subcommand put first unless they start with a
+    subcommand name or a help flag: `MODEL -p 512` becomes `throughput MODEL -p 512`."""
+    names = {command.name for command in bench_app.registered_commands}
+    if argv and (argv[0] in names or argv[0] in HELP_FLAGS):
+        return list(argv)
+    return [DEFAULT_COMMAND, *argv]
 
 
 def handle_errors(fn):
