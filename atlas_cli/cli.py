@@ -8,15 +8,16 @@ place, commands/errors.py: every command runs under it, and so does `main()`.
 from __future__ import annotations
 
 import os
+import sys
 from typing import Annotated
 
 import typer
 
 from atlas_cli import __version__
-from atlas_cli.bench.cli import bench_app  # typer only: keeps --help light
+from atlas_cli.bench.cli import bench_app, route_bench_args  # typer only: keeps --help light
 from atlas_cli.commands import chat, completion, models, run, serve
 from atlas_cli.commands.errors import guarded, user_errors
-from atlas_cli.completion import COMPLETE_VAR, PROG
+from atlas_cli.completion import COMPLETE_VAR, PROG, route_completion_words
 
 app = typer.Typer(
     name=PROG,
@@ -57,9 +58,13 @@ for name, command in COMMANDS.items():
     app.command(name)(guarded(command))
 app.add_typer(bench_app, name="bench")
 
-# atlas_cli/bench/cli.py decorates its commands with this (looked up at call time) until they
-# move under `guarded` too.
-handle_errors = guarded
+
+def with_default_bench_command(words: list[str]) -> list[str]:
+    """`atlas bench MODEL ...` runs the default bench subcommand: the words after `bench` get
+    it put first (once there is a word after `bench`, so `atlas bench` alone shows the group)."""
+    if words[:1] == ["bench"] and len(words) > 1:
+        return ["bench", *route_bench_args(words[1:])]
+    return words
 
 
 def main() -> None:
@@ -68,8 +73,13 @@ def main() -> None:
         from atlas_cli.completion import register
 
         register()
+        route_completion_words(with_default_bench_command)
     with user_errors():
-        app(prog_name=PROG, complete_var=COMPLETE_VAR)
+        app(
+            args=with_default_bench_command(sys.argv[1:]),
+            prog_name=PROG,
+            complete_var=COMPLETE_VAR,
+        )
 
 
 if __name__ == "__main__":

@@ -12,10 +12,14 @@ store, and the recipes shipped with atlas. Add a source by appending a function 
 
 from __future__ import annotations
 
+import os
+import shlex
 import tomllib
 from collections.abc import Callable, Iterable
 from importlib import resources
 from pathlib import Path
+
+from click.shell_completion import split_arg_string
 
 from atlas_cli.errors import UsageError
 
@@ -80,6 +84,25 @@ def register() -> None:
     from typer.completion import completion_init
 
     completion_init()
+
+
+def route_completion_words(route: Callable[[list[str]], list[str]]) -> None:
+    """Apply `route` (the CLI's rewrite of its argument words) to the words a shell sends on
+    Tab, so completion parses what the command line will. The word being typed is left out of
+    the rewrite: it is what gets completed."""
+    if "COMP_WORDS" in os.environ:  # bash: all words, and the index of the one being typed
+        words = split_arg_string(os.environ["COMP_WORDS"])
+        cword = int(os.environ.get("COMP_CWORD", len(words)))
+        done = route(words[1:cword])
+        os.environ["COMP_WORDS"] = shlex.join([*words[:1], *done, *words[cword:]])
+        os.environ["COMP_CWORD"] = str(1 + len(done))
+    elif "_TYPER_COMPLETE_ARGS" in os.environ:  # zsh, fish: the line up to the cursor
+        line = os.environ["_TYPER_COMPLETE_ARGS"]
+        words = split_arg_string(line)
+        typing = [] if line.endswith(" ") or len(words) < 2 else words[-1:]
+        done = route(words[1 : len(words) - len(typing)])
+        rewritten = shlex.join([*words[:1], *done, *typing])
+        os.environ["_TYPER_COMPLETE_ARGS"] = rewritten if typing else rewritten + " "
 
 
 def complete_shells(incomplete: str) -> list[str]:

@@ -55,27 +55,47 @@ def work_atlas_engine(model: str, threads: int, pp: int, tg: int) -> dict:
     prompt = [1000 + (i * 37) % 20000 for i in range(pp)]
     engine.prefill(prompt[:8])  # first calls load the cached kernels: not part of the rates
     engine.reset()
-    t0, c0 = time.perf_counter(), time.process_time()
+    t0 = _clock()
     engine.prefill(prompt)
-    pp_s, pp_cpu = time.perf_counter() - t0, time.process_time() - c0
+    pp_time = _since(t0)
     engine.reset()
     chat = m.chat_prompt([{"role": "user", "content": PROMPT}])
     logits, _ = engine.prefill(chat)
     token = int(np.argmax(logits))
-    t0, c0 = time.perf_counter(), time.process_time()
+    t0 = _clock()
     for _ in range(tg):
         token = int(np.argmax(engine.step(token)))
-    tg_s, tg_cpu = time.perf_counter() - t0, time.process_time() - c0
+    tg_time = _since(t0)
     import numba
 
     return {
-        "load_s": load_s,
-        "pp_tok_s": pp / pp_s,
-        "tg_tok_s": tg / tg_s,
-        "pp_cpu_ms": 1e3 * pp_cpu / pp,
-        "tg_cpu_ms": 1e3 * tg_cpu / tg,
+        **_rates(load_s, pp, pp_time, tg, tg_time),
         "layer": numba.threading_layer(),
         "threads": numba.get_num_threads(),
+    }
+
+
+Seconds = tuple[float, float]  # (wall, CPU of every thread of this process)
+
+
+def _clock() -> Seconds:
+    return time.perf_counter(), time.process_time()
+
+
+def _since(start: Seconds) -> Seconds:
+    """Wall and CPU seconds since `start`."""
+    wall, cpu = _clock()
+    return wall - start[0], cpu - start[1]
+
+
+def _rates(load_s: float, pp: int, pp_time: Seconds, tg: int, tg_time: Seconds) -> dict:
+    """What each engine worker reports, from the seconds of its pp and tg runs."""
+    return {
+        "load_s": load_s,
+        "pp_tok_s": pp / pp_time[0],
+        "tg_tok_s": tg / tg_time[0],
+        "pp_cpu_ms": 1e3 * pp_time[1] / pp,
+        "tg_cpu_ms": 1e3 * tg_time[1] / tg,
     }
 
 
@@ -106,25 +126,18 @@ def work_llama_engine(model: str, threads: int, pp: int, tg: int) -> dict:
     prompt = [1000 + (i * 37) % 20000 for i in range(pp)]
     llm.eval(prompt[:8])  # warm-up, as for atlas
     llm.reset()
-    t0, c0 = time.perf_counter(), time.process_time()
+    t0 = _clock()
     llm.eval(prompt)
-    pp_s, pp_cpu = time.perf_counter() - t0, time.process_time() - c0
+    pp_time = _since(t0)
     llm.reset()
     chat = llm.tokenize(_chat_text(llm).encode(), add_bos=False, special=True)
     llm.eval(chat)
     token = int(np.argmax(last_logits()))
-    t0, c0 = time.perf_counter(), time.process_time()
+    t0 = _clock()
     for _ in range(tg):
         llm.eval([token])
         token = int(np.argmax(last_logits()))
-    tg_s, tg_cpu = time.perf_counter() - t0, time.process_time() - c0
-    return {
-        "load_s": load_s,
-        "pp_tok_s": pp / pp_s,
-        "tg_tok_s": tg / tg_s,
-        "pp_cpu_ms": 1e3 * pp_cpu / pp,
-        "tg_cpu_ms": 1e3 * tg_cpu / tg,
-    }
+    return _rates(load_s, pp, pp_time, tg, _since(t0))
 
 
 def _chat_text(llm) -> str:
@@ -221,6 +234,9 @@ def _stats(values: list[float]) -> str:
     return f"{statistics.median(values):9.2f} [{min(values):.2f}-{max(values):.2f}]"
 
 
+Rows = dict[str, dict[str, list[float]]]  # engine -> measurement -> one value per round
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", help="GGUF file (default: atlas's embedded default model)")
@@ -258,31 +274,11 @@ def main() -> None:
     _spawn(_worker_cmd("atlas-engine", args) + ["--pp", "16", "--tg", "4"], args.threads)
     _spawn(_atlas_cli_cmd(args, 1, PROMPT), args.threads)
 
-    rows: dict[str, dict[str, list[float]]] = {"atlas": {}, "llama.cpp": {}}
+    rows: Rows = {"atlas": {}, "llama.cpp": {}}
     layer = ""
     for r in range(args.runs):
-        order = [("atlas", "atlas-engine"), ("llama.cpp", "llama-engine")]
-        for engine, worker in order if r % 2 == 0 else order[::-1]:
-            out, _, _, _ = _spawn(_worker_cmd(worker, args), args.threads)
-            res = json.loads(out.strip().splitlines()[-1])
-            layer = res.get("layer", layer)
-            for key in ("pp_tok_s", "tg_tok_s", "pp_cpu_ms", "tg_cpu_ms", "load_s"):
-                rows[engine].setdefault(key, []).append(res[key])
-        cli = [
-            ("atlas", _atlas_cli_cmd(args, 1, PROMPT), _atlas_cli_cmd(args, args.tg, LONG_PROMPT)),
-            (
-                "llama.cpp",
-                _llama_cli_cmd(args, 1, PROMPT),
-                _llama_cli_cmd(args, args.tg, LONG_PROMPT),
-            ),
-        ]
-        for engine, first_cmd, full_cmd in cli if r % 2 == 0 else cli[::-1]:
-            out, _, t_first, _ = _spawn(first_cmd, args.threads)
-            if engine == "llama.cpp":
-                t_first = json.loads(out.strip().splitlines()[-1])["first_token_s"]
-            rows[engine].setdefault("cli_first_token_s", []).append(t_first)
-            _, _, _, rss = _spawn(full_cmd, args.threads)
-            rows[engine].setdefault("peak_rss_mb", []).append(rss / 1e6)
+        layer = _engine_round(args, r, rows) or layer
+        _cli_round(args, r, rows)
         print(
             f"round {r + 1}/{args.runs}: atlas pp {rows['atlas']['pp_tok_s'][-1]:.0f} "
             f"tg {rows['atlas']['tg_tok_s'][-1]:.1f} | llama.cpp pp "
@@ -290,7 +286,42 @@ def main() -> None:
             f" | load avg {os.getloadavg()[0]:.2f}",
             flush=True,
         )
+    _print_summary(args, rows, layer, gguf_bytes)
 
+
+def _engine_round(args, r: int, rows: Rows) -> str:
+    """The in-process workers of round `r`, in alternating order; atlas's threading layer."""
+    layer = ""
+    order = [("atlas", "atlas-engine"), ("llama.cpp", "llama-engine")]
+    for engine, worker in order if r % 2 == 0 else order[::-1]:
+        out, _, _, _ = _spawn(_worker_cmd(worker, args), args.threads)
+        res = json.loads(out.strip().splitlines()[-1])
+        layer = res.get("layer", layer)
+        for key in ("pp_tok_s", "tg_tok_s", "pp_cpu_ms", "tg_cpu_ms", "load_s"):
+            rows[engine].setdefault(key, []).append(res[key])
+    return layer
+
+
+def _cli_round(args, r: int, rows: Rows) -> None:
+    """Round `r` of the command lines: start to first token, then peak RSS of a whole reply."""
+    cli = [
+        ("atlas", _atlas_cli_cmd(args, 1, PROMPT), _atlas_cli_cmd(args, args.tg, LONG_PROMPT)),
+        (
+            "llama.cpp",
+            _llama_cli_cmd(args, 1, PROMPT),
+            _llama_cli_cmd(args, args.tg, LONG_PROMPT),
+        ),
+    ]
+    for engine, first_cmd, full_cmd in cli if r % 2 == 0 else cli[::-1]:
+        out, _, t_first, _ = _spawn(first_cmd, args.threads)
+        if engine == "llama.cpp":
+            t_first = json.loads(out.strip().splitlines()[-1])["first_token_s"]
+        rows[engine].setdefault("cli_first_token_s", []).append(t_first)
+        _, _, _, rss = _spawn(full_cmd, args.threads)
+        rows[engine].setdefault("peak_rss_mb", []).append(rss / 1e6)
+
+
+def _print_summary(args, rows: Rows, layer: str, gguf_bytes: int) -> None:
     labels = {
         "pp_tok_s": f"prompt tok/s (pp{args.pp})",
         "tg_tok_s": f"decode tok/s (tg{args.tg})",

@@ -224,14 +224,14 @@ class _Handler(BaseHTTPRequestHandler):
         cut = hub.cut_at.get(name)
         if cut is not None and start + len(body) > cut:
             part = body[: max(cut - start, 0)]
-            self.wfile.write(part)
-            hub.bytes_served += len(part)
+            hub.bytes_served += len(part)  # counted first: the client may finish reading
+            self.wfile.write(part)  # before this thread runs again
             self.wfile.flush()
             self.close_connection = True
             self.connection.shutdown(2)  # the peer sees the body end early
             return
-        self.wfile.write(body)
         hub.bytes_served += len(body)
+        self.wfile.write(body)
 
     def _error(self, status: int, code: str, message: str = ""):
         body = json.dumps({"error": message or code}).encode()

@@ -1,16 +1,24 @@
 """`atlas bench` from the command line, on the real default model with tiny sizes."""
 
 import json
+import sys
 
 import pytest
 from typer.testing import CliRunner
 
 from atlas_cli.bench import cli as bench_cli
 from atlas_cli.bench import coherence
-from atlas_cli.cli import app
+from atlas_cli.cli import app, main
 from tests.bench_helpers import tiny_conversation, write_jsonl
 
 runner = CliRunner()
+
+
+def invoke(args: list[str]):
+    """Run `atlas ARGS` as main() does: `bench MODEL ...` routed to the default subcommand."""
+    if args[:1] == ["bench"]:
+        args = ["bench", *bench_cli.route_bench_args(args[1:])]
+    return runner.invoke(app, args)
 
 
 @pytest.fixture()
@@ -24,7 +32,7 @@ def shared_model(monkeypatch, smollm2):
 def test_throughput_json_then_both_gate_outcomes(smollm2_path, tmp_path):
     base = tmp_path / "base.json"
     args = ["bench", str(smollm2_path), "-p", "8", "-n", "2", "-r", "2", "--no-warmup", "-t", "1"]
-    result = runner.invoke(app, [*args, "-o", "json", "--save-baseline", str(base)])
+    result = invoke([*args, "-o", "json", "--save-baseline", str(base)])
     assert result.exit_code == 0, result.output
     records = json.loads(result.stdout)
     assert [r["test"] for r in records] == ["pp8", "tg2"]
@@ -35,14 +43,14 @@ def test_throughput_json_then_both_gate_outcomes(smollm2_path, tmp_path):
             assert key in r
     assert json.loads(base.read_text())["records"][0]["test"] == "pp8"
 
-    ok = runner.invoke(app, [*args, "-r", "1", "--baseline", str(base), "--tolerance", "1000"])
+    ok = invoke([*args, "-r", "1", "--baseline", str(base), "--tolerance", "1000"])
     assert ok.exit_code == 0, ok.output
     assert "| llama 135M Q4_1 |" in ok.stdout and "gate: PASS" in ok.output
 
     fast = json.loads(base.read_text())
     fast["records"][0]["avg_ts"] = 1e12  # no CPU reaches this: the gate must fail
     base.write_text(json.dumps(fast))
-    bad = runner.invoke(app, [*args, "-r", "1", "--baseline", str(base)])
+    bad = invoke([*args, "-r", "1", "--baseline", str(base)])
     assert bad.exit_code == 1
     assert "pp8 t/s" in bad.output and "REGRESSED" in bad.output and "gate: FAIL" in bad.output
 
@@ -51,8 +59,8 @@ def test_agentic_replay_in_process(shared_model, tmp_path):
     path = write_jsonl(tmp_path / "t.jsonl", tiny_conversation("a", 2) + tiny_conversation("b", 0))
     out = tmp_path / "result.json"
     args = ["bench", "agentic", "m", "--trajectories", str(path), "--limit-turns", "2", "-t", "1"]
-    result = runner.invoke(
-        app, [*args, "--max-tokens", "2", "--cold-ttft", "--output-file", str(out), "--per-turn"]
+    result = invoke(
+        [*args, "--max-tokens", "2", "--cold-ttft", "--output-file", str(out), "--per-turn"]
     )
     assert result.exit_code == 0, result.output
     doc = json.loads(out.read_text())
@@ -66,31 +74,49 @@ def test_agentic_replay_in_process(shared_model, tmp_path):
     assert doc["summary"]["requests"] == 3 and doc["summary"]["conversations"] == 2
     assert "| TTFT (ms) |" in result.stdout and "| a | 3 |" in result.stdout
 
-    cold = runner.invoke(app, [*args, "--limit-conversations", "1", "--max-tokens", "1",
-                               "--no-prefix-cache", "-o", "json"])  # fmt: skip
+    cold = invoke([*args, "--limit-conversations", "1", "--max-tokens", "1",
+                   "--no-prefix-cache", "-o", "json"])  # fmt: skip
     assert cold.exit_code == 0, cold.output
     assert [t["cached_tokens"] for t in json.loads(cold.stdout)["turns"]] == [0, 0]
 
 
 def test_agentic_errors(tmp_path):
-    missing = runner.invoke(app, ["bench", "agentic", "--trajectories", str(tmp_path / "x")])
+    missing = invoke(["bench", "agentic", "--trajectories", str(tmp_path / "x")])
     assert missing.exit_code == 1 and "no such trajectory file" in missing.output
-    bad = runner.invoke(app, ["bench", "agentic", "--trajectories", "x", "--max-tokens", "0"])
+    bad = invoke(["bench", "agentic", "--trajectories", "x", "--max-tokens", "0"])
     assert bad.exit_code == 2 and "--max-tokens must be at least 1" in bad.output
-    fmt = runner.invoke(app, ["bench", "-o", "xml"])
+    fmt = invoke(["bench", "-o", "xml"])
     assert fmt.exit_code == 2 and "-o takes one of" in fmt.output
 
 
 def test_coherence_gate(shared_model, monkeypatch):
     monkeypatch.setattr(coherence, "PROBES", (coherence.PROBES[0],))
     monkeypatch.setattr(coherence.run, "__defaults__", ((coherence.PROBES[0],), 64))
-    good = runner.invoke(app, ["bench", "coherence", "--max-tokens", "16", "-t", "1"])
+    good = invoke(["bench", "coherence", "--max-tokens", "16", "-t", "1"])
     assert good.exit_code == 0, good.output
     assert "PASS  What is the capital of France?" in good.stdout
     wrong = coherence.Probe("What is the capital of France?", ("Berlin",))
     monkeypatch.setattr(coherence.run, "__defaults__", ((wrong,), 64))
-    bad = runner.invoke(app, ["bench", "coherence", "--max-tokens", "16", "-t", "1"])
+    bad = invoke(["bench", "coherence", "--max-tokens", "16", "-t", "1"])
     assert bad.exit_code == 1 and "missing 'Berlin'" in bad.stdout
+
+
+def test_bench_routes_a_model_to_the_default_subcommand():
+    route = bench_cli.route_bench_args
+    assert route(["m.gguf", "-p", "8"]) == ["throughput", "m.gguf", "-p", "8"]
+    assert route(["-o", "json"]) == ["throughput", "-o", "json"]
+    assert route([]) == ["throughput"]
+    for words in (["agentic", "--trajectories", "t.jsonl"], ["coherence"], ["--help"], ["-h"]):
+        assert route(words) == words
+    listing = invoke(["bench", "--help"])
+    assert listing.exit_code == 0 and "agentic" in listing.output
+
+
+def test_main_routes_bench_before_typer_parses(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["atlas", "bench", "-o", "xml"])
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    assert exit_info.value.code == 2 and "-o takes one of" in capsys.readouterr().err
 
 
 def test_coherence_judge_on_recorded_answers():

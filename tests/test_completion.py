@@ -88,6 +88,22 @@ def test_bash_completes_commands_flags_and_names(atlas_on_path):
     assert bash_complete("atlas completion f", atlas_on_path) == ["fish"]
 
 
+def test_bench_completes_the_default_subcommand_flags(atlas_on_path):
+    """`atlas bench MODEL ...` runs `bench throughput MODEL ...`; Tab sees the same words."""
+    if shutil.which("bash") is None:
+        pytest.skip("bash is not installed")
+    assert {"agentic", "coherence", "throughput"} <= set(
+        bash_complete("atlas bench ", atlas_on_path)
+    )
+    flags = bash_complete("atlas bench smollm2-135m -", atlas_on_path)
+    assert {"-p", "--n-gen", "--threads"} <= set(flags)
+    assert bash_complete("atlas bench smollm2-135m --thr", atlas_on_path) == ["--threads"]
+    env = dict(atlas_on_path, _ATLAS_COMPLETE="complete_zsh")
+    env["_TYPER_COMPLETE_ARGS"] = "atlas bench smollm2-135m --thr"
+    done = subprocess.run(["atlas"], capture_output=True, text=True, env=env)
+    assert '"--threads":' in done.stdout
+
+
 def test_fish_completes_commands(atlas_on_path):
     if shutil.which("fish") is None:
         pytest.skip("fish is not installed")

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Protocol
 
 from atlas_cli import __version__
-from atlas_cli.bench import capping, stats, sysinfo
+from atlas_cli.bench import capping, progress, stats, sysinfo
 from atlas_cli.bench import trajectories as traj
 from atlas_cli.errors import UsageError
 
@@ -21,6 +21,7 @@ TEMPERATURE = 0.0
 SEED = 42
 MAX_NEW_TOKENS = 1024
 TOOL_FORMATS = ("auto", "native", "text")
+OUTPUT_FORMATS = ("md", "json")
 HTTP_CHARS_PER_TOKEN = 3  # prompt-size estimate over HTTP, where we have no tokenizer
 
 
@@ -52,6 +53,20 @@ class Settings:
     cold_ttft: bool
     tool_format: str
     url: str | None
+
+
+class Target(Protocol):
+    """Where the requests run: the in-process engine or an OpenAI-compatible server."""
+
+    tool_format: str  # native or text, `auto` already resolved
+    untimed_s: float  # time spent outside the measured requests, kept out of the wall time
+
+    def render(self, messages: list[dict], tools: list[dict]) -> list[int] | None: ...
+    def count(self, tools: list[dict]) -> Callable[[list[dict]], int]: ...
+    def complete(self, messages: list[dict], tools: list[dict], ids) -> dict[str, Any]: ...
+    def environment(self) -> dict[str, Any]: ...
+    def model_facts(self) -> dict[str, Any]: ...
+    def close(self) -> None: ...
 
 
 def _tpot(first: float | None, last: float | None, n: int) -> float | None:
@@ -122,6 +137,15 @@ class EngineTarget:
             "finish_reason": stats.finish_reason,
         }
 
+    def environment(self) -> dict[str, Any]:
+        return sysinfo.environment(self.model.device)
+
+    def model_facts(self) -> dict[str, Any]:
+        return sysinfo.model_facts(self.model)
+
+    def close(self) -> None:
+        pass  # the model stays loaded: its owner decides
+
 
 class UrlTarget:
     """Runs requests against an OpenAI-compatible endpoint."""
@@ -130,9 +154,11 @@ class UrlTarget:
         from atlas_cli.bench.http_target import HttpTarget
 
         self.http = HttpTarget(url, model_name, api_key)
+        self.model_name = model_name
         self.max_tokens = max_tokens
         # auto: the server's chat template decides how tool calls render
         self.tool_format = "text" if tools == "text" else "native"
+        self.untimed_s = 0.0
 
     def render(self, messages: list[dict], tools: list[dict]) -> None:
         return None  # the server tokenizes
@@ -160,13 +186,24 @@ class UrlTarget:
             "finish_reason": t.finish_reason,
         }
 
+    def environment(self) -> dict[str, Any]:
+        return {
+            "atlas_version": __version__,
+            "git_commit": sysinfo.git_commit(),
+            "device": "http",
+            "backend": "HTTP",
+        }
+
+    def model_facts(self) -> dict[str, Any]:
+        return {"model": self.model_name}
+
     def close(self) -> None:
         self.http.close()
 
 
 def replay(
     conversations: Sequence[traj.Conversation],
-    target,
+    target: Target,
     settings: Settings,
     on_turn: Callable[[TurnResult, list[TurnResult]], None] | None = None,
 ) -> tuple[list[TurnResult], float]:
@@ -201,13 +238,67 @@ def replay(
             results.append(result)
             if on_turn:
                 on_turn(result, results)
-    return results, time.perf_counter() - t0 - getattr(target, "untimed_s", 0.0)
+    return results, time.perf_counter() - t0 - target.untimed_s
 
 
 def total_requests(conversations: Sequence[traj.Conversation], settings: Settings) -> int:
     convs = list(conversations)[: settings.limit_conversations]
     limit = settings.limit_turns
     return sum(c.n_requests if limit is None else min(limit, c.n_requests) for c in convs)
+
+
+# -- a whole run -------------------------------------------------------------------------------
+
+
+def engine_target(model, settings: Settings) -> tuple[EngineTarget, Settings]:
+    """The in-process target for a loaded model, and the settings it runs with: the prompt cap
+    defaults to the context minus --max-tokens, and `auto` becomes the tool format it picked."""
+    context = model.context_length
+    if settings.max_prompt_tokens is None:
+        cap = context - settings.max_tokens
+        if cap < 1:
+            raise UsageError(
+                f"--max-tokens {settings.max_tokens} leaves no room for a prompt in a "
+                f"{context:,}-token context"
+            )
+        settings = replace(settings, max_prompt_tokens=cap)
+    check_settings(settings, context)
+    target = EngineTarget(
+        model, settings.max_tokens, settings.prefix_cache, settings.cold_ttft, settings.tool_format
+    )
+    return target, replace(settings, tool_format=target.tool_format)
+
+
+def run(
+    conversations: Sequence[traj.Conversation], target: Target, settings: Settings
+) -> dict[str, Any]:
+    """Replay with one progress line per request on stderr, close the target, and return the
+    result document (what `-o json` prints and the gate compares)."""
+    try:
+        facts = target.model_facts()
+        env = target.environment()
+        with progress.steps("agentic", total_requests(conversations, settings)) as report:
+            turns, wall = replay(conversations, target, settings, _progress_line(report))
+    finally:
+        target.close()
+    return as_result(turns, wall, settings, env, facts)
+
+
+def _progress_line(report: progress.Reporter) -> Callable[[TurnResult, list[TurnResult]], None]:
+    def on_turn(turn: TurnResult, done: list[TurnResult]) -> None:
+        ttft = stats.median([t.ttft_s for t in done])
+        tpot = stats.median([t.tpot_s for t in done])
+        report(
+            f"{turn.conversation_id} turn {turn.turn}: in {turn.input_tokens} "
+            f"(cached {turn.cached_tokens}) out {turn.output_tokens} | median "
+            f"TTFT {_ms(ttft)} TPOT {_ms(tpot)}"
+        )
+
+    return on_turn
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1000:.0f} ms"
 
 
 # -- results -----------------------------------------------------------------------------------
@@ -288,6 +379,12 @@ def summary_table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def markdown_report(result: dict[str, Any], per_turn: bool = False) -> str:
+    """The Markdown report: the summary, after one row per request when `per_turn`."""
+    summary = summary_table(result)
+    return f"{turns_table(result)}\n\n{summary}" if per_turn else summary
+
+
 def turns_table(result: dict[str, Any]) -> str:
     head = "| conversation | turn | input | cached | output | TTFT ms | TPOT ms | latency s |"
     lines = [head, "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
@@ -321,14 +418,3 @@ def check_settings(settings: Settings, context_length: int | None) -> None:
             f"--max-prompt-tokens {settings.max_prompt_tokens:,} leaves no room to generate in "
             f"a {context_length:,}-token context"
         )
-
-
-def environment_for(target) -> dict[str, Any]:
-    if isinstance(target, EngineTarget):
-        return sysinfo.environment(target.model.device)
-    return {
-        "atlas_version": __version__,
-        "git_commit": sysinfo.git_commit(),
-        "device": "http",
-        "backend": "HTTP",
-    }

@@ -1,39 +1,31 @@
-"""The `atlas bench` command group. Thin: parse flags, call the bench modules, print.
+"""The `atlas bench` command group. Thin: check flags, call the bench modules, print.
 
-`atlas bench MODEL -p 512 -n 128` runs the throughput benchmark (llama-bench's interface), so
-the group routes any first argument that is not a subcommand name to `throughput`.
-Nothing heavy is imported at module level: `atlas --help` loads this file.
+`atlas bench MODEL -p 512 -n 128` runs the throughput benchmark (llama-bench's interface):
+`route_bench_args` puts the default subcommand in front before Typer parses.
+Nothing heavy is imported at module level (the bench modules import numpy and the backend
+only where they run): `atlas --help` loads this file.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated
 
 import typer
-from typer.core import TyperGroup
 
+from atlas_cli.bench import agentic, coherence, gate, throughput
+from atlas_cli.bench import options as o
+from atlas_cli.bench import trajectories as traj
+from atlas_cli.commands.errors import guarded
 from atlas_cli.errors import UsageError
+from atlas_cli.store.embedded import DEFAULT_MODEL
 
-DEFAULT_MODEL = "smollm2-135m"
 DEFAULT_COMMAND = "throughput"
-
-
-class DefaultCommandGroup(TyperGroup):
-    """A group whose first argument may be a model rather than a subcommand."""
-
-    def parse_args(self, ctx, args: list[str]) -> list[str]:
-        if not args or (args[0] not in self.commands and args[0] not in ("--help", "-h")):
-            args = [DEFAULT_COMMAND, *args]
-        return super().parse_args(ctx, args)
-
+HELP_FLAGS = ("--help", "-h")
 
 bench_app = typer.Typer(
-    cls=DefaultCommandGroup,
     help=(
         "Benchmark a model: throughput (llama-bench style; the default), agentic replay, "
         "coherence. `atlas bench MODEL -p 512 -n 128` runs throughput."
@@ -43,16 +35,18 @@ bench_app = typer.Typer(
 )
 
 
-def handle_errors(fn):
-    """atlas's `handle_errors`, looked up at call time (atlas_cli.cli imports this module)."""
+def route_bench_args(argv: list[str]) -> list[str]:
+    """The words after `bench`, with the default subcommand put first unless they start with a
+    subcommand name or a help flag: `MODEL -p 512` becomes `throughput MODEL -p 512`."""
+    names = {command.name for command in bench_app.registered_commands}
+    if argv and (argv[0] in names or argv[0] in HELP_FLAGS):
+        return list(argv)
+    return [DEFAULT_COMMAND, *argv]
 
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        from atlas_cli.cli import handle_errors as handle
 
-        return handle(fn)(*args, **kwargs)
-
-    return wrapper
+def _check_output(output: str, formats: Sequence[str]) -> None:
+    if output not in formats:
+        raise UsageError(f"-o takes one of {', '.join(formats)}")
 
 
 def _apply_threads(threads: int | None):
@@ -74,10 +68,10 @@ def _load(model: str, device: str, ctx_size: int | None):
     return open_model(model, device=device, ctx_size=ctx_size)
 
 
-def _gate(result: dict, baseline: Path | None, save_baseline: Path | None, tolerance: float):
+def _gate(
+    result: dict, baseline: Path | None, save_baseline: Path | None, tolerance: float
+) -> None:
     """Compare with a baseline (exit 1 on a regression) and/or store this run as one."""
-    from atlas_cli.bench import gate
-
     if save_baseline:
         gate.save(save_baseline, result)
         typer.echo(f"baseline written to {save_baseline}", err=True)
@@ -88,143 +82,63 @@ def _gate(result: dict, baseline: Path | None, save_baseline: Path | None, toler
             raise typer.Exit(1)
 
 
-Model = Annotated[str, typer.Argument(help="Model name or path.")]
-Device = Annotated[str, typer.Option(help="cpu or cpu-ref (numpy float32 reference).")]
-CtxSize = Annotated[int | None, typer.Option("--ctx-size", help="Context length in tokens.")]
-Baseline = Annotated[
-    Path | None,
-    typer.Option(help="Compare with this stored result; exit 1 on a regression.", dir_okay=False),
-]
-SaveBaseline = Annotated[
-    Path | None, typer.Option("--save-baseline", help="Write this run's result here.")
-]
-Tolerance = Annotated[
-    float, typer.Option(help="Allowed regression before the gate fails (0.10 = 10%).")
-]
-
-
 @bench_app.command("throughput")
-@handle_errors
+@guarded
 def throughput_cmd(
-    model: Model = DEFAULT_MODEL,
-    n_prompt: Annotated[
-        str, typer.Option("-p", "--n-prompt", help="Prompt lengths (comma list; 0: none).")
-    ] = "512",
-    n_gen: Annotated[
-        str, typer.Option("-n", "--n-gen", help="Generation lengths (comma list; 0: none).")
-    ] = "128",
-    pg: Annotated[
-        list[str] | None,
-        typer.Option("-pg", "--pg", help="Prompt+generation test PROMPT,GEN (repeatable)."),
-    ] = None,
-    n_depth: Annotated[
-        str, typer.Option("-d", "--n-depth", help="Context depths to run at (comma list).")
-    ] = "0",
-    repetitions: Annotated[int, typer.Option("-r", "--repetitions", help="Timed runs.")] = 5,
-    threads: Annotated[
-        str | None, typer.Option("-t", "--threads", help="CPU threads (comma list).")
-    ] = None,
-    output: Annotated[str, typer.Option("-o", "--output", help="md, json, jsonl or csv.")] = "md",
-    warmup: Annotated[bool, typer.Option(help="Run each test once untimed first.")] = True,
-    device: Device = "cpu",
-    ctx_size: CtxSize = None,
-    baseline: Baseline = None,
-    save_baseline: SaveBaseline = None,
-    tolerance: Tolerance = 0.10,
+    model: o.Model = DEFAULT_MODEL,
+    n_prompt: o.NPrompt = "512",
+    n_gen: o.NGen = "128",
+    pg: o.PromptGen = None,
+    n_depth: o.NDepth = "0",
+    repetitions: o.Repetitions = 5,
+    threads: o.ThreadList = None,
+    output: o.TableOutput = "md",
+    warmup: o.Warmup = True,
+    device: o.Device = "cpu",
+    ctx_size: o.CtxSize = None,
+    baseline: o.Baseline = None,
+    save_baseline: o.SaveBaseline = None,
+    tolerance: o.Tolerance = gate.TOLERANCE,
 ):
     """Throughput as llama-bench measures it: pp (prompt), tg (generation), pp+tg, at depths."""
 
-    from atlas_cli.bench import progress, throughput
-
-    if output not in throughput.OUTPUT_FORMATS:
-        raise UsageError(f"-o takes one of {', '.join(throughput.OUTPUT_FORMATS)}")
-    thread_list = throughput.parse_int_list(threads, "-t") if threads else [None]
-    if any(t is not None and t < 1 for t in thread_list):
-        raise UsageError("-t takes thread counts of at least 1")
-    specs = throughput.expand(
-        throughput.parse_int_list(n_prompt, "-p"),
-        throughput.parse_int_list(n_gen, "-n"),
-        [throughput.parse_pg(v) for v in pg or []],
-        throughput.parse_int_list(n_depth, "-d"),
-        thread_list,
-    )
+    _check_output(output, throughput.OUTPUT_FORMATS)
+    specs = throughput.specs_from_flags(n_prompt, n_gen, pg or [], n_depth, threads)
     loaded = _load(model, device, ctx_size)
-    with progress.steps("bench", len(specs) * repetitions) as report:
-        records = throughput.run(
-            loaded,
-            specs,
-            repetitions=repetitions,
-            warmup=warmup,
-            on_sample=lambda spec, i, s: report(f"{spec.name} {spec.tokens / s:.2f} t/s"),
-        )
+    records = throughput.run_with_progress(loaded, specs, repetitions, warmup)
     typer.echo(throughput.render(records, output))
     _gate(throughput.as_result(records), baseline, save_baseline, tolerance)
 
 
 @bench_app.command("agentic")
-@handle_errors
+@guarded
 def agentic_cmd(
-    model: Annotated[
-        str, typer.Argument(help="Model name or path (with --url: the name sent to the server).")
-    ] = DEFAULT_MODEL,
-    trajectories: Annotated[
-        Path,
-        typer.Option(help="MLPerf Edge Agentic trajectory file (JSONL).", dir_okay=False),
-    ] = ...,
-    limit_conversations: Annotated[
-        int | None, typer.Option(help="Replay only the first N conversations.")
-    ] = None,
-    limit_turns: Annotated[
-        int | None, typer.Option(help="Replay only the first N requests of each conversation.")
-    ] = None,
-    max_prompt_tokens: Annotated[
-        int | None,
-        typer.Option(
-            help="Cap each prompt (drop the oldest steps, then cut long texts). Default "
-            "in-process: the context minus --max-tokens."
-        ),
-    ] = None,
-    max_tokens: Annotated[int, typer.Option(help="Most new tokens per request.")] = 1024,
-    url: Annotated[
-        str | None, typer.Option(help="Replay against this OpenAI-compatible server instead.")
-    ] = None,
-    api_key: Annotated[
-        str | None, typer.Option(help="Bearer token for --url (default: $OPENAI_API_KEY).")
-    ] = None,
-    prefix_cache: Annotated[
-        bool, typer.Option(help="Reuse the previous request's KV cache (in-process).")
-    ] = True,
-    cold_ttft: Annotated[
-        bool, typer.Option(help="Also time each prompt from an empty cache (one more prefill).")
-    ] = False,
-    tool_format: Annotated[
-        str,
-        typer.Option(
-            help="How tool calls reach the model: native (the chat template's tools support), "
-            "text (<tool_call> JSON in the content) or auto (native when the template has it)."
-        ),
-    ] = "auto",
-    output: Annotated[str, typer.Option("-o", "--output", help="md or json on stdout.")] = "md",
-    output_file: Annotated[
-        Path | None, typer.Option("--output-file", help="Also write the JSON result here.")
-    ] = None,
-    per_turn: Annotated[bool, typer.Option(help="Print one row per request too.")] = False,
-    threads: Annotated[int | None, typer.Option("-t", "--threads", help="CPU threads.")] = None,
-    device: Device = "cpu",
-    ctx_size: CtxSize = None,
-    baseline: Baseline = None,
-    save_baseline: SaveBaseline = None,
-    tolerance: Tolerance = 0.10,
+    model: o.ServedModel = DEFAULT_MODEL,
+    trajectories: o.Trajectories = ...,
+    limit_conversations: o.LimitConversations = None,
+    limit_turns: o.LimitTurns = None,
+    max_prompt_tokens: o.MaxPromptTokens = None,
+    max_tokens: o.MaxTokens = agentic.MAX_NEW_TOKENS,
+    url: o.Url = None,
+    api_key: o.ApiKey = None,
+    prefix_cache: o.PrefixCache = True,
+    cold_ttft: o.ColdTtft = False,
+    tool_format: o.ToolFormat = "auto",
+    output: o.ReportOutput = "md",
+    output_file: o.OutputFile = None,
+    per_turn: o.PerTurn = False,
+    threads: o.Threads = None,
+    device: o.Device = "cpu",
+    ctx_size: o.CtxSize = None,
+    baseline: o.Baseline = None,
+    save_baseline: o.SaveBaseline = None,
+    tolerance: o.Tolerance = gate.TOLERANCE,
 ):
     """Replay agentic coding trajectories turn by turn (MLPerf Edge Agentic).
 
     Reports TTFT, TPOT, latency, lengths and prefix-cache hits per turn and as percentiles."""
 
-    from atlas_cli.bench import agentic, progress, stats, sysinfo
-    from atlas_cli.bench import trajectories as traj
-
-    if output not in ("md", "json"):
-        raise UsageError("-o takes md or json for agentic runs")
+    _check_output(output, agentic.OUTPUT_FORMATS)
     settings = agentic.Settings(
         trajectories=str(trajectories),
         limit_conversations=limit_conversations,
@@ -237,73 +151,32 @@ def agentic_cmd(
         url=url,
     )
     agentic.check_settings(settings, None)
-    conversations = traj.load(trajectories)
+    conversations = traj.load(trajectories)  # a bad file fails before a model loads
     with _apply_threads(threads):
         if url:
             key = api_key or os.environ.get("OPENAI_API_KEY")
             target = agentic.UrlTarget(url, model, max_tokens, key, tool_format)
-            facts = {"model": model}
         else:
-            loaded = _load(model, device, ctx_size)
-            if settings.max_prompt_tokens is None:
-                cap = loaded.context_length - max_tokens
-                if cap < 1:
-                    raise UsageError(
-                        f"--max-tokens {max_tokens} leaves no room for a prompt in a "
-                        f"{loaded.context_length:,}-token context"
-                    )
-                settings = dataclasses.replace(settings, max_prompt_tokens=cap)
-            agentic.check_settings(settings, loaded.context_length)
-            target = agentic.EngineTarget(loaded, max_tokens, prefix_cache, cold_ttft, tool_format)
-            settings = dataclasses.replace(settings, tool_format=target.tool_format)
-            facts = sysinfo.model_facts(loaded)
-        env = agentic.environment_for(target)
-        total = agentic.total_requests(conversations, settings)
-
-        try:
-            with progress.steps("agentic", total) as report:
-
-                def on_turn(turn, done):
-                    ttft = stats.median([t.ttft_s for t in done])
-                    tpot = stats.median([t.tpot_s for t in done])
-                    report(
-                        f"{turn.conversation_id} turn {turn.turn}: in {turn.input_tokens} "
-                        f"(cached {turn.cached_tokens}) out {turn.output_tokens} | median "
-                        f"TTFT {_ms(ttft)} TPOT {_ms(tpot)}"
-                    )
-
-                turns, wall = agentic.replay(conversations, target, settings, on_turn)
-        finally:
-            if url:
-                target.close()
-    result = agentic.as_result(turns, wall, settings, env, facts)
+            target, settings = agentic.engine_target(_load(model, device, ctx_size), settings)
+        result = agentic.run(conversations, target, settings)
     if output_file:
-        output_file.parent.mkdir(parents=True, exist_ok=True)
-        output_file.write_text(json.dumps(result, indent=2) + "\n")
+        gate.save(output_file, result)  # the same document a baseline is
     if output == "json":
         typer.echo(json.dumps(result, indent=2))
     else:
-        if per_turn:
-            typer.echo(agentic.turns_table(result) + "\n")
-        typer.echo(agentic.summary_table(result))
+        typer.echo(agentic.markdown_report(result, per_turn))
     _gate(result, baseline, save_baseline, tolerance)
 
 
-def _ms(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds * 1000:.0f} ms"
-
-
 @bench_app.command("coherence")
-@handle_errors
+@guarded
 def coherence_cmd(
-    model: Model = DEFAULT_MODEL,
-    max_tokens: Annotated[int, typer.Option(help="Token limit per answer.")] = 64,
-    threads: Annotated[int | None, typer.Option("-t", "--threads", help="CPU threads.")] = None,
-    device: Device = "cpu",
+    model: o.Model = DEFAULT_MODEL,
+    max_tokens: o.AnswerTokens = coherence.MAX_TOKENS,
+    threads: o.Threads = None,
+    device: o.Device = "cpu",
 ):
     """Fixed prompts at temperature 0; exit 1 on degenerate or wrong answers."""
-
-    from atlas_cli.bench import coherence
 
     with _apply_threads(threads):
         loaded = _load(model, device, None)

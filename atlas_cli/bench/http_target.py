@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,6 +70,25 @@ class HttpTarget:
     def close(self) -> None:
         self.client.close()
 
+    def _chunks(self, resp) -> Iterator[dict[str, Any]]:
+        """The JSON events of a streamed answer, up to `[DONE]`; server errors raised."""
+        if resp.status_code != 200:
+            detail = resp.read().decode("utf-8", "replace")[:300]
+            raise EndpointError(f"{self.url} answered HTTP {resp.status_code}: {detail}")
+        for line in resp.iter_lines():
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                return
+            try:
+                chunk = json.loads(data)
+            except json.JSONDecodeError:
+                raise EndpointError(f"{self.url} sent a malformed event: {data[:200]}") from None
+            if "error" in chunk:
+                raise EndpointError(f"{self.url} reported an error: {chunk['error']}")
+            yield chunk
+
     def complete(
         self, messages: list[dict], tools: list[dict], max_tokens: int, seed: int = 42
     ) -> Timing:
@@ -93,23 +113,7 @@ class HttpTarget:
         t0 = time.perf_counter()
         try:
             with self.client.stream("POST", self.url, json=body) as resp:
-                if resp.status_code != 200:
-                    detail = resp.read().decode("utf-8", "replace")[:300]
-                    raise EndpointError(f"{self.url} answered HTTP {resp.status_code}: {detail}")
-                for line in resp.iter_lines():
-                    if not line.startswith("data:"):
-                        continue
-                    data = line[5:].strip()
-                    if data == "[DONE]":
-                        break
-                    try:
-                        chunk = json.loads(data)
-                    except json.JSONDecodeError:
-                        raise EndpointError(
-                            f"{self.url} sent a malformed event: {data[:200]}"
-                        ) from None
-                    if "error" in chunk:
-                        raise EndpointError(f"{self.url} reported an error: {chunk['error']}")
+                for chunk in self._chunks(resp):
                     now = time.perf_counter() - t0
                     for choice in chunk.get("choices") or []:
                         delta = choice.get("delta") or {}
@@ -120,7 +124,8 @@ class HttpTarget:
                             pieces.append(delta.get("content") or "")
                         finish = choice.get("finish_reason") or finish
                     usage = chunk.get("usage") or usage
-                    cached = _cached_tokens(chunk) if _cached_tokens(chunk) is not None else cached
+                    found = _cached_tokens(chunk)
+                    cached = cached if found is None else found
         except self._httpx.HTTPError as exc:
             raise EndpointError(f"cannot reach {self.url}: {exc}") from None
         latency = time.perf_counter() - t0

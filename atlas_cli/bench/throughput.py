@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from atlas_cli.bench import stats, sysinfo
+from atlas_cli.bench import progress, stats, sysinfo
 from atlas_cli.errors import UsageError
 
 OUTPUT_FORMATS = ("md", "json", "jsonl", "csv")
@@ -65,6 +65,30 @@ def parse_pg(text: str) -> tuple[int, int]:
     if len(values) != 2 or not all(values):
         raise UsageError(f"-pg takes PROMPT,GEN (two positive integers), got {text!r}")
     return values[0], values[1]
+
+
+def parse_threads(text: str | None) -> list[int | None]:
+    """`-t 1,2,4` -> [1, 2, 4]; no -t: [None], the thread pools as they are."""
+    if not text:
+        return [None]
+    threads = parse_int_list(text, "-t")
+    if any(t < 1 for t in threads):
+        raise UsageError("-t takes thread counts of at least 1")
+    return threads
+
+
+def specs_from_flags(
+    n_prompt: str, n_gen: str, pg: Sequence[str], n_depth: str, threads: str | None
+) -> list[BenchSpec]:
+    """The tests that llama-bench's flags ask for; a bad value is a UsageError naming its flag."""
+    thread_list = parse_threads(threads)
+    return expand(
+        parse_int_list(n_prompt, "-p"),
+        parse_int_list(n_gen, "-n"),
+        [parse_pg(v) for v in pg],
+        parse_int_list(n_depth, "-d"),
+        thread_list,
+    )
 
 
 def expand(
@@ -170,6 +194,20 @@ def run(
         engine.reset()
         records.append(_record(spec, samples, env, facts))
     return records
+
+
+def run_with_progress(
+    model, specs: Sequence[BenchSpec], repetitions: int, warmup: bool
+) -> list[dict[str, Any]]:
+    """`run`, with one progress line per timed repetition on stderr."""
+    with progress.steps("bench", len(specs) * repetitions) as report:
+        return run(
+            model,
+            specs,
+            repetitions=repetitions,
+            warmup=warmup,
+            on_sample=lambda spec, i, s: report(f"{spec.name} {spec.tokens / s:.2f} t/s"),
+        )
 
 
 def _record(spec: BenchSpec, samples: list[float], env: dict, facts: dict) -> dict[str, Any]:

@@ -1,0 +1,101 @@
+"""The flags of `atlas bench`, each declared once as an `Annotated` alias.
+
+Typer only: this module is imported for `atlas --help`, so nothing heavy belongs here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+# -- shared by the subcommands -----------------------------------------------------------------
+
+Model = Annotated[str, typer.Argument(help="Model name or path.")]
+Device = Annotated[str, typer.Option(help="cpu or cpu-ref (numpy float32 reference).")]
+CtxSize = Annotated[int | None, typer.Option("--ctx-size", help="Context length in tokens.")]
+Threads = Annotated[int | None, typer.Option("-t", "--threads", help="CPU threads.")]
+Baseline = Annotated[
+    Path | None,
+    typer.Option(help="Compare with this stored result; exit 1 on a regression.", dir_okay=False),
+]
+SaveBaseline = Annotated[
+    Path | None, typer.Option("--save-baseline", help="Write this run's result here.")
+]
+Tolerance = Annotated[
+    float, typer.Option(help="Allowed regression before the gate fails (0.10 = 10%).")
+]
+
+# -- throughput (llama-bench's flags) ----------------------------------------------------------
+
+NPrompt = Annotated[
+    str, typer.Option("-p", "--n-prompt", help="Prompt lengths (comma list; 0: none).")
+]
+NGen = Annotated[
+    str, typer.Option("-n", "--n-gen", help="Generation lengths (comma list; 0: none).")
+]
+PromptGen = Annotated[
+    list[str] | None,
+    typer.Option("-pg", "--pg", help="Prompt+generation test PROMPT,GEN (repeatable)."),
+]
+NDepth = Annotated[
+    str, typer.Option("-d", "--n-depth", help="Context depths to run at (comma list).")
+]
+Repetitions = Annotated[int, typer.Option("-r", "--repetitions", help="Timed runs.")]
+ThreadList = Annotated[
+    str | None, typer.Option("-t", "--threads", help="CPU threads (comma list).")
+]
+TableOutput = Annotated[str, typer.Option("-o", "--output", help="md, json, jsonl or csv.")]
+Warmup = Annotated[bool, typer.Option(help="Run each test once untimed first.")]
+
+# -- agentic replay ----------------------------------------------------------------------------
+
+ServedModel = Annotated[
+    str, typer.Argument(help="Model name or path (with --url: the name sent to the server).")
+]
+Trajectories = Annotated[
+    Path, typer.Option(help="MLPerf Edge Agentic trajectory file (JSONL).", dir_okay=False)
+]
+LimitConversations = Annotated[
+    int | None, typer.Option(help="Replay only the first N conversations.")
+]
+LimitTurns = Annotated[
+    int | None, typer.Option(help="Replay only the first N requests of each conversation.")
+]
+MaxPromptTokens = Annotated[
+    int | None,
+    typer.Option(
+        help="Cap each prompt (drop the oldest steps, then cut long texts). Default "
+        "in-process: the context minus --max-tokens."
+    ),
+]
+MaxTokens = Annotated[int, typer.Option(help="Most new tokens per request.")]
+Url = Annotated[
+    str | None, typer.Option(help="Replay against this OpenAI-compatible server instead.")
+]
+ApiKey = Annotated[
+    str | None, typer.Option(help="Bearer token for --url (default: $OPENAI_API_KEY).")
+]
+PrefixCache = Annotated[
+    bool, typer.Option(help="Reuse the previous request's KV cache (in-process).")
+]
+ColdTtft = Annotated[
+    bool, typer.Option(help="Also time each prompt from an empty cache (one more prefill).")
+]
+ToolFormat = Annotated[
+    str,
+    typer.Option(
+        help="How tool calls reach the model: native (the chat template's tools support), "
+        "text (<tool_call> JSON in the content) or auto (native when the template has it)."
+    ),
+]
+ReportOutput = Annotated[str, typer.Option("-o", "--output", help="md or json on stdout.")]
+OutputFile = Annotated[
+    Path | None, typer.Option("--output-file", help="Also write the JSON result here.")
+]
+PerTurn = Annotated[bool, typer.Option(help="Print one row per request too.")]
+
+# -- coherence ---------------------------------------------------------------------------------
+
+AnswerTokens = Annotated[int, typer.Option(help="Token limit per answer.")]
