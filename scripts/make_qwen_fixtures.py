@@ -2,7 +2,7 @@
 tests/fixtures/qwen/. Run with an environment that has torch and transformers (CI does not:
 the tests only read what this script writes):
 
-    /work/refvenv/bin/python scripts/make_qwen_fixtures.py
+    .refvenv/bin/python scripts/make_qwen_fixtures.py  # the venv scripts/make_reference.py makes
 
 Every checkpoint is random (seeded) and tiny (hidden 16 or 32, vocab 64). Each directory gets a
 `reference.npz`: `prompt` (T,) and `decode` (32,) token ids, and `logits` (T + 32, V) float32 from

@@ -13,10 +13,14 @@ its GGUF file with transformers (weights dequantized to float32, CPU) and writes
 
 Run it from the repository root with a separate reference venv (not the project venv)::
 
-    python -m venv /work/refvenv
-    /work/refvenv/bin/pip install torch==2.13.0 transformers==5.24.0 accelerate gguf \
+    python -m venv .refvenv
+    .refvenv/bin/pip install torch==2.13.0 transformers==5.24.0 accelerate gguf \
         tokenizers jinja2
-    /work/refvenv/bin/python scripts/make_reference.py [--gguf PATH] [--out tests/fixtures]
+    .refvenv/bin/python scripts/make_reference.py --gguf PATH [--france JSON] [--out DIR]
+
+``--gguf`` is the default model's file (``atlas show smollm2-135m`` prints where atlas keeps
+it); ``--france`` is an outside reference answer (a JSON file with a prompt and its expected greedy
+reply) that the loaded model is checked against.
 
 The fixtures were made with transformers 5.24.0, torch 2.13.0 (CPU), tokenizers 0.23.3, gguf 0.19.0
 (the exact versions are recorded in each fixture's metadata) and the file
@@ -46,16 +50,14 @@ from fixtures.smollm2_tokenizer import (
 )
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-DEFAULT_GGUF = Path("/work/dl/SmolLM2-135M-Instruct.Q4_1.gguf")
 DEFAULT_OUT = FIXTURES
-FRANCE_JSON = Path("/work/shared/reference/smollm2_france.json")
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--gguf", type=Path, default=DEFAULT_GGUF)
+    ap.add_argument("--gguf", type=Path, required=True, help="SmolLM2-135M-Instruct.Q4_1.gguf")
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    ap.add_argument("--skip-france", action="store_true", help="skip the France sanity check")
+    ap.add_argument("--france", type=Path, help="a reference answer to check the model against")
     args = ap.parse_args()
 
     torch.manual_seed(0)
@@ -82,8 +84,8 @@ def main() -> int:
     logits_path = args.out / "smollm2_logits.npz"
     np.savez_compressed(logits_path, **logits_fixture(tok, model, meta))
 
-    if not args.skip_france:
-        check_france(tok, model, FRANCE_JSON)
+    if args.france:
+        check_france(tok, model, args.france)
     for p in (corpus_path, template_path, logits_path):
         print(f"wrote {p} ({p.stat().st_size:,} bytes)")
     return 0

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 
 import uvicorn
 
+from atlas_cli.backend.defaults import RunDefaults
 from atlas_cli.backend.engine import TokenEvent
 
 
@@ -99,7 +100,7 @@ def scripted_model(tokenizer) -> SimpleNamespace:
         tokenizer=tokenizer,
         info=info,
         context_length=engine.context_length,
-        sampling_defaults={},
+        defaults=RunDefaults(),
     )
 
 

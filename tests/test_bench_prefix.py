@@ -4,11 +4,14 @@ import numpy as np
 from threadpoolctl import threadpool_limits
 
 from atlas_cli.backend.engine import GenerationStats
+from atlas_cli.backend.sample import SamplingOverrides
 
 
 def _generate(model, ids, n):
     stats = GenerationStats()
-    for _ in model.generate(ids, max_tokens=n, temperature=0, seed=42, stats=stats):
+    for _ in model.generate(
+        ids, max_tokens=n, stats=stats, sampling=SamplingOverrides(temperature=0, seed=42)
+    ):
         pass
     return stats
 

@@ -238,12 +238,13 @@ def test_hidden_reasoning_leaves_only_the_answer_on_a_terminal():
 
 
 def test_chat_takes_recipe_sampling_defaults_unless_given(monkeypatch, tmp_path):
-    """Settings the user did not give come from the model's recipe (`Model.sampling_defaults`)."""
+    """Settings the user did not give come from the model's recipe (`Model.defaults`)."""
     from types import SimpleNamespace
 
     from prompt_toolkit.input import create_pipe_input
     from prompt_toolkit.output import DummyOutput
 
+    from atlas_cli.backend.defaults import RunDefaults
     from atlas_cli.chat import ChatOptions, ChatSettings, run_chat
     from atlas_cli.chat import repl as repl_module
 
@@ -260,7 +261,7 @@ def test_chat_takes_recipe_sampling_defaults_unless_given(monkeypatch, tmp_path)
     monkeypatch.setenv("ATLAS_HOME", str(tmp_path))
     model = SimpleNamespace(
         tokenizer=SimpleNamespace(chat_template="{{ messages }}"),
-        sampling_defaults={"temperature": 0.2, "top_p": 0.9},
+        defaults=RunDefaults.from_recipe({"temperature": 0.2, "top_p": 0.9}),
     )
     options = ChatOptions(history=False, explicit=frozenset({"temperature"}))
     with create_pipe_input() as pipe:

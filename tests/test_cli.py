@@ -142,3 +142,31 @@ def test_ctrl_c_exits_130(smollm2_path, monkeypatch):
 def test_no_prompt_is_a_usage_error(args, smollm2_path):
     result = atlas(*args, input="")
     assert result.exit_code == 2
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--temperature", "-1"], "temperature must be >= 0"),
+        (["--top-p", "2"], "top-p must be in (0, 1]"),
+        (["--seed", "-5"], "seed must be in"),
+        (["--max-tokens", "0"], "--max-tokens"),
+        (["-n", "-5"], "-n"),
+    ],
+)
+def test_bad_values_fail_before_any_model_loads(args, says, monkeypatch):
+    from atlas_cli import session
+
+    def no_load(*a, **k):
+        raise AssertionError("a model was loaded before the flags were checked")
+
+    monkeypatch.setattr(session, "open_model", no_load)
+    result = atlas("run", *args, "hi")
+    assert result.exit_code == 2 and says in result.output, result.output
+
+
+def test_blank_prompt_is_a_usage_error(monkeypatch):
+    from atlas_cli import session
+
+    monkeypatch.setattr(session, "open_model", lambda *a, **k: pytest.fail("loaded"))
+    assert atlas("run", "   \n").exit_code == 2

@@ -15,6 +15,7 @@ import pytest
 
 from atlas_cli.backend.loaders import gguf, quant
 from atlas_cli.backend.ops import cpu_decode, cpu_fast, cpu_kernels, numpy_ref
+from atlas_cli.backend.sample import SamplingOverrides
 
 GOLDEN = Path(__file__).resolve().parents[2] / "shared" / "reference" / "smollm2_france.json"
 TYPES = sorted(cpu_kernels.BLOCKS)  # F32, F16, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K, BF16
@@ -284,7 +285,9 @@ def test_default_model_greedy_golden(smollm2_fast):
     if not GOLDEN.exists():
         pytest.skip("golden reference not on this machine")
     golden = json.loads(GOLDEN.read_text())
-    events = smollm2_fast.generate(golden["prompt_ids"], max_tokens=16, temperature=0)
+    events = smollm2_fast.generate(
+        golden["prompt_ids"], max_tokens=16, sampling=SamplingOverrides(temperature=0)
+    )
     tokens = [e.token for e in events if e.token >= 0]
     stop = golden["greedy_ids_float32"][-1]  # <|im_end|> ends the turn and is not emitted
     assert tokens + [stop] == golden["greedy_ids_float32"]

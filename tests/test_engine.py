@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from atlas_cli.backend.engine import GenerationStats, IncrementalDecoder, StopMatcher
+from atlas_cli.backend.sample import SamplingOverrides
 from atlas_cli.errors import ContextOverflowError
 
 
@@ -35,7 +36,12 @@ def test_stop_matcher_holds_back_partial_stop():
 def test_max_tokens_and_finish_reason(smollm2):
     stats = GenerationStats()
     events = list(
-        smollm2.generate(chat(smollm2, "Count to fifty."), max_tokens=5, temperature=0, stats=stats)
+        smollm2.generate(
+            chat(smollm2, "Count to fifty."),
+            max_tokens=5,
+            stats=stats,
+            sampling=SamplingOverrides(temperature=0),
+        )
     )
     assert stats.completion_tokens == 5 == len([e for e in events if e.token >= 0])
     assert stats.finish_reason == "length"
@@ -44,7 +50,14 @@ def test_max_tokens_and_finish_reason(smollm2):
 
 def test_end_of_turn_stops(smollm2):
     stats = GenerationStats()
-    list(smollm2.generate(chat(smollm2, "Say hi."), max_tokens=60, temperature=0, stats=stats))
+    list(
+        smollm2.generate(
+            chat(smollm2, "Say hi."),
+            max_tokens=60,
+            stats=stats,
+            sampling=SamplingOverrides(temperature=0),
+        )
+    )
     assert stats.finish_reason == "stop"
     assert "<|im_end|>" not in stats.text
 
@@ -52,7 +65,15 @@ def test_end_of_turn_stops(smollm2):
 def test_stop_string(smollm2):
     stats = GenerationStats()
     prompt = chat(smollm2, "What is the capital of France?")
-    list(smollm2.generate(prompt, max_tokens=20, temperature=0, stop=["Paris"], stats=stats))
+    list(
+        smollm2.generate(
+            prompt,
+            max_tokens=20,
+            stop=["Paris"],
+            stats=stats,
+            sampling=SamplingOverrides(temperature=0),
+        )
+    )
     assert stats.text == "The capital of France is "
     assert stats.finish_reason == "stop"
 
@@ -61,7 +82,9 @@ def test_seed_reproducible_and_varies(smollm2):
     prompt = chat(smollm2, "Write a word.")
 
     def sample(seed):
-        events = smollm2.generate(prompt, max_tokens=8, temperature=1.5, top_k=0, seed=seed)
+        events = smollm2.generate(
+            prompt, max_tokens=8, sampling=SamplingOverrides(temperature=1.5, top_k=0, seed=seed)
+        )
         return [e.token for e in events]
 
     assert sample(1) == sample(1)
@@ -70,7 +93,7 @@ def test_seed_reproducible_and_varies(smollm2):
 
 def test_prefix_reuse_gives_same_tokens_as_full_prefill(smollm2):
     first = chat(smollm2, "Name a colour.")
-    list(smollm2.generate(first, max_tokens=4, temperature=0))
+    list(smollm2.generate(first, max_tokens=4, sampling=SamplingOverrides(temperature=0)))
     messages = [
         {"role": "user", "content": "Name a colour."},
         {"role": "assistant", "content": "Blue."},
@@ -78,12 +101,20 @@ def test_prefix_reuse_gives_same_tokens_as_full_prefill(smollm2):
     ]
     second = smollm2.chat_prompt(messages)
     stats = GenerationStats()
-    reused = [e.token for e in smollm2.generate(second, max_tokens=6, temperature=0, stats=stats)]
+    reused = [
+        e.token
+        for e in smollm2.generate(
+            second, max_tokens=6, stats=stats, sampling=SamplingOverrides(temperature=0)
+        )
+    ]
     assert stats.cached_tokens > 10
     smollm2.engine.reset()
     fresh_stats = GenerationStats()
     fresh = [
-        e.token for e in smollm2.generate(second, max_tokens=6, temperature=0, stats=fresh_stats)
+        e.token
+        for e in smollm2.generate(
+            second, max_tokens=6, stats=fresh_stats, sampling=SamplingOverrides(temperature=0)
+        )
     ]
     assert fresh_stats.cached_tokens == 0
     assert reused == fresh

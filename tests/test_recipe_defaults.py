@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from atlas_cli.backend.defaults import RunDefaults
-from atlas_cli.backend.sample import SamplingParams
+from atlas_cli.backend.sample import SamplingOverrides, SamplingParams
 from atlas_cli.store import locate
 
 
@@ -36,5 +36,5 @@ def test_model_sampling_resolution(smollm2, monkeypatch):
     smollm2.generate("hi")
     assert seen["sampling"].temperature == 0.2 and seen["sampling"].top_p == 0.9
     assert seen["sampling"].top_k == SamplingParams().top_k
-    smollm2.generate("hi", temperature=0, top_p=0.5)
+    smollm2.generate("hi", sampling=SamplingOverrides(temperature=0, top_p=0.5))
     assert seen["sampling"].temperature == 0 and seen["sampling"].top_p == 0.5

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from atlas_cli.backend.sample import SamplingOverrides
 from tests.conftest import FIXTURES
 
 TOLERANCE = 1e-3  # max abs error / max |ref|
@@ -49,7 +50,10 @@ def test_cached_decode_logits_match_transformers(smollm2, ref):
 
 def test_greedy_continuation_matches_transformers(smollm2, ref):
     ids = ref["prompt_ids"].tolist()
-    tokens = [e.token for e in smollm2.generate(ids, max_tokens=16, temperature=0)]
+    tokens = [
+        e.token
+        for e in smollm2.generate(ids, max_tokens=16, sampling=SamplingOverrides(temperature=0))
+    ]
     assert tokens == ref["greedy_ids"].tolist()
 
 
@@ -64,7 +68,7 @@ def test_golden_france_prompt():
     model = open_model("smollm2-135m", device="cpu-ref")
     ids = model.chat_prompt([{"role": "user", "content": golden["user_message"]}])
     assert ids == golden["prompt_ids"]
-    events = list(model.generate(ids, max_tokens=30, temperature=0))
+    events = list(model.generate(ids, max_tokens=30, sampling=SamplingOverrides(temperature=0)))
     generated = [e.token for e in events if e.token >= 0]
     assert generated + [2] == golden["greedy_ids_float32"]
     assert "".join(e.text for e in events) == "The capital of France is Paris."

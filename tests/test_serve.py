@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from atlas_cli.backend.sample import SamplingOverrides
 from atlas_cli.serve.app import create_app
 from atlas_cli.serve.http import ServeConfig
 from tests.serve_helpers import (
@@ -62,7 +63,9 @@ def expected_chat(model, messages, max_tokens) -> str:
     key = json.dumps([messages, max_tokens])
     if key not in _EXPECTED:
         ids = model.chat_prompt(messages)
-        events = model.generate(ids, max_tokens=max_tokens, temperature=0)
+        events = model.generate(
+            ids, max_tokens=max_tokens, sampling=SamplingOverrides(temperature=0)
+        )
         _EXPECTED[key] = "".join(e.text for e in events)
     return _EXPECTED[key]
 
@@ -172,7 +175,9 @@ def test_tool_round_trip_through_the_template(model, client, server):
 def test_completions(model, client):
     prompt = "The capital of France is"
     ids = model.tokenizer.encode(prompt, add_special_tokens=True)
-    want = "".join(e.text for e in model.generate(ids, max_tokens=3, temperature=0))
+    want = "".join(
+        e.text for e in model.generate(ids, max_tokens=3, sampling=SamplingOverrides(temperature=0))
+    )
     resp = client.completions.create(model=NAME, prompt=prompt, max_tokens=3, temperature=0)
     assert resp.choices[0].text == want
     assert resp.usage.prompt_tokens == len(ids)

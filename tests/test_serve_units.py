@@ -302,10 +302,10 @@ def test_serve_takes_the_parser_from_the_flag_or_the_recipe(monkeypatch, tmp_pat
 
 
 def test_sampling_takes_recipe_defaults_then_request():
-    from atlas_cli.serve.turn import sampling_params
+    from atlas_cli.backend.sample import SamplingOverrides
 
-    recipe = {"temperature": 0.6, "top_k": 20}
-    params = sampling_params(None, None, None, None, None, None, recipe)
+    recipe = SamplingOverrides(temperature=0.6, top_k=20)
+    params = SamplingOverrides().over(recipe).params()
     assert params.temperature == 0.6 and params.top_k == 20 and params.top_p == 0.95
-    params = sampling_params(0.0, None, 5, None, None, 42, recipe)
+    params = SamplingOverrides(temperature=0.0, top_k=5, seed=42).over(recipe).params()
     assert params.temperature == 0.0 and params.top_k == 5 and params.seed == 42

@@ -5,7 +5,7 @@ This package imports nothing of atlas outside `backend/` (but `atlas_cli.errors`
 
 model = load(Path("model.gguf"))
 model.logits(ids)                     # (len(ids), vocab) float32, fresh sequence
-for event in model.generate("Hi", max_tokens=32, temperature=0):
+for event in model.generate("Hi", max_tokens=32, sampling=SamplingOverrides(temperature=0)):
     print(event.text, end="")
 """
 
@@ -25,6 +25,7 @@ from atlas_cli.backend.sample import SamplingOverrides, SamplingParams
 from atlas_cli.errors import CorruptModelError, DeviceError, UnsupportedModelError
 
 DEVICES = ("cpu", "cpu-ref", "cuda", "hip")
+NOT_SET = SamplingOverrides()  # generate()'s default: the recipe's settings, then atlas's
 NATIVE_DEVICES = ("cuda", "hip")  # our kernels, through backend/ops/native.py
 # The host ops modules: "cpu" computes on the GGUF blocks (numba kernels, ops/cpu_fast.py),
 # "cpu-ref" is the float32 numpy reference every other backend is tested against.
@@ -86,41 +87,21 @@ class Model:
         prompt: str | Sequence[int],
         *,
         max_tokens: int = 512,
-        temperature: float | None = None,
-        top_k: int | None = None,
-        top_p: float | None = None,
-        min_p: float | None = None,
-        repeat_penalty: float | None = None,
-        presence_penalty: float | None = None,
-        seed: int | None = None,
+        sampling: SamplingOverrides = NOT_SET,
         stop: Sequence[str] = (),
         add_special_tokens: bool = True,
         stats=None,
     ) -> Iterator:
-        """Stream TokenEvents. Sampling values left as None come from the model's recipe
-        defaults, then from atlas's (`SamplingParams`)."""
-        given = SamplingOverrides(
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            min_p=min_p,
-            repeat_penalty=repeat_penalty,
-            presence_penalty=presence_penalty,
-            seed=seed,
-        )
+        """Stream TokenEvents. Sampling fields `sampling` leaves unset come from the model's
+        recipe defaults, then from atlas's (`SamplingParams`)."""
         return self.engine.generate(
             prompt,
             max_tokens=max_tokens,
-            sampling=self.sampling(given),
+            sampling=self.sampling(sampling),
             stop=stop,
             add_special_tokens=add_special_tokens,
             stats=stats,
         )
-
-    @property
-    def sampling_defaults(self) -> dict[str, Any]:
-        """The recipe's sampling settings, as keyword arguments."""
-        return self.defaults.sampling.set_fields()
 
     def sampling(self, given: SamplingOverrides) -> SamplingParams:
         """What the sampler runs with: `given`, then the recipe's defaults, then atlas's."""

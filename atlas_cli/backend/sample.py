@@ -19,6 +19,25 @@ import numpy as np
 
 from atlas_cli.errors import UsageError
 
+# field -> (its name in messages, accepts the value, what it must be)
+RANGES = {
+    "temperature": ("temperature", lambda v: v >= 0, ">= 0"),
+    "top_k": ("top-k", lambda v: v >= 0, ">= 0 (0 disables it)"),
+    "top_p": ("top-p", lambda v: 0 < v <= 1, "in (0, 1]"),
+    "min_p": ("min-p", lambda v: 0 <= v < 1, "in [0, 1)"),
+    "repeat_penalty": ("repeat penalty", lambda v: v > 0, "> 0"),
+    "presence_penalty": ("presence penalty", lambda v: -2 <= v <= 2, "in [-2, 2]"),
+    "seed": ("seed", lambda v: 0 <= v < 2**64, "in [0, 2**64)"),
+}
+
+
+def check_ranges(settings) -> None:
+    """UsageError naming the first field of `settings` outside its range (None: not set)."""
+    for field, (name, ok, must) in RANGES.items():
+        value = getattr(settings, field)
+        if value is not None and not ok(value):
+            raise UsageError(f"{name} must be {must}, got {value}")
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -32,18 +51,7 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self):
-        if self.temperature < 0:
-            raise UsageError(f"temperature must be >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise UsageError(f"top-k must be >= 0 (0 disables it), got {self.top_k}")
-        if not 0 < self.top_p <= 1:
-            raise UsageError(f"top-p must be in (0, 1], got {self.top_p}")
-        if not 0 <= self.min_p < 1:
-            raise UsageError(f"min-p must be in [0, 1), got {self.min_p}")
-        if self.repeat_penalty <= 0:
-            raise UsageError(f"repeat penalty must be > 0, got {self.repeat_penalty}")
-        if not -2 <= self.presence_penalty <= 2:
-            raise UsageError(f"presence penalty must be in [-2, 2], got {self.presence_penalty}")
+        check_ranges(self)
 
     @property
     def greedy(self) -> bool:
@@ -61,6 +69,9 @@ class SamplingOverrides:
     repeat_penalty: float | None = None
     presence_penalty: float | None = None
     seed: int | None = None
+
+    def __post_init__(self):
+        check_ranges(self)  # a bad flag fails before anything is loaded
 
     @classmethod
     def from_mapping(cls, values) -> SamplingOverrides:

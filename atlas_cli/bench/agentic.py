@@ -99,12 +99,16 @@ class EngineTarget:
 
     def _stream(self, ids: list[int], max_tokens: int):
         from atlas_cli.backend.engine import GenerationStats
+        from atlas_cli.backend.sample import SamplingOverrides
 
         stats = GenerationStats()
         first = last = None
         t0 = time.perf_counter()
         events = self.model.generate(
-            ids, max_tokens=max_tokens, temperature=TEMPERATURE, seed=SEED, stats=stats
+            ids,
+            max_tokens=max_tokens,
+            stats=stats,
+            sampling=SamplingOverrides(temperature=TEMPERATURE, seed=SEED),
         )
         for event in events:
             if event.token >= 0:  # -1 is held-back text flushed at the end

@@ -72,12 +72,18 @@ def judge(probe: Probe, text: str, finish_reason: str, completion_tokens: int) -
 
 def run(model, probes=PROBES, max_tokens: int = MAX_TOKENS) -> list[Verdict]:
     from atlas_cli.backend.engine import GenerationStats
+    from atlas_cli.backend.sample import SamplingOverrides
 
     verdicts = []
     for probe in probes:
         stats = GenerationStats()
         ids = model.chat_prompt([{"role": "user", "content": probe.prompt}])
-        for _ in model.generate(ids, max_tokens=max_tokens, temperature=0, seed=42, stats=stats):
+        for _ in model.generate(
+            ids,
+            max_tokens=max_tokens,
+            stats=stats,
+            sampling=SamplingOverrides(temperature=0, seed=42),
+        ):
             pass
         verdicts.append(judge(probe, stats.text, stats.finish_reason, stats.completion_tokens))
     return verdicts

@@ -146,7 +146,7 @@ class ChatREPL(SlashCommands):
             self.console, think=s.think, markdown=s.markdown, thinking=self.opens_thinking(ids)
         )
         events = self.model.generate(
-            ids, max_tokens=s.max_tokens, stop=list(s.stop), stats=stats, **s.sampling()
+            ids, max_tokens=s.max_tokens, stop=list(s.stop), stats=stats, sampling=s.sampling()
         )
         interrupted = False
         try:
@@ -284,7 +284,7 @@ def run_chat(
         return model
 
     model = load(model_name)
-    recipe = getattr(model, "sampling_defaults", {})
+    recipe = model.defaults.sampling.set_fields()
     settings = dataclasses.replace(
         settings, **{k: v for k, v in recipe.items() if k not in options.explicit}
     ).validate()

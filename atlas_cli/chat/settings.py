@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from atlas_cli.backend.sample import SamplingParams
+from atlas_cli.backend.sample import SamplingOverrides, SamplingParams
 from atlas_cli.errors import UsageError
 
 THINK_MODES = ("on", "hidden", "off")  # on: shown dimmed; hidden: not shown; off: ask not to think
@@ -36,9 +36,9 @@ class ChatSettings:
     think: str = "on"
     markdown: bool = False
 
-    def sampling(self) -> dict[str, Any]:
-        """Keyword arguments for `Model.generate`'s sampler."""
-        return dict(
+    def sampling(self) -> SamplingOverrides:
+        """What `Model.generate`'s sampler takes; checked on construction."""
+        return SamplingOverrides(
             temperature=self.temperature,
             top_k=self.top_k,
             top_p=self.top_p,
@@ -54,7 +54,7 @@ class ChatSettings:
         return out
 
     def validate(self) -> ChatSettings:
-        SamplingParams(**self.sampling())  # raises UsageError on out-of-range values
+        self.sampling()  # raises UsageError on out-of-range values
         if self.max_tokens < 1:
             raise UsageError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if self.think not in THINK_MODES:

@@ -62,7 +62,7 @@ def chat(
     from atlas_cli import session
     from atlas_cli.chat import ChatOptions, ChatSettings, run_chat
 
-    given = given_sampling(temperature, top_k, top_p, min_p, repeat_penalty)
+    given = given_sampling(temperature, top_k, top_p, min_p, repeat_penalty).set_fields()
     settings = ChatSettings(
         **given,
         seed=seed,

@@ -89,19 +89,24 @@ RepeatPenalty = Annotated[
     typer.Option("--repeat-penalty", help="Penalise recent tokens; 1.0: off (else 1.0)."),
 ]
 Seed = Annotated[int | None, typer.Option(help="Random seed: the same seed gives the same text.")]
-MaxTokens = Annotated[int, typer.Option("--max-tokens", "-n", help="Most tokens to generate.")]
+MaxTokens = Annotated[
+    int, typer.Option("--max-tokens", "-n", min=1, help="Most tokens to generate.")
+]
 Stop = Annotated[list[str] | None, typer.Option(help="Stop at this text (repeatable).")]
 System = Annotated[str | None, typer.Option(help="System prompt.")]
 Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Print timing statistics.")]
 
 
-def given_sampling(temperature, top_k, top_p, min_p, repeat_penalty) -> dict:
-    """The sampling options the user set; the rest come from the model's recipe, then atlas."""
-    given = dict(
+def given_sampling(temperature, top_k, top_p, min_p, repeat_penalty, seed=None):
+    """The sampling options the user set, checked now (before any model loads); the rest come
+    from the model's recipe, then atlas."""
+    from atlas_cli.backend.sample import SamplingOverrides  # numpy: not for `atlas --help`
+
+    return SamplingOverrides(
         temperature=temperature,
         top_k=top_k,
         top_p=top_p,
         min_p=min_p,
         repeat_penalty=repeat_penalty,
+        seed=seed,
     )
-    return {k: v for k, v in given.items() if v is not None}

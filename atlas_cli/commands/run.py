@@ -64,8 +64,9 @@ def run(
     model_name, prompt_text = split_model_and_prompt(model, prompt)
     if prompt_text is None and not sys.stdin.isatty():
         prompt_text = sys.stdin.read()
-    if not prompt_text:
+    if not prompt_text or not prompt_text.strip():
         raise typer.BadParameter("give a prompt as an argument or on stdin")
+    sampling = given_sampling(temperature, top_k, top_p, min_p, repeat_penalty, seed)
     draft = 0 if no_speculative else draft
     t0 = time.perf_counter()
     loaded = session.open_model(
@@ -78,7 +79,6 @@ def run(
         )
     load_s = time.perf_counter() - t0
     ids = prompt_ids(loaded, prompt_text, system=system, raw=raw)
-    sampling = {**given_sampling(temperature, top_k, top_p, min_p, repeat_penalty), "seed": seed}
     stats = generate(loaded, ids, max_tokens, stop or [], sampling, stream=not json_output)
     result = RunResult(model_name, stats, load_s, time.perf_counter() - t0)
     if json_output:
@@ -116,13 +116,13 @@ def prompt_ids(model, prompt: str, *, system: str | None, raw: bool) -> list[int
     return model.chat_prompt(messages)
 
 
-def generate(model, ids, max_tokens: int, stop: list[str], sampling: dict, *, stream: bool):
+def generate(model, ids, max_tokens: int, stop: list[str], sampling, *, stream: bool):
     """Generate, writing the text to stdout as it comes when `stream`; the run's stats."""
     from atlas_cli.backend.engine import GenerationStats
 
     stats = GenerationStats()
     out = sys.stdout
-    events = model.generate(ids, max_tokens=max_tokens, stop=stop, stats=stats, **sampling)
+    events = model.generate(ids, max_tokens=max_tokens, stop=stop, stats=stats, sampling=sampling)
     try:
         for event in events:
             if stream and event.text:

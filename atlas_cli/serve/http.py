@@ -26,13 +26,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from atlas_cli import __version__
+from atlas_cli.backend.sample import SamplingOverrides
 from atlas_cli.serve.errors import APIError
 from atlas_cli.serve.metrics import Metrics
 from atlas_cli.serve.prompt import Prompt, choose_parser
 from atlas_cli.serve.protocol import parse_body
 from atlas_cli.serve.runner import EngineRunner
 from atlas_cli.serve.toolcalls import NoToolParser, ToolParser
-from atlas_cli.serve.turn import Turn, sampling_params
+from atlas_cli.serve.turn import Turn
 
 log = logging.getLogger("atlas.serve")
 
@@ -130,7 +131,7 @@ class AppState:
     ) -> Turn:
         """One answer on the loaded model: the sampling fields the client `given` (None for
         those it left out) over the model recipe's defaults."""
-        sampling = sampling_params(**given, defaults=self.model.sampling_defaults)
+        sampling = SamplingOverrides(**given).over(self.model.defaults.sampling).params()
         return Turn(
             self.runner,
             prompt,

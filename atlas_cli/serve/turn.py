@@ -35,30 +35,6 @@ class Outcome:
         }
 
 
-def sampling_params(
-    temperature: float | None = None,
-    top_p: float | None = None,
-    top_k: int | None = None,
-    min_p: float | None = None,
-    repeat_penalty: float | None = None,
-    seed: int | None = None,
-    defaults: dict | None = None,
-) -> SamplingParams:
-    """Fields the client left out take `defaults` (the model recipe's), then atlas's (and
-    llama-server's) defaults."""
-    given = {
-        "temperature": temperature,
-        "top_p": top_p,
-        "top_k": top_k,
-        "min_p": min_p,
-        "repeat_penalty": repeat_penalty,
-        "seed": seed,
-    }
-    return SamplingParams(
-        **{**(defaults or {}), **{k: v for k, v in given.items() if v is not None}}
-    )
-
-
 def check_fits(prompt_tokens: int, context: int) -> None:
     if prompt_tokens >= context:
         raise APIError(

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from atlas_cli.backend import MODEL_CLASSES
+from atlas_cli.backend.sample import SamplingOverrides
 
 from . import models
 
@@ -35,5 +36,7 @@ def test_default_model_greedy_matches_numpy(gpu_device, smollm2_path):
     got = dev.logits(ids)
     err = float(np.abs(got - want).max() / np.abs(want).max())
     assert err < 3e-2, f"logits relative error {err:.2e}"
-    text = "".join(e.text for e in dev.generate(ids, max_tokens=12, temperature=0))
+    text = "".join(
+        e.text for e in dev.generate(ids, max_tokens=12, sampling=SamplingOverrides(temperature=0))
+    )
     assert "Paris" in text, text
