@@ -145,17 +145,9 @@ ATLAS_DEV float e2m1_to_f32(u32 code) {
 
 // ---- warp and block reductions over logical 32-lane warps --------------------------------
 
-ATLAS_DEV float warp_xor(float v, int o) {
-#if defined(ATLAS_CUDA)
-    return __shfl_xor_sync(0xffffffffu, v, o);
-#elif defined(ATLAS_HIP)
-    return __shfl_xor(v, o, ATLAS_WARP);
-#else
-    return atlas_emu_shfl_xor(v, o);
-#endif
-}
-
-ATLAS_DEV int warp_xor_int(int v, int o) {
+// T is float or int (the argmax reduction exchanges indices too).
+template <typename T>
+ATLAS_DEV T warp_xor(T v, int o) {
 #if defined(ATLAS_CUDA)
     return __shfl_xor_sync(0xffffffffu, v, o);
 #elif defined(ATLAS_HIP)

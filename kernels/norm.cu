@@ -1,6 +1,13 @@
 // Row normalisations, one block per row, float32 in and out, statistics in float32.
 #include "atlas_common.cuh"
 
+// sum(x^2) over one row of n, every thread of the block gets it. `red`: 32 floats of shared.
+ATLAS_DEV float row_sum_squares(const float* __restrict__ xr, int n, float* red) {
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) ss = fmaf(xr[i], xr[i], ss);
+    return block_sum(ss, red);
+}
+
 // rms_norm: out = x * rsqrt(mean(x^2) + eps) * (w or 1 + w).  Reference: numpy_ref.rms_norm.
 // x, out (rows, n); w (n). Grid (rows), block 256 (or any multiple of 32).
 extern "C" __global__ void __launch_bounds__(256)
@@ -9,9 +16,7 @@ extern "C" __global__ void __launch_bounds__(256)
     __shared__ float red[32];
     const float* xr = x + (long long)blockIdx.x * n;
     float* o = out + (long long)blockIdx.x * n;
-    float ss = 0.0f;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) ss = fmaf(xr[i], xr[i], ss);
-    ss = block_sum(ss, red);
+    float ss = row_sum_squares(xr, n, red);
     float scale = rsqrtf(ss / (float)n + eps);
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
         float wi = unit_offset ? 1.0f + w[i] : w[i];
@@ -48,9 +53,7 @@ extern "C" __global__ void __launch_bounds__(256)
     __shared__ float red[32];
     const float* xr = x + (long long)blockIdx.x * n;
     float* o = out + (long long)blockIdx.x * n;
-    float ss = 0.0f;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) ss = fmaf(xr[i], xr[i], ss);
-    ss = block_sum(ss, red);
+    float ss = row_sum_squares(xr, n, red);
     float scale = rsqrtf(ss + eps);
     for (int i = threadIdx.x; i < n; i += blockDim.x) o[i] = xr[i] * scale;
 }

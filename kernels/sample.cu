@@ -32,7 +32,7 @@ extern "C" __global__ void __launch_bounds__(1024)
 #pragma unroll
     for (int o = ATLAS_WARP / 2; o > 0; o >>= 1) {
         float ov = warp_xor(best, o);
-        int oi = warp_xor_int(bi, o);
+        int oi = warp_xor(bi, o);
         if (ov > best || (ov == best && oi < bi)) {
             best = ov;
             bi = oi;
