@@ -1,14 +1,28 @@
-"""Shared fixtures. The real default model (SmolLM2-135M Q4_1, 98 MB) is fetched once into the
-user's atlas store (as `atlas run` would) and shared by every test that needs it."""
+"""Shared fixtures, and the suite's own atlas home.
+
+The suite never reads or writes the user's model store or Hugging Face cache: before any test
+module is imported, ATLAS_HOME and HF_HOME point into a cache that belongs to the test suite
+(ATLAS_TEST_CACHE, else the per-user cache dir `atlas-test-suite`). The real default model
+(SmolLM2-135M Q4_1, 98 MB) is fetched into it once, as `atlas run` would, and kept between runs;
+a test that changes a store makes its own under tmp_path.
+"""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
+import platformdirs
 import pytest
 
 FIXTURES = Path(__file__).parent / "fixtures"
+SUITE_CACHE = Path(
+    os.environ.get("ATLAS_TEST_CACHE") or platformdirs.user_cache_dir("atlas-test-suite")
+)
+os.environ["ATLAS_HOME"] = str(SUITE_CACHE / "home")
+os.environ["HF_HOME"] = str(SUITE_CACHE / "huggingface")
+for _var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "ATLAS_DEVICE"):
+    os.environ.pop(_var, None)
 
 
 @pytest.fixture(scope="session")

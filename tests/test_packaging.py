@@ -76,13 +76,13 @@ def test_installed_wheel_finds_every_kernel(wheel, tmp_path):
     code = (
         "import sys; sys.path.insert(0, sys.argv[1])\n"
         "from atlas_cli.backend.ops import runtime as rt\n"
+        "assert rt.__file__.startswith(sys.argv[1]), rt.__file__\n"
         "d = rt.kernels_dir(); print(d)\n"
         "for f in rt.KERNEL_FILES: rt.expand_source(f, d)\n"
     )
-    # -S: no site-packages, so this checkout's editable install cannot answer instead
-    res = subprocess.run(
-        [sys.executable, "-S", "-c", code, str(site)], capture_output=True, text=True
-    )
+    # the unpacked wheel comes first on sys.path, before this checkout's editable install
+    # (whose finder is consulted after sys.path); the assert in `code` proves which answered
+    res = subprocess.run([sys.executable, "-c", code, str(site)], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     assert Path(res.stdout.strip()) == site / "atlas_cli" / "kernels"
 
