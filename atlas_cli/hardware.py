@@ -1,7 +1,9 @@
 """What this machine can run on: probe the GPUs, then classify.
 
 `probe()` looks at the machine: NVIDIA through the CUDA runtime (cupy, when installed), AMD
-through hip-python or, without it, the KFD topology in sysfs. It returns plain records.
+through hip-python or, without it, the KFD topology in sysfs. It returns plain records. The
+runtimes' own probes (backend/ops/runtime_cuda.py, runtime_hip.py) are the only code that asks
+cupy and hip-python; this module turns their facts into records and into fixes for the user.
 `classify()` is a pure function of those records (tested on fake ones): it picks the hardware
 class that recipes map to a variant, and says why the other backends cannot run.
 
@@ -9,8 +11,7 @@ Classes: gb10 (NVIDIA GB10, sm_121, unified memory), strix_halo (AMD gfx1151, un
 cuda (any other NVIDIA card of compute capability 8.0 or newer), amd (other RDNA3/RDNA4:
 gfx11xx, gfx12xx), cpu. `ATLAS_DEVICE` or `--device cpu|cuda|hip` overrides the choice.
 
-Nothing here imports cupy or hip-python at module level: importing atlas on a machine without
-them must work.
+Nothing here imports cupy or hip-python: importing atlas on a machine without them must work.
 """
 
 from __future__ import annotations
@@ -229,53 +230,41 @@ def probe(kfd_root: Path = KFD_TOPOLOGY) -> Probe:
 
 
 def probe_cuda() -> tuple[list[GPU], Toolchain]:
+    """The CUDA runtime's facts (runtime_cuda.probe) as GPU records and a Toolchain."""
+    from atlas_cli.backend.ops import runtime_cuda  # numpy and, inside, cupy: only when asked
+
     seen = nvidia_present()
-    try:
-        import cupy
-    except ImportError:
-        return [], Toolchain(
-            "cuda", problem=f"cupy is not installed: {CUDA_INSTALL}", device_seen=seen
-        )
-    except Exception as exc:  # a broken install raises from its own imports
-        problem = f"cupy fails to import ({exc}): reinstall it"
+    found = runtime_cuda.probe()
+    if not found.installed:
+        if found.import_error is None:
+            problem = f"cupy is not installed: {CUDA_INSTALL}"
+        else:
+            problem = f"cupy fails to import ({found.import_error}): reinstall it"
         return [], Toolchain("cuda", problem=problem, device_seen=seen)
-    package = f"cupy {cupy.__version__}"
-    runtime = cupy.cuda.runtime
-    try:
-        driver = _cuda_version(runtime.driverGetVersion())
-    except Exception:
-        driver = None
-    try:
-        rt = _cuda_version(runtime.runtimeGetVersion())
-    except Exception:
-        rt = None
-    try:
-        count = runtime.getDeviceCount()
-    except Exception as exc:  # cupy.cuda.runtime.CUDARuntimeError
-        problem = cuda_problem(str(exc), driver, rt)
+    package = _package(found)
+    driver, rt = found.driver, found.runtime_version
+    if found.error is not None and not found.devices:
+        problem = cuda_problem(found.error, driver, rt)
         return [], Toolchain("cuda", package, driver, rt, problem, device_seen=seen)
-    gpus = []
-    for i in range(count):
-        props = runtime.getDeviceProperties(i)
-        name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
-        try:
-            with cupy.cuda.Device(i):
-                free, _ = runtime.memGetInfo()
-        except Exception:
-            free = None
-        gpus.append(
-            GPU(
-                "nvidia",
-                name,
-                f"sm_{props['major']}{props['minor']}",
-                int(props["totalGlobalMem"]),
-                index=i,
-                free_bytes=free,
-                unified_memory=bool(props.get("integrated", 0)) or "GB10" in name,
-                source="cupy",
-            )
+    gpus = [
+        GPU(
+            "nvidia",
+            d.name,
+            d.arch,
+            d.total_bytes,
+            index=d.index,
+            free_bytes=d.free_bytes,
+            unified_memory=d.integrated or "GB10" in d.name,
+            source="cupy",
         )
+        for d in found.devices
+    ]
     return gpus, Toolchain("cuda", package, driver, rt, None, device_seen=seen or bool(gpus))
+
+
+def _package(found) -> str:
+    """The package and its version, "cupy 14.2.0"; the bare name where it is unknown."""
+    return f"{found.package} {found.version}" if found.version else found.package
 
 
 def cuda_problem(message: str, driver: str | None, runtime: str | None) -> str:
@@ -290,10 +279,6 @@ def cuda_problem(message: str, driver: str | None, runtime: str | None) -> str:
     if "NoDevice" in message:
         return "no CUDA device found (cudaErrorNoDevice)"
     return f"the CUDA runtime failed: {message}"
-
-
-def _cuda_version(v: int) -> str:
-    return f"{v // 1000}.{(v % 1000) // 10}"
 
 
 def nvidia_present() -> bool:
@@ -311,37 +296,38 @@ def nvidia_present() -> bool:
 
 
 def probe_hip(kfd_root: Path = KFD_TOPOLOGY) -> tuple[list[GPU], Toolchain]:
+    """The HIP runtime's facts (runtime_hip.probe) as GPU records and a Toolchain; where HIP
+    cannot run, the GPUs the KFD topology shows, so `atlas hw` can say what is missing."""
+    from atlas_cli.backend.ops import runtime_hip  # numpy and, inside, hip-python: when asked
+
     kfd = kfd_gpus(kfd_root)
     seen = bool(kfd)
-    try:
-        from hip import hip
-    except ImportError:
-        problem = f"hip-python is not installed: {ROCM_INSTALL}"
+    found = runtime_hip.probe()
+    if not found.installed:
+        if found.import_error is None:
+            problem = f"hip-python is not installed: {ROCM_INSTALL}"
+        else:
+            problem = f"hip-python fails to import ({found.import_error})"
         return kfd, Toolchain("hip", problem=problem, device_seen=seen)
-    except Exception as exc:
-        problem = f"hip-python fails to import ({exc})"
-        return kfd, Toolchain("hip", problem=problem, device_seen=seen)
-    package = "hip-python"
-    try:
-        err, count = hip.hipGetDeviceCount()
-    except RuntimeError as exc:  # "failed to dlopen 'libamdhip64.so'"
-        return kfd, Toolchain("hip", package, problem=hip_problem(str(exc)), device_seen=seen)
-    driver = _hip_call(hip, "hipDriverGetVersion")
-    rt = _hip_call(hip, "hipRuntimeGetVersion")
-    if _hip_failed(err) or not count:
-        problem = hip_problem(str(err))
+    package = _package(found)
+    driver, rt = found.driver, found.runtime_version
+    if not found.devices:
+        # HIP answers hipErrorNoDevice for a count of 0; say so where it gave no text
+        problem = hip_problem(found.error or "hipErrorNoDevice")
         return kfd, Toolchain("hip", package, driver, rt, problem, device_seen=seen)
-    gpus = []
-    for i in range(count):
-        err, props = hip.hipGetDeviceProperties(i)
-        if _hip_failed(err):
-            continue
-        arch = _text(props.gcnArchName).split(":")[0]
-        name = _text(props.name) or arch
-        unified = bool(getattr(props, "integrated", 0)) or arch == "gfx1151"
-        gpus.append(
-            GPU("amd", name, arch, int(props.totalGlobalMem), i, None, unified, "hip-python")
+    gpus = [
+        GPU(
+            "amd",
+            d.name,
+            d.arch,
+            d.total_bytes,
+            d.index,
+            d.free_bytes,
+            d.integrated or d.arch == "gfx1151",
+            "hip-python",
         )
+        for d in found.devices
+    ]
     return gpus, Toolchain("hip", package, driver, rt, None, device_seen=seen or bool(gpus))
 
 
@@ -354,22 +340,6 @@ def hip_problem(message: str) -> str:
     if "NoDevice" in message:
         return "no AMD GPU found by HIP (hipErrorNoDevice); check that /dev/kfd is accessible"
     return f"the HIP runtime failed: {message}"
-
-
-def _hip_call(hip, fn: str) -> str | None:
-    try:
-        err, v = getattr(hip, fn)()
-    except Exception:
-        return None
-    return None if _hip_failed(err) else f"{v // 10_000_000}.{(v // 100_000) % 100}"
-
-
-def _hip_failed(err) -> bool:
-    return getattr(err, "value", err) != 0
-
-
-def _text(v) -> str:
-    return v.decode(errors="replace").strip("\0 ") if isinstance(v, bytes) else str(v or "")
 
 
 def gfx_name(target_version: int) -> str:

@@ -23,7 +23,7 @@ STDLIB_AND_NUMPY = {"numpy", "__future__"}
 # forbidden edge or a new big room fails, and so does a fixed one still listed here.
 KNOWN_CIRCLES: list[list[str]] = []
 KNOWN_BROKEN: set[str] = set()
-KNOWN_GPU_PACKAGE_USERS = {"atlas_cli.hardware"}  # probes the runtimes directly
+KNOWN_GPU_PACKAGE_USERS: set[str] = set()
 KNOWN_BIG_FILES: set[str] = set()
 KNOWN_LONG_FUNCTIONS: set[str] = set()
 

@@ -1,9 +1,11 @@
-"""Hardware classification on fake device records, and the probes on fake runtimes."""
+"""Hardware classification on fake device records, and the probes on fake runtimes: fake cupy
+and hip-python modules under the runtimes' own probes, and fake probe records under hardware."""
 
 from __future__ import annotations
 
 import sys
 import types
+from pathlib import Path
 
 import pytest
 
@@ -260,12 +262,16 @@ def fake_hip(count=None, error=None):
             raise RuntimeError(error)
         return (ok, count) if count else (Err(100, "hipErrorNoDevice"), 0)
 
-    props = types.SimpleNamespace(
-        gcnArchName=b"gfx1151:sramecc-:xnack-", name=b"AMD Radeon 8060S", totalGlobalMem=96 * GB
-    )
+    def get_properties(props, i):  # hip-python fills the hipDeviceProp_t it is given
+        props.gcnArchName = b"gfx1151:sramecc-:xnack-"
+        props.name = b"AMD Radeon 8060S"
+        props.totalGlobalMem = 96 * GB
+        return (ok,)
+
     hip = types.SimpleNamespace(
         hipGetDeviceCount=get_count,
-        hipGetDeviceProperties=lambda i: (ok, props),
+        hipDeviceProp_t=types.SimpleNamespace,
+        hipGetDeviceProperties=get_properties,
         hipDriverGetVersion=lambda: (ok, 70_000_000),
         hipRuntimeGetVersion=lambda: (ok, 70_000_000),
     )
@@ -293,3 +299,141 @@ def test_probe_on_this_machine_runs():
     assert p.memory_bytes > 0 and p.cpu_count >= 1
     report = hw.report(p, hw.classify(p))
     assert report["backends"]["cpu"]["available"]
+
+
+# -- the runtimes' probe records, and hardware's reading of them -------------------------------
+
+H200_PROPS = {"name": b"NVIDIA H200", "major": 9, "minor": 0, "totalGlobalMem": 141 * GB}
+
+
+def test_cuda_runtime_probe_is_plain_data(monkeypatch):
+    from atlas_cli.backend.ops import nvrtc, runtime_cuda
+
+    monkeypatch.setattr(nvrtc, "version", lambda: (12, 8))
+    gb10 = {"name": b"NVIDIA GB10", "major": 12, "minor": 1, "totalGlobalMem": 119 * GB}
+    monkeypatch.setitem(
+        sys.modules, "cupy", fake_cupy(devices=[H200_PROPS, gb10 | {"integrated": 1}])
+    )
+    found = runtime_cuda.probe()
+    assert (found.version, found.driver, found.runtime_version, found.compiler) == (
+        "14.2.0",
+        "13.0",
+        "13.0",
+        "12.8",
+    )
+    assert found.available and found.error is None
+    assert [
+        (d.index, d.name, d.arch, d.total_bytes, d.free_bytes, d.integrated) for d in found.devices
+    ] == [
+        (0, "NVIDIA H200", "sm_90", 141 * GB, 100 * GB, False),
+        (1, "NVIDIA GB10", "sm_121", 119 * GB, 100 * GB, True),
+    ]
+    monkeypatch.setattr(
+        nvrtc, "version", lambda: (_ for _ in ()).throw(nvrtc.NvrtcUnavailable("x"))
+    )
+    found = runtime_cuda.probe()
+    assert found.compiler is None and found.reason.startswith("libnvrtc not found")
+
+
+def test_cuda_runtime_probe_keeps_the_raw_error(monkeypatch):
+    from atlas_cli.backend.ops import runtime_cuda
+
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy("cudaErrorNoDevice: no CUDA-capable device"))
+    found = runtime_cuda.probe()
+    assert found.installed and not found.available and found.devices == ()
+    assert found.error == "cudaErrorNoDevice: no CUDA-capable device"
+    assert found.driver == "0.0"  # what cupy says without a driver
+    monkeypatch.setitem(sys.modules, "cupy", None)
+    found = runtime_cuda.probe()
+    assert not found.installed and found.import_error is None and "pip install" in found.reason
+
+
+def test_broken_gpu_packages_never_raise(monkeypatch):
+    import builtins
+
+    from atlas_cli.backend.ops import runtime_cuda, runtime_hip
+
+    real = builtins.__import__
+
+    def broken(name, *args, **kwargs):
+        if name in ("cupy", "hip"):
+            raise OSError(f"{name}: libfoo.so: cannot open shared object file")
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", broken)
+    for mod in (runtime_cuda, runtime_hip):
+        found = mod.probe()
+        assert not found.installed and "cannot open shared object" in found.import_error
+    gpus, tc = hw.probe_cuda()
+    assert gpus == [] and tc.problem.startswith("cupy fails to import (cupy: libfoo.so")
+    assert tc.problem.endswith("reinstall it")
+
+
+def test_hip_runtime_probe_is_plain_data(monkeypatch):
+    from atlas_cli.backend.ops import runtime_hip
+
+    monkeypatch.setitem(sys.modules, "hip", fake_hip(count=1))
+    found = runtime_hip.probe()
+    assert found.available and (found.driver, found.runtime_version) == ("7.0", "7.0")
+    (d,) = found.devices
+    assert (d.index, d.name, d.arch, d.total_bytes, d.free_bytes) == (
+        0,
+        "AMD Radeon 8060S",
+        "gfx1151",
+        96 * GB,
+        None,
+    )
+    monkeypatch.setitem(sys.modules, "hip", fake_hip(count=0))
+    found = runtime_hip.probe()
+    assert found.error == "hipError_t.hipErrorNoDevice" and found.reason == "no HIP device"
+    fake = fake_hip(count=1)
+    fake.hip.hipGetDeviceProperties = lambda props, i: (_ for _ in ()).throw(ValueError("bad"))
+    monkeypatch.setitem(sys.modules, "hip", fake)
+    found = runtime_hip.probe()
+    assert found.devices == () and found.error == "bad" and not found.available
+    assert hw.probe_hip(Path("/nonexistent"))[1].problem == "the HIP runtime failed: bad"
+
+
+def record(runtime, *devices, **kw):
+    from atlas_cli.backend.ops.runtime_probe import RuntimeProbe
+
+    package = "cupy" if runtime == "cuda" else "hip-python"
+    return RuntimeProbe(runtime, package, "14.2.0", True, devices=tuple(devices), **kw)
+
+
+def test_hardware_reads_the_runtime_records(monkeypatch):
+    from atlas_cli.backend.ops import native, runtime_cuda, runtime_hip
+    from atlas_cli.backend.ops.runtime_probe import DeviceInfo
+
+    # GB10 reports itself as not integrated on some drivers: the name says it shares memory
+    gb10 = DeviceInfo(0, "NVIDIA GB10", "sm_121", 119 * GB, 110 * GB, integrated=False)
+    monkeypatch.setattr(runtime_cuda, "probe", lambda: record("cuda", gb10, driver="13.0"))
+    (g,), tc = hw.probe_cuda()
+    assert (g.name, g.arch, g.memory_bytes, g.free_bytes, g.unified_memory, g.source) == (
+        "NVIDIA GB10",
+        "sm_121",
+        119 * GB,
+        110 * GB,
+        True,
+        "cupy",
+    )
+    assert (tc.package, tc.driver, tc.problem) == ("cupy 14.2.0", "13.0", None)
+    # native.probe reads the same record
+    info = native.probe("cuda")
+    assert info["available"] and info["devices"][0]["arch"] == "sm_121"
+
+    old = "cudaErrorInsufficientDriver: CUDA driver version is insufficient"
+    monkeypatch.setattr(
+        runtime_cuda,
+        "probe",
+        lambda: record("cuda", driver="0.0", runtime_version="13.0", error=old, reason="x"),
+    )
+    gpus, tc = hw.probe_cuda()
+    assert gpus == [] and "too old for cupy's CUDA 13.0 runtime (no driver" in tc.problem
+    assert not native.probe("cuda")["available"]
+
+    dlopen = "failed to dlopen 'libamdhip64.so'"
+    monkeypatch.setattr(runtime_hip, "probe", lambda: record("hip", error=dlopen, reason="x"))
+    gpus, tc = hw.probe_hip(Path("/nonexistent"))
+    assert gpus == [] and "install ROCm" in tc.problem and tc.package == "hip-python 14.2.0"
+    assert native.probe("hip")["error"] == dlopen

@@ -13,6 +13,7 @@ selection, FP8 conversions), on the plumbing of native_array.py.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from atlas_cli.backend.ops.native_attention import AttentionLaunchers
@@ -74,14 +75,14 @@ def kernel_report(device: str) -> dict[str, Any]:
 
 
 def probe(device: str) -> dict[str, Any]:
-    """For `atlas hw`: whether the runtime for "cuda" / "hip" is usable here, without compiling
-    anything; never raises."""
+    """For `atlas hw` and the GPU tests: whether the runtime for "cuda" / "hip" can start here,
+    without compiling anything; the runtime's own probe record as a dict, with "available" and
+    (when it cannot start) "reason". Never raises."""
     if device == "cuda":
-        from atlas_cli.backend.ops import runtime_cuda
-
-        return runtime_cuda.probe()
-    if device == "hip":
-        from atlas_cli.backend.ops import runtime_hip
-
-        return runtime_hip.probe()
-    return {"runtime": device, "available": False, "reason": "unknown device"}
+        from atlas_cli.backend.ops import runtime_cuda as mod
+    elif device == "hip":
+        from atlas_cli.backend.ops import runtime_hip as mod
+    else:
+        return {"runtime": device, "available": False, "reason": "unknown device"}
+    found = mod.probe()
+    return {**dataclasses.asdict(found), "available": found.available}

@@ -13,6 +13,7 @@ import numpy as np
 
 from atlas_cli.backend.ops import nvrtc
 from atlas_cli.backend.ops import runtime as rt
+from atlas_cli.backend.ops.runtime_probe import DeviceInfo, RuntimeProbe
 
 # cupy's RawKernel takes numpy scalars, each of the width the kernel's C signature says.
 _ARG_TYPES = {"p": np.uint64, "i": np.int32, "q": np.int64, "f": np.float32}
@@ -22,49 +23,94 @@ class CudaUnavailable(RuntimeError):
     """cupy, NVRTC, the driver or a device is missing; the message says which."""
 
 
+_NEEDS_CUPY = "the CUDA backend needs cupy: pip install 'atlas-cli[cuda]'"
+
+
 def _cupy():
     try:
         import cupy
     except ImportError:
-        raise CudaUnavailable(
-            "the CUDA backend needs cupy: pip install 'atlas-cli[cuda]'"
-        ) from None
+        raise CudaUnavailable(_NEEDS_CUPY) from None
     return cupy
 
 
-def probe() -> dict[str, Any]:
-    """What `atlas hw` can show without compiling anything: whether cupy, NVRTC, a driver and
-    a device are there. Never raises."""
-    out: dict[str, Any] = {"runtime": "cuda", "available": False}
+def probe() -> RuntimeProbe:
+    """What cupy, the driver and NVRTC say about this machine, compiling nothing. The one place
+    atlas asks cupy about devices (`atlas hw`, the hardware class, the GPU tests). Never
+    raises: a failed call leaves its raw text in the record."""
     try:
-        cp = _cupy()
-    except CudaUnavailable as exc:
-        out["reason"] = str(exc)
-        return out
-    out["nvrtc"] = ".".join(map(str, nvrtc.version())) if nvrtc.available() else None
-    try:
-        n = cp.cuda.runtime.getDeviceCount()
-        out["driver"] = cp.cuda.runtime.driverGetVersion()
-    except Exception as exc:  # cupy raises CUDARuntimeError without a driver
-        out["reason"] = f"no usable CUDA driver ({exc})"
-        return out
-    devices = []
-    for i in range(n):
-        p = cp.cuda.runtime.getDeviceProperties(i)
-        devices.append(
-            {
-                "name": p["name"].decode(),
-                "sm": f"sm_{p['major']}{p['minor']}",
-                "memory_gb": round(p["totalGlobalMem"] / 2**30, 1),
-            }
+        import cupy as cp
+    except ImportError:
+        return RuntimeProbe("cuda", "cupy", reason=_NEEDS_CUPY)
+    except Exception as exc:  # a broken install raises from its own imports
+        return RuntimeProbe(
+            "cuda", "cupy", import_error=str(exc), reason=f"cupy fails to import ({exc})"
         )
-    out["devices"] = devices
-    out["available"] = bool(devices) and out["nvrtc"] is not None
+    found = {
+        "version": str(getattr(cp, "__version__", "")) or None,
+        "installed": True,
+        "driver": _version(cp.cuda.runtime.driverGetVersion),
+        "runtime_version": _version(cp.cuda.runtime.runtimeGetVersion),
+        "compiler": _nvrtc_version(),
+    }
+    try:
+        count = cp.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # cupy raises CUDARuntimeError without a (new enough) driver
+        reason = f"no usable CUDA driver ({exc})"
+        return RuntimeProbe("cuda", "cupy", **found, error=str(exc), reason=reason)
+    devices, error = _devices(cp, count)
     if not devices:
-        out["reason"] = "no CUDA device"
-    elif out["nvrtc"] is None:
-        out["reason"] = "libnvrtc not found: pip install nvidia-cuda-nvrtc"
-    return out
+        reason = "no CUDA device"
+    elif found["compiler"] is None:
+        reason = "libnvrtc not found: pip install nvidia-cuda-nvrtc"
+    else:
+        reason = None
+    return RuntimeProbe("cuda", "cupy", **found, devices=devices, error=error, reason=reason)
+
+
+def _version(call) -> str | None:
+    """CUDA encodes versions as 1000 * major + 10 * minor (13000 -> "13.0")."""
+    try:
+        v = int(call())
+    except Exception:
+        return None
+    return f"{v // 1000}.{(v % 1000) // 10}"
+
+
+def _nvrtc_version() -> str | None:
+    try:
+        return ".".join(map(str, nvrtc.version()))
+    except Exception:  # NvrtcUnavailable, or a library that fails its own call
+        return None
+
+
+def _devices(cp, count: int) -> tuple[tuple[DeviceInfo, ...], str | None]:
+    """Each device's properties and free memory; a device whose properties fail is left out
+    and its error kept."""
+    devices, error = [], None
+    for i in range(count):
+        try:
+            p = cp.cuda.runtime.getDeviceProperties(i)
+        except Exception as exc:
+            error = str(exc)
+            continue
+        name = p["name"].decode() if isinstance(p["name"], bytes) else str(p["name"])
+        try:
+            with cp.cuda.Device(i):
+                free = int(cp.cuda.runtime.memGetInfo()[0])
+        except Exception:
+            free = None
+        devices.append(
+            DeviceInfo(
+                index=i,
+                name=name,
+                arch=f"sm_{p['major']}{p['minor']}",
+                total_bytes=int(p["totalGlobalMem"]),
+                free_bytes=free,
+                integrated=bool(p.get("integrated", 0)),
+            )
+        )
+    return tuple(devices), error
 
 
 class _Module:

@@ -9,24 +9,27 @@ run on an AMD GPU yet (no such machine was available to this project when it was
 from __future__ import annotations
 
 import contextlib
+from importlib import metadata
 from typing import Any
 
 import numpy as np
 
 from atlas_cli.backend.ops import runtime as rt
+from atlas_cli.backend.ops.runtime_probe import DeviceInfo, RuntimeProbe
 
 
 class HipUnavailable(RuntimeError):
     """hip-python, libamdhip64 or a device is missing; the message says which."""
 
 
+_NEEDS_HIP = "the HIP backend needs hip-python: pip install 'atlas-cli[rocm]'"
+
+
 def _hip():
     try:
         from hip import hip, hiprtc
     except ImportError:
-        raise HipUnavailable(
-            "the HIP backend needs hip-python: pip install 'atlas-cli[rocm]'"
-        ) from None
+        raise HipUnavailable(_NEEDS_HIP) from None
     return hip, hiprtc
 
 
@@ -38,32 +41,83 @@ def _check(result):
     return rest[0] if len(rest) == 1 else rest
 
 
-def probe() -> dict[str, Any]:
-    """Whether hip-python, libamdhip64 and a device are there. Never raises."""
-    out: dict[str, Any] = {"runtime": "hip", "available": False}
+def probe() -> RuntimeProbe:
+    """What hip-python and libamdhip64 say about this machine, compiling nothing. The one
+    place atlas asks HIP about devices. Never raises: a failed call leaves its raw text in the
+    record. Free memory is not asked for (it needs hipSetDevice, which would change the
+    caller's current device)."""
     try:
-        hip, _ = _hip()
-    except HipUnavailable as exc:
-        out["reason"] = str(exc)
-        return out
+        from hip import hip
+    except ImportError:
+        return RuntimeProbe("hip", "hip-python", reason=_NEEDS_HIP)
+    except Exception as exc:  # a broken install raises from its own imports
+        reason = f"hip-python fails to import ({exc})"
+        return RuntimeProbe("hip", "hip-python", import_error=str(exc), reason=reason)
+    found: dict[str, Any] = {"version": _package_version(), "installed": True}
     try:
-        err, n = hip.hipGetDeviceCount()
+        err, count = hip.hipGetDeviceCount()
     except Exception as exc:  # RuntimeError: failed to dlopen libamdhip64.so
-        out["reason"] = f"HIP runtime not loadable ({exc})"
-        return out
-    if "Success" not in getattr(err, "name", str(err)) or n == 0:
-        out["reason"] = "no HIP device"
-        return out
-    devices = []
-    for i in range(n):
-        props = hip.hipDeviceProp_t()
-        _check(hip.hipGetDeviceProperties(props, i))
-        arch = props.gcnArchName
-        arch = arch.decode() if isinstance(arch, bytes) else str(arch)
-        devices.append({"name": str(props.name), "target": arch.split(":")[0]})
-    out["devices"] = devices
-    out["available"] = True
-    return out
+        reason = f"HIP runtime not loadable ({exc})"
+        return RuntimeProbe("hip", "hip-python", **found, error=str(exc), reason=reason)
+    found["driver"] = _version(hip.hipDriverGetVersion)
+    found["runtime_version"] = _version(hip.hipRuntimeGetVersion)
+    if not _ok(err) or not count:
+        error = None if _ok(err) else str(err)
+        return RuntimeProbe("hip", "hip-python", **found, error=error, reason="no HIP device")
+    devices, error = _devices(hip, count)
+    reason = None if devices else "no HIP device"
+    return RuntimeProbe("hip", "hip-python", **found, devices=devices, error=error, reason=reason)
+
+
+def _ok(err) -> bool:
+    return "Success" in getattr(err, "name", str(err))
+
+
+def _package_version() -> str | None:
+    try:
+        return metadata.version("hip-python")
+    except Exception:  # not installed as a distribution (a source checkout on the path)
+        return None
+
+
+def _version(call) -> str | None:
+    """HIP encodes versions as major * 10_000_000 + minor * 100_000 + patch."""
+    try:
+        err, v = call()
+    except Exception:
+        return None
+    return f"{v // 10_000_000}.{(v // 100_000) % 100}" if _ok(err) else None
+
+
+def _text(v) -> str:
+    return v.decode(errors="replace").strip("\0 ") if isinstance(v, bytes) else str(v or "")
+
+
+def _devices(hip, count: int) -> tuple[tuple[DeviceInfo, ...], str | None]:
+    """Each device's properties; a device whose properties fail is left out and its error
+    kept."""
+    devices, error = [], None
+    for i in range(count):
+        try:
+            props = hip.hipDeviceProp_t()
+            (err,) = hip.hipGetDeviceProperties(props, i)
+        except Exception as exc:
+            error = str(exc)
+            continue
+        if not _ok(err):
+            error = str(err)
+            continue
+        arch = _text(props.gcnArchName).split(":")[0]  # "gfx1151:sramecc-:xnack-"
+        devices.append(
+            DeviceInfo(
+                index=i,
+                name=_text(props.name) or arch,
+                arch=arch,
+                total_bytes=int(props.totalGlobalMem),
+                integrated=bool(getattr(props, "integrated", 0)),
+            )
+        )
+    return tuple(devices), error
 
 
 class _Buffer:
@@ -104,12 +158,15 @@ class HipRuntime:
     def __init__(self, device: int = 0):
         hip, hiprtc = _hip()
         info = probe()
-        if not info["available"]:
-            raise HipUnavailable(info.get("reason", "no HIP device"))
+        if not info.available:
+            raise HipUnavailable(info.reason)
+        found = [d for d in info.devices if d.index == device]
+        if not found:
+            raise HipUnavailable(f"no HIP device {device} ({len(info.devices)} found)")
         self.hip, self.hiprtc = hip, hiprtc
         _check(hip.hipSetDevice(device))
-        self.device_name = info["devices"][device]["name"]
-        self.target = info["devices"][device]["target"]  # e.g. gfx1151
+        self.device_name = found[0].name
+        self.target = found[0].arch  # e.g. gfx1151
         self.stream = _check(hip.hipStreamCreate())
         self.driver = _check(hip.hipDriverGetVersion())
         self.toolchain = f"hiprtc-driver-{self.driver}"
