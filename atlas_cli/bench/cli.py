@@ -172,15 +172,23 @@ def agentic_cmd(
 @guarded
 def coherence_cmd(
     model: o.Model = DEFAULT_MODEL,
-    max_tokens: o.AnswerTokens = coherence.MAX_TOKENS,
+    probe_set: o.ProbeSet = "facts",
+    max_tokens: o.AnswerTokens = None,
+    seeds: o.Seeds = 3,
     threads: o.Threads = None,
     device: o.Device = "cpu",
 ):
-    """Fixed prompts at temperature 0; exit 1 on degenerate or wrong answers."""
-
+    """Fixed prompts; exit 1 on degenerate or wrong answers."""
+    if probe_set not in coherence.SETS:
+        raise UsageError(f"--set takes one of {', '.join(coherence.SETS)}")
+    probes = coherence.SETS[probe_set]
     with _apply_threads(threads):
         loaded = _load(model, device, None)
-        verdicts = coherence.run(loaded, max_tokens=max_tokens)
+        if probe_set == "facts":
+            verdicts = coherence.run(loaded, probes, max_tokens or coherence.MAX_TOKENS)
+        else:
+            limit = max_tokens or coherence.CHAT_MAX_TOKENS
+            verdicts = coherence.run_sampled(loaded, probes, seeds, limit)
     typer.echo(coherence.report(verdicts))
     if not all(v.passed for v in verdicts):
         raise typer.Exit(1)

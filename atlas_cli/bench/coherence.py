@@ -1,7 +1,10 @@
-"""The coherence gate: fixed prompts at temperature 0; fail on degenerate output (empty,
-repeating n-grams, no end of turn within the token limit) or on answers that miss a fact.
+"""The coherence gate: fixed prompts; fail on degenerate output (empty, repeating n-grams, no
+end of turn within the token limit) or on answers that miss a fact.
 
-It catches a broken kernel or loader that still produces fast tokens: numbers alone would pass.
+Two sets. `facts` runs at temperature 0: it catches a broken kernel or loader that still
+produces fast tokens (numbers alone would pass). `first-chat` asks what people ask a model
+first, sampled the way `atlas chat` samples (the recipe's defaults) over several seeds: it is
+how the default model's chat defaults were chosen (docs/performance.md).
 """
 
 from __future__ import annotations
@@ -30,6 +33,23 @@ PROBES = (
     Probe("What is the boiling point of water in degrees Celsius?", ("100",)),
     Probe("What is the chemical symbol for gold?", ("Au",)),
 )
+
+
+# What a new user types first; the facts are the ones the answer cannot do without.
+FIRST_CHAT = (
+    Probe("Hi!", ()),
+    Probe("What can you do?", ()),
+    Probe("What is the capital of France?", ("Paris",)),
+    Probe("Write a haiku about the sea.", ()),
+    Probe("Explain what a computer is in one sentence.", ()),
+    Probe("Give me three tips for better sleep.", ()),
+    Probe("What is 12 times 12?", ("144",)),
+    Probe("Who wrote Romeo and Juliet?", ("Shakespeare",)),
+    Probe("How do I reverse a list in Python?", ()),
+    Probe("Tell me a joke.", ()),
+)
+SETS = {"facts": PROBES, "first-chat": FIRST_CHAT}
+CHAT_MAX_TOKENS = 512  # `atlas chat`'s default answer limit
 
 
 @dataclass(frozen=True)
@@ -70,23 +90,36 @@ def judge(probe: Probe, text: str, finish_reason: str, completion_tokens: int) -
     return Verdict(probe.prompt, text, finish_reason, completion_tokens, tuple(problems))
 
 
-def run(model, probes=PROBES, max_tokens: int = MAX_TOKENS) -> list[Verdict]:
+def run(model, probes=PROBES, max_tokens: int = MAX_TOKENS, sampling=None) -> list[Verdict]:
+    """Each probe answered once: at temperature 0 (seed 42), or with `sampling`, a
+    SamplingOverrides over the model's recipe defaults (its seed fixed by the caller)."""
     from atlas_cli.backend.engine import GenerationStats
     from atlas_cli.backend.sample import SamplingOverrides
 
+    sampling = sampling or SamplingOverrides(temperature=0, seed=42)
     verdicts = []
     for probe in probes:
         stats = GenerationStats()
         ids = model.chat_prompt([{"role": "user", "content": probe.prompt}])
-        for _ in model.generate(
-            ids,
-            max_tokens=max_tokens,
-            stats=stats,
-            sampling=SamplingOverrides(temperature=0, seed=42),
-        ):
+        for _ in model.generate(ids, max_tokens=max_tokens, stats=stats, sampling=sampling):
             pass
         verdicts.append(judge(probe, stats.text, stats.finish_reason, stats.completion_tokens))
     return verdicts
+
+
+def run_sampled(model, probes, seeds: int, max_tokens: int, given=None) -> list[Verdict]:
+    """Every probe under `seeds` seeds (0, 1, ...), sampled with `given` (a SamplingOverrides,
+    unset fields from the recipe) as a chat would sample."""
+    from dataclasses import replace
+
+    from atlas_cli.backend.sample import SamplingOverrides
+
+    given = given or SamplingOverrides()
+    return [
+        v
+        for seed in range(seeds)
+        for v in run(model, probes, max_tokens, replace(given, seed=seed))
+    ]
 
 
 def report(verdicts: list[Verdict]) -> str:

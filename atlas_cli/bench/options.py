@@ -98,4 +98,15 @@ PerTurn = Annotated[bool, typer.Option(help="Print one row per request too.")]
 
 # -- coherence ---------------------------------------------------------------------------------
 
-AnswerTokens = Annotated[int, typer.Option(help="Token limit per answer.")]
+AnswerTokens = Annotated[
+    int | None, typer.Option(help="Token limit per answer (facts: 64; first-chat: 512).")
+]
+ProbeSet = Annotated[
+    str,
+    typer.Option(
+        "--set",
+        help="facts: temperature 0, facts checked; first-chat: first questions, sampled "
+        "with the recipe's chat defaults over --seeds seeds.",
+    ),
+]
+Seeds = Annotated[int, typer.Option(min=1, help="Seeds per prompt for sampled sets.")]
