@@ -33,6 +33,11 @@ class DownloadError(AtlasError):
     """A download that failed: network down, bad hash, full disk."""
 
 
+class StoreError(AtlasError):
+    """The model store cannot be changed: a read-only home, no permission, or a manifest that
+    names files outside the store."""
+
+
 class TemplateError(AtlasError):
     """A chat template that fails to render."""
 

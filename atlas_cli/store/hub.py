@@ -19,7 +19,6 @@ HF_TOKEN): huggingface_hub reads some of these once at import.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import re
 import shutil
@@ -28,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from atlas_cli.errors import AtlasError, CorruptModelError, DownloadError, ModelNotFoundError
+from atlas_cli.store.verify import hexdigest
 
-CHUNK = 1 << 20
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
 # Files a safetensors checkpoint needs (top level only); used for hf.co/ repos without GGUF.
 SAFETENSORS_FILES = ["*.safetensors", "*.json", "merges.txt", "tokenizer.model", "*.jinja"]
@@ -299,18 +298,14 @@ def _fetch(repo: str, commit: str, f: RemoteFile, advance: Callable[[int], None]
 def _verify(part: Path, f: RemoteFile) -> None:
     """Check the bytes against the Hub's hash; a mismatch deletes them."""
     if f.sha256:
-        digest, expected, kind = hashlib.sha256(), f.sha256, "sha256"
+        kind, expected, label = "sha256", f.sha256, "sha256"
     else:  # a small git file: its blob id is sha1("blob <size>\0" + bytes)
-        digest, expected, kind = hashlib.sha1(), f.blob_id, "git blob id"
-        digest.update(f"blob {part.stat().st_size}\0".encode())
-    with open(part, "rb") as fh:
-        while chunk := fh.read(CHUNK):
-            digest.update(chunk)
-    actual = digest.hexdigest()
+        kind, expected, label = "git", f.blob_id, "git blob id"
+    actual = hexdigest(part, kind)
     if actual != expected:
         part.unlink(missing_ok=True)
         raise CorruptModelError(
-            f"{f.path}: {kind} {actual[:12]}… does not match the Hub's {expected[:12]}…; "
+            f"{f.path}: {label} {actual[:12]}… does not match the Hub's {expected[:12]}…; "
             "the download was discarded, run the command again"
         )
 
@@ -389,62 +384,6 @@ def _write_ref(repo: str, revision: str, commit: str) -> None:
     tmp = ref.with_name(ref.name + ".tmp")
     tmp.write_text(commit)
     os.replace(tmp, ref)
-
-
-# -- removing ----------------------------------------------------------------------------------
-
-
-def remove(repo: str, commit: str, filenames: list[str], keep: set[tuple[str, str, str]]) -> int:
-    """Delete the snapshot links and (when nothing else links to them) the blobs of `filenames`.
-    `keep` holds (repo, commit, filename) still used by other installed models. Bytes freed."""
-    rdir = repo_dir(repo)
-    snap = rdir / "snapshots" / commit
-    freed = 0
-    blobs = set()
-    for name in filenames:
-        if (repo, commit, name) in keep:
-            continue
-        pointer = snap / name
-        if pointer.is_symlink():
-            blobs.add(pointer.resolve())
-            pointer.unlink()
-        elif pointer.is_file():  # a copy (no symlinks on this system)
-            freed += pointer.stat().st_size
-            pointer.unlink()
-    still_linked = {p.resolve() for p in (rdir / "snapshots").rglob("*") if p.is_symlink()}
-    for blob in blobs:
-        if blob not in still_linked and blob.is_file():
-            freed += blob.stat().st_size
-            blob.unlink()
-    _prune(snap, stop=rdir / "snapshots")
-    if snap.exists():
-        return freed
-    for ref in (rdir / "refs").rglob("*") if (rdir / "refs").is_dir() else ():
-        with contextlib.suppress(OSError):
-            if ref.is_file() and ref.read_text().strip() == commit:
-                ref.unlink()
-    snapshots = rdir / "snapshots"
-    if (not snapshots.exists() or not any(snapshots.iterdir())) and not any(
-        (rdir / "blobs").glob("*")
-    ):
-        shutil.rmtree(rdir, ignore_errors=True)
-    return freed
-
-
-def _prune(directory: Path, stop: Path) -> None:
-    """Remove empty directories from the bottom of `directory` up to (not including) `stop`."""
-    if not directory.exists():
-        return
-    for sub in sorted((p for p in directory.rglob("*") if p.is_dir()), reverse=True):
-        with contextlib.suppress(OSError):
-            sub.rmdir()
-    d = directory
-    while d != stop and d.is_relative_to(stop):
-        try:
-            d.rmdir()
-        except OSError:
-            break
-        d = d.parent
 
 
 # -- errors ------------------------------------------------------------------------------------

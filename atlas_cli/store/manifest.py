@@ -1,12 +1,14 @@
 """The record of one pulled model variant, and its manifest file.
 
 `$ATLAS_HOME/manifests/<name>/<variant>.json` records each pull (source, revision, commit,
-files, sizes, hashes); `atlas list` reads them. A manifest is written last, and through a
+files, sizes, hashes, and each verified file's size and mtime: see store.verify); `atlas list`
+reads them. A manifest is written last, and through a
 temporary file, so a pull that was interrupted never shows up as installed.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Iterator
@@ -15,7 +17,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from atlas_cli.store.paths import manifests_dir
+from atlas_cli.store.paths import manifests_dir, store_writes
+from atlas_cli.store.verify import stamp
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,8 @@ class Installed:
     pulled: str = ""  # ISO 8601
     repo_files: tuple[str, ...] = field(default=(), repr=False)  # in-repo names (hub)
     sha256: dict[str, str] = field(default_factory=dict, repr=False)
+    # (size, mtime_ns) per in-repo name, of files whose hash was checked (see store.verify)
+    stamps: dict[str, tuple[int, int]] = field(default_factory=dict, repr=False)
 
     @property
     def tag(self) -> str:
@@ -61,11 +66,18 @@ class Installed:
             "complete": self.complete,
             "files": [
                 {"path": str(p), "repo_path": rp, "sha256": self.sha256.get(rp)}
-                for p, rp in zip(
-                    self.files, self.repo_files or [p.name for p in self.files], strict=True
-                )
+                | _stamp_json(self.stamps.get(rp))
+                for p, rp in zip(self.files, self.in_repo_names, strict=True)
             ],
         }
+
+    @property
+    def in_repo_names(self) -> tuple[str, ...]:
+        return self.repo_files or tuple(p.name for p in self.files)
+
+
+def _stamp_json(stamp: tuple[int, int] | None) -> dict[str, int]:
+    return {"verified_size": stamp[0], "verified_mtime_ns": stamp[1]} if stamp else {}
 
 
 def manifest_path(name: str, variant: str) -> Path:
@@ -75,12 +87,19 @@ def manifest_path(name: str, variant: str) -> Path:
 
 def write_manifest(entry: Installed) -> None:
     path = manifest_path(entry.name, entry.variant)
-    path.parent.mkdir(parents=True, exist_ok=True)
     data = entry.as_json()
     data.pop("complete")
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, path)
+    with store_writes():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(data, indent=1))
+        os.replace(tmp, path)
+
+
+def stamped(entry: Installed) -> Installed:
+    """`entry` with its files' current stamps: call it once their hashes have been checked."""
+    stamps = {rp: stamp(p) for p, rp in zip(entry.files, entry.in_repo_names, strict=True)}
+    return dataclasses.replace(entry, stamps=stamps)
 
 
 def read_manifest(path: Path) -> Installed | None:
@@ -105,6 +124,14 @@ def read_manifest(path: Path) -> Installed | None:
                 (f.get("repo_path") or Path(f["path"]).name): f["sha256"]
                 for f in files
                 if f.get("sha256")
+            },
+            stamps={
+                (f.get("repo_path") or Path(f["path"]).name): (
+                    int(f["verified_size"]),
+                    int(f["verified_mtime_ns"]),
+                )
+                for f in files
+                if "verified_size" in f and "verified_mtime_ns" in f
             },
         )
     except (OSError, ValueError, KeyError, TypeError):
