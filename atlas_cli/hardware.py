@@ -29,8 +29,20 @@ from atlas_cli.errors import DeviceError, UsageError
 CLASSES = ("gb10", "strix_halo", "cuda", "amd", "cpu")
 DEVICE_CHOICES = ("cpu", "cuda", "hip")
 MIN_CUDA_CC = (8, 0)  # our kernels use bf16 and cp.async: Ampere or newer
-CUDA_INSTALL = "pip install 'atlas-cli[cuda]' (cupy-cuda13x; for a CUDA 12 driver: cupy-cuda12x)"
-ROCM_INSTALL = "pip install 'atlas-cli[rocm]' (hip-python; needs ROCm's libamdhip64.so)"
+
+
+def cuda_install() -> str:
+    from atlas_cli.backend.ops.runtime_probe import install_command  # numpy: not for --help
+
+    return f"{install_command('cuda')} (for a CUDA 12 driver: cupy-cuda12x instead)"
+
+
+def rocm_install() -> str:
+    from atlas_cli.backend.ops.runtime_probe import install_command
+
+    return f"{install_command('rocm')} (needs ROCm's libamdhip64.so)"
+
+
 KFD_TOPOLOGY = Path("/sys/class/kfd/kfd/topology/nodes")
 
 
@@ -237,7 +249,7 @@ def probe_cuda() -> tuple[list[GPU], Toolchain]:
     found = runtime_cuda.probe()
     if not found.installed:
         if found.import_error is None:
-            problem = f"cupy is not installed: {CUDA_INSTALL}"
+            problem = f"cupy is not installed: {cuda_install()}"
         else:
             problem = f"cupy fails to import ({found.import_error}): reinstall it"
         return [], Toolchain("cuda", problem=problem, device_seen=seen)
@@ -305,7 +317,7 @@ def probe_hip(kfd_root: Path = KFD_TOPOLOGY) -> tuple[list[GPU], Toolchain]:
     found = runtime_hip.probe()
     if not found.installed:
         if found.import_error is None:
-            problem = f"hip-python is not installed: {ROCM_INSTALL}"
+            problem = f"hip-python is not installed: {rocm_install()}"
         else:
             problem = f"hip-python fails to import ({found.import_error})"
         return kfd, Toolchain("hip", problem=problem, device_seen=seen)

@@ -90,13 +90,12 @@ def test_agentic_errors(tmp_path):
 
 
 def test_coherence_gate(shared_model, monkeypatch):
-    monkeypatch.setattr(coherence, "PROBES", (coherence.PROBES[0],))
-    monkeypatch.setattr(coherence.run, "__defaults__", ((coherence.PROBES[0],), 64))
+    monkeypatch.setitem(coherence.SETS, "facts", (coherence.PROBES[0],))
     good = invoke(["bench", "coherence", "--max-tokens", "16", "-t", "1"])
     assert good.exit_code == 0, good.output
     assert "PASS  What is the capital of France?" in good.stdout
     wrong = coherence.Probe("What is the capital of France?", ("Berlin",))
-    monkeypatch.setattr(coherence.run, "__defaults__", ((wrong,), 64))
+    monkeypatch.setitem(coherence.SETS, "facts", (wrong,))
     bad = invoke(["bench", "coherence", "--max-tokens", "16", "-t", "1"])
     assert bad.exit_code == 1 and "missing 'Berlin'" in bad.stdout
 

@@ -170,3 +170,8 @@ def test_blank_prompt_is_a_usage_error(monkeypatch):
 
     monkeypatch.setattr(session, "open_model", lambda *a, **k: pytest.fail("loaded"))
     assert atlas("run", "   \n").exit_code == 2
+
+
+def test_ctx_size_above_the_models_limit_is_refused(smollm2_path):
+    line = one_line_error(atlas("run", "--ctx-size", "100000", "hi"), code=2)
+    assert "8,192" in line and "100,000" in line

@@ -16,8 +16,8 @@ from atlas_cli.errors import DeviceError, UsageError
 GB = 1 << 30
 CUDA_OK = hw.Toolchain("cuda", "cupy 14.2.0", "13.0", "13.0")
 HIP_OK = hw.Toolchain("hip", "hip-python", "7.0", "7.0")
-NO_CUPY = hw.Toolchain("cuda", problem=f"cupy is not installed: {hw.CUDA_INSTALL}")
-NO_HIP = hw.Toolchain("hip", problem=f"hip-python is not installed: {hw.ROCM_INSTALL}")
+NO_CUPY = hw.Toolchain("cuda", problem=f"cupy is not installed: {hw.cuda_install()}")
+NO_HIP = hw.Toolchain("hip", problem=f"hip-python is not installed: {hw.rocm_install()}")
 
 GB10 = hw.GPU("nvidia", "NVIDIA GB10", "sm_121", 119 * GB, unified_memory=True, source="cupy")
 H200 = hw.GPU("nvidia", "NVIDIA H200", "sm_90", 141 * GB, free_bytes=139 * GB, source="cupy")
@@ -437,3 +437,16 @@ def test_hardware_reads_the_runtime_records(monkeypatch):
     gpus, tc = hw.probe_hip(Path("/nonexistent"))
     assert gpus == [] and "install ROCm" in tc.problem and tc.package == "hip-python 14.2.0"
     assert native.probe("hip")["error"] == dlopen
+
+
+def test_install_advice_names_packages_the_index_has():
+    """atlas itself may not be on the package index (a checkout, a wheel file): the advice
+    installs the extra's packages by name, read from this installation's metadata."""
+    from atlas_cli.backend.ops.runtime_probe import install_command
+
+    cuda, rocm = install_command("cuda"), install_command("rocm")
+    assert (
+        cuda.startswith("pip install ") and "cupy-cuda13x" in cuda and "nvidia-cuda-nvrtc" in cuda
+    )
+    assert rocm == "pip install hip-python"
+    assert "atlas-cli[" not in hw.cuda_install() + hw.rocm_install()

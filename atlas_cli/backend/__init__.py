@@ -22,7 +22,7 @@ from typing import Any
 
 from atlas_cli.backend.defaults import RunDefaults
 from atlas_cli.backend.sample import SamplingOverrides, SamplingParams
-from atlas_cli.errors import CorruptModelError, DeviceError, UnsupportedModelError
+from atlas_cli.errors import CorruptModelError, DeviceError, UnsupportedModelError, UsageError
 
 DEVICES = ("cpu", "cpu-ref", "cuda", "hip")
 NOT_SET = SamplingOverrides()  # generate()'s default: the recipe's settings, then atlas's
@@ -163,6 +163,11 @@ def load(
     module = importlib.import_module(module_name)
     args = module.ModelArgs.from_config(info.config)
     limit = args.max_position_embeddings
+    if ctx_size and ctx_size > limit:  # the user asked for it: say so rather than clamp
+        raise UsageError(
+            f"--ctx-size {ctx_size:,} is above what {path.name} holds ({limit:,} tokens); "
+            f"give at most {limit:,}"
+        )
     context = min(ctx_size or defaults.ctx_size or limit, limit)
     if fit_check is not None:  # before dequantizing: that is where the memory goes
         fit_check(info.config, weights, context)

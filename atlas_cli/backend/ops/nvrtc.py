@@ -61,7 +61,7 @@ def load() -> ctypes.CDLL:
         _LIB = lib
         return lib
     raise NvrtcUnavailable(
-        "libnvrtc not found: pip install nvidia-cuda-nvrtc (or 'atlas-cli[cuda]'), "
+        "libnvrtc not found: pip install nvidia-cuda-nvrtc, "
         "or put a CUDA toolkit's lib64 on LD_LIBRARY_PATH"
     )
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from atlas_cli.backend.ops import nvrtc
 from atlas_cli.backend.ops import runtime as rt
-from atlas_cli.backend.ops.runtime_probe import DeviceInfo, RuntimeProbe
+from atlas_cli.backend.ops.runtime_probe import DeviceInfo, RuntimeProbe, install_command
 
 # cupy's RawKernel takes numpy scalars, each of the width the kernel's C signature says.
 _ARG_TYPES = {"p": np.uint64, "i": np.int32, "q": np.int64, "f": np.float32}
@@ -23,7 +23,7 @@ class CudaUnavailable(RuntimeError):
     """cupy, NVRTC, the driver or a device is missing; the message says which."""
 
 
-_NEEDS_CUPY = "the CUDA backend needs cupy: pip install 'atlas-cli[cuda]'"
+_NEEDS_CUPY = f"the CUDA backend needs cupy: {install_command('cuda')}"
 
 
 def _cupy():
@@ -139,7 +139,7 @@ class CudaRuntime:
     def __init__(self, device: int = 0):
         cp = _cupy()
         if not nvrtc.available():
-            raise CudaUnavailable("libnvrtc not found: pip install 'atlas-cli[cuda]'")
+            raise CudaUnavailable(f"libnvrtc not found: {install_command('cuda')}")
         try:
             cp.cuda.Device(device).use()
             props = cp.cuda.runtime.getDeviceProperties(device)

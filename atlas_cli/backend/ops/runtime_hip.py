@@ -15,14 +15,14 @@ from typing import Any
 import numpy as np
 
 from atlas_cli.backend.ops import runtime as rt
-from atlas_cli.backend.ops.runtime_probe import DeviceInfo, RuntimeProbe
+from atlas_cli.backend.ops.runtime_probe import DeviceInfo, RuntimeProbe, install_command
 
 
 class HipUnavailable(RuntimeError):
     """hip-python, libamdhip64 or a device is missing; the message says which."""
 
 
-_NEEDS_HIP = "the HIP backend needs hip-python: pip install 'atlas-cli[rocm]'"
+_NEEDS_HIP = f"the HIP backend needs hip-python: {install_command('rocm')}"
 
 
 def _hip():

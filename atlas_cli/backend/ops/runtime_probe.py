@@ -8,7 +8,26 @@ its raw error text is kept, so `hardware.py` can turn it into a fix for the user
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
+from importlib import metadata
+
+DISTRIBUTION = "atlas-cli"
+
+
+def install_command(extra: str) -> str:
+    """The `pip install` that adds what the `extra` ("cuda", "rocm") needs, read from this
+    installation's own metadata: the packages themselves, which the package index has wherever
+    atlas itself came from (a checkout, a wheel file)."""
+    try:
+        requires = metadata.requires(DISTRIBUTION) or []
+    except metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        requires = []
+    marker = f'extra == "{extra}"'
+    wanted = [r.split(";")[0].strip() for r in requires if marker in r.replace("'", '"')]
+    if not wanted:
+        return f"pip install '.[{extra}]' in atlas's source checkout"
+    return "pip install " + " ".join(shlex.quote(w) for w in wanted)
 
 
 @dataclass(frozen=True)
