@@ -14,8 +14,8 @@ llguidance's dialect (backend/constraint.py runs it).
   text ahead of all of this: never constrained.
 
 XML values follow how the qwen3_coder parser converts them (toolcalls/values.py): a
-string-typed parameter is raw text (its enum/const are enforced; length and pattern are
-not), every other type is its JSON text under the parameter's own schema.
+string-typed parameter is raw text (its enum, const, minLength and maxLength are enforced; a
+pattern or format is not), every other type is its JSON text under the parameter's schema.
 """
 
 from __future__ import annotations
@@ -90,11 +90,11 @@ class _Writer:
         """A literal: the special token itself where the tokenizer has one."""
         return text if self.special(text) else json.dumps(text)
 
-    def until(self, tag: str, stem: str) -> str:
-        """Free text up to and including the first `tag` (lazy: ends at the first one)."""
+    def until(self, tag: str, stem: str, text: str = "(?s:.*)") -> str:
+        """Free `text` (a regex) up to and including the first `tag` (lazy: ends there)."""
         if self.special(tag):
-            return f"/(?s:.*)/ {tag}"
-        return self.rule(self.fresh(stem), f"/(?s:.*){_regex_escape(tag)}/", "lazy")
+            return f"/{text}/ {tag}"
+        return self.rule(self.fresh(stem), f"/{text}{_regex_escape(tag)}/", "lazy")
 
     def json(self, schema: Mapping, lenient: bool = False) -> str:
         return self.rule(
@@ -176,7 +176,7 @@ class _Writer:
         if choices is not None:
             value = " | ".join(json.dumps(c + close) for c in choices)
         elif kind in _STRING_TYPES:
-            value = self.until(close, "raw")
+            value = self.until(close, "raw", _length_regex(schema))
         else:
             value = f"{self.json(schema, lenient=True)} {json.dumps(close)}"
         return self.rule(self.fresh("param"), f"{head} ({value})")
@@ -197,6 +197,15 @@ def _string_choices(schema: Mapping) -> list[str] | None:
     if isinstance(enum, list) and enum and all(isinstance(v, str) for v in enum):
         return enum
     return None
+
+
+def _length_regex(schema: Mapping) -> str:
+    """Any text, within the schema's minLength/maxLength (in characters, as JSON Schema)."""
+    lo, hi = schema.get("minLength"), schema.get("maxLength")
+    lo = lo if isinstance(lo, int) and lo > 0 else 0
+    if isinstance(hi, int) and hi >= lo:
+        return f"(?s:.){{{lo},{hi}}}"
+    return f"(?s:.){{{lo},}}" if lo else "(?s:.*)"
 
 
 def _regex_escape(text: str) -> str:
