@@ -334,3 +334,101 @@ def test_speculation_keeps_the_constrained_output():
         assert fits(gtok, grammar, runs[0].text), runs[0].text
         drafted += runs[1].draft_tokens
     assert drafted > 0
+
+
+# -- through the server: both APIs, streamed and whole -------------------------------------------
+
+WEATHER = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 20}, "days": {"type": "integer"}},
+    "required": ["city"],
+    "additionalProperties": False,
+}
+WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}}
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+@pytest.fixture(scope="module")
+def server(fast, smollm2_path):
+    from atlas_cli.serve.app import create_app
+    from atlas_cli.serve.http import ServeConfig
+    from tests.serve_helpers import ServerThread
+
+    with ServerThread(
+        create_app(ServeConfig(model=str(smollm2_path), served_model_name="m"), fast)
+    ) as srv:
+        yield srv
+
+
+def streamed_call(chunks) -> tuple[str, str, str]:
+    """(name, arguments, finish reason) reassembled from OpenAI tool-call deltas."""
+    name, args, finish = "", "", None
+    for chunk in chunks:
+        choice = chunk.choices[0]
+        finish = choice.finish_reason or finish
+        for delta in choice.delta.tool_calls or []:
+            name += delta.function.name or ""
+            args += delta.function.arguments or ""
+    return name, args, finish
+
+
+@pytest.mark.slow
+def test_openai_required_call_streamed_and_whole_agree(server):
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
+    body = dict(
+        model="m",
+        messages=ASK,
+        tools=[WEATHER_TOOL],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        temperature=0,
+        max_tokens=64,
+    )
+    whole = client.chat.completions.create(**body).choices[0]
+    assert whole.finish_reason == "tool_calls" and len(whole.message.tool_calls) == 1
+    call = whole.message.tool_calls[0].function
+    jsonschema.validate(json.loads(call.arguments), WEATHER)
+    streamed = streamed_call(client.chat.completions.create(**body, stream=True))
+    assert streamed == (call.name, call.arguments, "tool_calls")
+
+
+@pytest.mark.slow
+def test_openai_json_schema_streamed_and_whole_agree(server):
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
+    fmt = {"type": "json_schema", "json_schema": {"name": "weather", "schema": WEATHER}}
+    body = dict(model="m", messages=ASK, response_format=fmt, temperature=0, max_tokens=48)
+    whole = client.chat.completions.create(**body).choices[0]
+    jsonschema.validate(json.loads(whole.message.content), WEATHER)
+    chunks = list(client.chat.completions.create(**body, stream=True))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.message.content and chunks[-1].choices[0].finish_reason == "stop"
+
+
+@pytest.mark.slow
+def test_anthropic_any_tool_is_a_valid_tool_use(server):
+    anthropic = pytest.importorskip("anthropic")
+    client = anthropic.Anthropic(base_url=server.url, api_key="x", max_retries=0)
+    tool = {"name": "get_weather", "description": "The weather.", "input_schema": WEATHER}
+    msg = client.messages.create(
+        model="m",
+        messages=ASK,
+        tools=[tool],
+        tool_choice={"type": "any", "disable_parallel_tool_use": True},
+        max_tokens=64,
+        extra_body={"temperature": 0},  # newer anthropic clients have no temperature argument
+    )
+    uses = [b for b in msg.content if b.type == "tool_use"]
+    assert msg.stop_reason == "tool_use" and len(uses) == 1 and uses[0].name == "get_weather"
+    jsonschema.validate(uses[0].input, WEATHER)
+
+
+@pytest.mark.slow
+def test_a_schema_that_does_not_compile_is_a_400(server):
+    from tests.serve_helpers import dumps, raw_request
+
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "frobnicate"}}}
+    body = dumps({"messages": ASK, "response_format": fmt, "max_tokens": 4})
+    status, _, raw = raw_request(server.port, "POST", "/v1/chat/completions", body)
+    assert status == 400 and "frobnicate" in json.loads(raw)["error"]["message"]

@@ -182,11 +182,38 @@ class _Writer:
         return self.rule(self.fresh("param"), f"{head} ({value})")
 
 
+# Python-style type names some tool lists use (BFCL's among them) -> JSON Schema's
+_TYPE_NAMES = {
+    "dict": "object",
+    "float": "number",
+    "int": "integer",
+    "str": "string",
+    "bool": "boolean",
+    "list": "array",
+    "tuple": "array",
+}
+
+
 def _object_schema(params: Any) -> dict:
     """A tool's parameters as an object schema (OpenAI allows them missing or untyped)."""
-    schema = dict(params) if isinstance(params, Mapping) else {}
+    schema = _standard_types(params) if isinstance(params, Mapping) else {}
     schema.setdefault("type", "object")
     return schema
+
+
+def _standard_types(node: Any) -> Any:
+    """`node` with Python-style type names replaced and `"type": "any"` dropped."""
+    if isinstance(node, list):
+        return [_standard_types(v) for v in node]
+    if not isinstance(node, Mapping):
+        return node
+    out = {k: _standard_types(v) for k, v in node.items() if not (k == "type" and v == "any")}
+    kind = out.get("type")
+    if isinstance(kind, str):
+        out["type"] = _TYPE_NAMES.get(kind, kind)
+    elif isinstance(kind, list):
+        out["type"] = [_TYPE_NAMES.get(k, k) if isinstance(k, str) else k for k in kind]
+    return out
 
 
 def _string_choices(schema: Mapping) -> list[str] | None:
