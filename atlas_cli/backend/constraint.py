@@ -7,8 +7,8 @@ Computing that mask costs ~0.3 ms a token on the default model's 49k vocabulary;
 one token costs ~2 us. So the sampler draws first and asks `allows(token)`: when the grammar
 takes the token (most steps) there is no mask at all; only a rejected draw pays for the mask
 and draws again from the masked logits (llama.cpp's grammar sampler does the same). Greedy
-output is exactly the masked argmax; sampled output draws from the unmasked filtered
-distribution restricted to the allowed tokens (top-k/top-p cut before the mask, as llama.cpp).
+output is exactly the masked argmax; with sampling, a first draw the grammar takes stands,
+so the draws are llama.cpp's rather than those of sampling from masked logits alone.
 
 The grammar only constrains what it describes: callers put free regions (reasoning, prose
 before a tool call) into it as unconstrained text, so one matcher covers a whole answer.
