@@ -73,12 +73,12 @@ def check_fits(prompt_tokens: int, context: int) -> None:
         )
 
 
-def answer_constraint(tokenizer, prompt: Prompt) -> Constraint | None:
+def answer_constraint(engine, prompt: Prompt) -> Constraint | None:
     """The prompt's grammar compiled for this answer (a bad schema is the client's 400)."""
     if prompt.grammar is None:
         return None
     try:
-        return new_constraint(tokenizer, prompt.grammar, prompt.prefill)
+        return new_constraint(engine.tokenizer, prompt.grammar, prompt.prefill)
     except GrammarError as exc:
         raise APIError(400, str(exc), code="invalid_grammar") from None
 
@@ -103,7 +103,7 @@ class Turn:
         self.prompt = prompt
         # calls are looked for only when the request offers tools; reasoning always
         self.parser = (parser if prompt.tools else NoToolParser)(prompt.tools)
-        constraint = answer_constraint(runner.engine.tokenizer, prompt)
+        constraint = answer_constraint(runner.engine, prompt)
         self.job = Job(prompt.ids, min(max_tokens or room, room), sampling, tuple(stop), constraint)
         self.gen: Generation | None = None
         self.outcome: Outcome | None = None
