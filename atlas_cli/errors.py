@@ -58,3 +58,7 @@ class RecipeError(AtlasError):
 
 class ModelTooLargeError(AtlasError):
     """A model whose weights and KV cache do not fit the device's memory."""
+
+
+class GrammarError(AtlasError):
+    """A grammar or JSON schema that constrained decoding cannot compile."""

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from atlas_cli.backend.cache import Cache
+from atlas_cli.backend.constraint import Constraint
 from atlas_cli.backend.models.base import BaseModel
 from atlas_cli.backend.sample import Sampler, SamplingParams
 from atlas_cli.backend.tokenizer import TextTokenizer
@@ -137,6 +138,7 @@ class Engine:
         self.cache: Cache = model.new_cache(context_length)
         self.cached_ids: list[int] = []  # tokens whose K/V are in the cache
         self.speculator = None
+        self.constraint: Constraint | None = None  # the grammar of the answer in progress
         if model.has_mtp:
             from atlas_cli.backend.speculative import DEFAULT_DRAFT, MTPSpeculator
 
@@ -224,9 +226,11 @@ class Engine:
         stop: Sequence[str] = (),
         add_special_tokens: bool = True,
         stats: GenerationStats | None = None,
+        constraint: Constraint | None = None,
     ) -> Iterator[TokenEvent]:
         """Yield one event per generated token. `stats` (when given) is filled in as it goes,
-        and is complete once the iterator is exhausted or closed."""
+        and is complete once the iterator is exhausted or closed. `constraint`: a grammar
+        every token must fit (backend/constraint.py); speculation drafts only what it takes."""
         stats = stats if stats is not None else GenerationStats()
         spec = self.speculator.stats if self.speculator is not None else None
         spec_before = (spec.rounds, spec.drafted, spec.accepted) if spec else (0, 0, 0)
@@ -243,19 +247,22 @@ class Engine:
         stopper = StopMatcher(stop)
         pieces: list[str] = []
         t_first = None
+        self.constraint = constraint
         try:
             logits, stats.cached_tokens = self.prefill(ids)
             stats.prompt_s = time.perf_counter() - t0
             history = list(ids)
             stats.finish_reason = "length"
             while stats.completion_tokens < max_tokens:
-                token = sampler(logits, history)
+                token = sampler(logits, history, constraint)
                 if t_first is None:
                     t_first = time.perf_counter()
                     stats.ttft_s = t_first - t0
                 if token in self.tokenizer.stop_ids:
                     stats.finish_reason = "stop"
                     break
+                if constraint is not None:
+                    constraint.accept(token)
                 stats.completion_tokens += 1
                 stats.token_ids.append(token)
                 history.append(token)
@@ -278,6 +285,7 @@ class Engine:
             stats.finish_reason = "interrupted"
             raise
         finally:
+            self.constraint = None
             now = time.perf_counter()
             stats.eval_s = now - t_first if t_first is not None else 0.0
             stats.total_s = now - t0

@@ -2,7 +2,8 @@
 RNG.
 
 The order follows llama.cpp's default sampler chain (penalties -> top-k -> top-p -> min-p ->
-temperature -> draw); temperature 0 is greedy (argmax, after penalties).
+temperature -> draw); temperature 0 is greedy (argmax, after penalties). A grammar's mask
+comes last, on a rejected draw only (see `Sampler.__call__`).
 
 `SamplingParams` is the one home of the sampling fields and atlas's defaults (llama.cpp's).
 Every layer that takes settings from a person or a recipe (CLI flags, `/set` in chat, an HTTP
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
+from typing import Protocol
 
 import numpy as np
 
@@ -97,17 +99,38 @@ class Sampler:
         self.params = params
         self.rng = np.random.default_rng(params.seed)
 
-    def __call__(self, logits: np.ndarray, history: Sequence[int] = ()) -> int:
+    def __call__(
+        self, logits: np.ndarray, history: Sequence[int] = (), constraint: TokenFilter | None = None
+    ) -> int:
+        """The next token. With a `constraint` (a grammar), a draw it rejects is drawn again
+        from the logits masked to what it allows (backend/constraint.py says why)."""
         p = self.params
         logits = np.asarray(logits, dtype=np.float32)
         if p.repeat_penalty != 1.0 and len(history):
             logits = apply_repeat_penalty(logits, history[-p.repeat_last_n :], p.repeat_penalty)
         if p.presence_penalty and len(history):
             logits = apply_presence_penalty(logits, history[-p.repeat_last_n :], p.presence_penalty)
+        token = self._draw(logits)
+        if constraint is not None and not constraint.allows(token):
+            token = self._draw(constraint.masked(logits))
+        return token
+
+    def _draw(self, logits: np.ndarray) -> int:
+        p = self.params
         if p.greedy:
             return int(np.argmax(logits))
         ids, probs = filtered_distribution(logits, p.top_k, p.top_p, p.min_p, p.temperature)
         return int(ids[self.rng.choice(len(ids), p=probs)])
+
+
+class TokenFilter(Protocol):
+    """What the sampler asks of a grammar (backend.constraint.Constraint)."""
+
+    def allows(self, token: int) -> bool: ...
+
+    def masked(self, logits: np.ndarray) -> np.ndarray:
+        """`logits` with every token the grammar forbids at -inf."""
+        ...
 
 
 def apply_repeat_penalty(logits: np.ndarray, recent: Sequence[int], penalty: float):

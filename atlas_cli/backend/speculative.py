@@ -90,6 +90,8 @@ class MTPSpeculator:
             assert kept == n, "the cache lost positions it recorded"
         self.truncate(n)
         drafts = self.draft(token, n)
+        if eng.constraint is not None:  # a draft the grammar forbids would only be rejected
+            drafts = drafts[: eng.constraint.valid_prefix(drafts)]
         trail = bool(drafts)
         if trail:
             eng.cache.start_trail()

@@ -131,6 +131,7 @@ def _prompt(
         parser=state.parser,
         tools=to_openai_tools(req.tools),
         tool_choice=to_openai_choice(tool_choice),
+        parallel_tool_calls=not (tool_choice and tool_choice.disable_parallel_tool_use),
         template_kwargs=state.template_kwargs(),
     )
     return build_chat_prompt(

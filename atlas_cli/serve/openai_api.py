@@ -105,6 +105,7 @@ async def chat_completions(state: AppState, request: Request) -> Response:
         tools=req.tools,
         tool_choice=req.tool_choice,
         response_format=req.response_format,
+        parallel_tool_calls=req.parallel_tool_calls,
         template_kwargs=state.template_kwargs(req.chat_template_kwargs),
     )
     prompt = build_chat_prompt(state.model.tokenizer, req.messages, opts)

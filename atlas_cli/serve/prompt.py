@@ -14,12 +14,15 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from atlas_cli.backend.constraint import grammar_tokenizer
 from atlas_cli.backend.tokenizer import TextTokenizer
 from atlas_cli.errors import TemplateError
 from atlas_cli.serve import toolcalls
 from atlas_cli.serve.errors import APIError, bad_param
+from atlas_cli.serve.grammar import GrammarRequest, build_grammar
 from atlas_cli.serve.protocol import Message, NamedToolChoice, ResponseFormat, Tool
 from atlas_cli.serve.toolcalls import HermesParser, NoToolParser, ToolParser
+from atlas_cli.serve.toolcalls.tags import THINK_OPEN
 
 RESERVED_TEMPLATE_KEYS = {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"}
 
@@ -68,6 +71,7 @@ class Prompt:
     opened_think: bool = False  # the template ended the prompt inside <think>
     tools: list[dict] | None = None  # tools whose calls to parse out of the answer
     json_mode: bool = False
+    grammar: str | None = None  # what the answer must fit (serve/grammar.py), prefill included
 
 
 @dataclass
@@ -78,6 +82,7 @@ class ChatOptions:
     tools: list[Tool] | None = None
     tool_choice: str | NamedToolChoice | None = None
     response_format: ResponseFormat | None = None
+    parallel_tool_calls: bool | None = None
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     add_generation_prompt: bool = True
 
@@ -252,7 +257,36 @@ def build_chat_prompt(
     opened_think = toolcalls.prompt_opens_thinking(text)
     prefill = "{" if json_mode and not tools_active and not opened_think else ""
     ids = tokenizer.encode(text + prefill, add_special_tokens=True)
-    return Prompt(ids, text, prefill, opened_think, tool_dicts, json_mode)
+    grammar = answer_grammar(tokenizer, opts, tools_active, opened_think)
+    return Prompt(ids, text, prefill, opened_think, tool_dicts, json_mode, grammar)
+
+
+def answer_grammar(
+    tokenizer: TextTokenizer, opts: ChatOptions, tools_active: bool, opened_think: bool
+) -> str | None:
+    """The grammar constrained decoding holds the answer to (serve/grammar.py), or None:
+    nothing to constrain, or a vocabulary llguidance cannot read (then it is prompt-only)."""
+    choice, tools = opts.tool_choice, toolcalls.tools_from_openai(_tool_dicts(opts.tools))
+    if isinstance(choice, NamedToolChoice):
+        tools = {choice.function.name: tools[choice.function.name]}
+    syntax = opts.parser.name
+    if not tools_active or syntax not in ("hermes", "qwen3_coder"):
+        mode = "none"
+    else:
+        mode = "auto" if choice in (None, "auto") else "required"
+    fmt = opts.response_format
+    schema = None
+    if fmt is not None and fmt.type != "text":
+        given = (fmt.json_schema or {}).get("schema") if fmt.type == "json_schema" else None
+        schema = given if isinstance(given, dict) and given else {"type": "object"}
+    think = "open" if opened_think else "none"
+    if not opened_think and THINK_OPEN in (tokenizer.chat_template or ""):
+        think = "optional"
+    req = GrammarRequest(tools, mode, opts.parallel_tool_calls is not False, schema, syntax, think)
+    if mode == "none" and schema is None:
+        return None
+    gtok = grammar_tokenizer(tokenizer)
+    return None if gtok is None else build_grammar(req, gtok.is_special)
 
 
 def render(

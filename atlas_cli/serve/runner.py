@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from atlas_cli.backend.constraint import Constraint
 from atlas_cli.backend.engine import Engine, GenerationStats
 from atlas_cli.backend.sample import SamplingParams
 from atlas_cli.serve.metrics import Metrics
@@ -29,6 +30,7 @@ class Job:
     max_tokens: int
     sampling: SamplingParams
     stop: tuple[str, ...] = ()
+    constraint: Constraint | None = None  # the grammar the answer must fit
 
 
 class Generation:
@@ -114,7 +116,12 @@ class EngineRunner:
         m.running.inc()
         job, stats, error = gen.job, gen.stats, None
         events = self.engine.generate(
-            job.ids, max_tokens=job.max_tokens, sampling=job.sampling, stop=job.stop, stats=stats
+            job.ids,
+            max_tokens=job.max_tokens,
+            sampling=job.sampling,
+            stop=job.stop,
+            stats=stats,
+            constraint=job.constraint,
         )
         try:
             for event in events:

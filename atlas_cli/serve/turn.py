@@ -6,8 +6,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+from atlas_cli.backend.constraint import Constraint, new_constraint
 from atlas_cli.backend.engine import GenerationStats
 from atlas_cli.backend.sample import SamplingParams
+from atlas_cli.errors import GrammarError
 from atlas_cli.serve.errors import APIError
 from atlas_cli.serve.prompt import JsonCutter, Prompt, valid_json
 from atlas_cli.serve.runner import EngineRunner, Generation, Job
@@ -47,6 +49,16 @@ def check_fits(prompt_tokens: int, context: int) -> None:
         )
 
 
+def answer_constraint(engine, prompt: Prompt) -> Constraint | None:
+    """The prompt's grammar compiled for this answer (a bad schema is the client's 400)."""
+    if prompt.grammar is None:
+        return None
+    try:
+        return new_constraint(engine.tokenizer, prompt.grammar, prompt.prefill)
+    except GrammarError as exc:
+        raise APIError(400, str(exc), code="invalid_grammar") from None
+
+
 class Turn:
     """Iterate `deltas()` for streamed pieces, or await `complete()`; then read `outcome`."""
 
@@ -67,7 +79,8 @@ class Turn:
         self.prompt = prompt
         # calls are looked for only when the request offers tools; reasoning always
         self.parser = (parser if prompt.tools else NoToolParser)(prompt.tools)
-        self.job = Job(prompt.ids, min(max_tokens or room, room), sampling, tuple(stop))
+        constraint = answer_constraint(runner.engine, prompt)
+        self.job = Job(prompt.ids, min(max_tokens or room, room), sampling, tuple(stop), constraint)
         self.gen: Generation | None = None
         self.outcome: Outcome | None = None
         self._cut = False

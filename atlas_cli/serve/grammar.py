@@ -1,0 +1,248 @@
+"""What a request constrains, as a grammar in the model's own output syntax: OpenAI/Anthropic
+`tools` + `tool_choice` + `parallel_tool_calls`, and `response_format` -> a Lark grammar in
+llguidance's dialect (backend/constraint.py runs it).
+
+- `tool_choice` "required" or a named tool: the answer is one or more calls (exactly one
+  with `parallel_tool_calls: false`) to the tools offered, arguments valid by each tool's
+  JSON schema, in Hermes JSON (`<tool_call>\\n{"name": ..., "arguments": {...}}\\n
+  </tool_call>`) or Qwen3-Coder XML (formats.md section 4), as the parsers in toolcalls/ read.
+- "auto": free text until the call's opening tag, then the same calls (a lazy grammar, as
+  llama.cpp's tool-call grammars are lazy), so a model can still answer in prose.
+- `response_format` json_object / json_schema: one JSON value of that schema (with "auto"
+  tools: that JSON, or calls).
+- Reasoning (`<think>...</think>`, or the rest of a think block the prompt opened) is free
+  text ahead of all of this: never constrained.
+
+XML values follow how the qwen3_coder parser converts them (toolcalls/values.py): a
+string-typed parameter is raw text (its enum, const, minLength and maxLength are enforced; a
+pattern or format is not), every other type is its JSON text under the parameter's schema.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from atlas_cli.backend.constraint import json_schema_grammar
+from atlas_cli.serve.toolcalls import tags
+from atlas_cli.serve.toolcalls.values import _STRING_TYPES, _schema_types
+
+Think = Literal["none", "optional", "open"]
+# at most a few blank characters between reasoning and the answer: unbounded whitespace is
+# where a small model loops
+GAP = r"/[ \t\r\n]{0,4}/"
+
+
+@dataclass(frozen=True)
+class GrammarRequest:
+    tools: Mapping[str, dict] = field(default_factory=dict)  # name -> parameters schema
+    tool_mode: Literal["none", "auto", "required"] = "none"
+    parallel: bool = True
+    json_schema: dict | None = None  # response_format's ({"type": "object"} for json_object)
+    syntax: Literal["hermes", "qwen3_coder"] = "hermes"
+    think: Think = "none"  # "optional": the model may open a think block; "open": the prompt did
+
+
+def build_grammar(req: GrammarRequest, special: Callable[[str], bool]) -> str | None:
+    """The grammar for `req`, or None when nothing is constrained. `special(tag)`: whether
+    the tokenizer has `tag` as one special token (the grammar must then name the token)."""
+    tools = req.tool_mode != "none" and bool(req.tools)
+    if not tools and req.json_schema is None:
+        return None
+    g = _Writer(special)
+    if tools:
+        calls = g.calls(req)
+        if req.tool_mode == "required":
+            body = calls
+        elif req.json_schema is not None:
+            body = f"{g.json(req.json_schema)} | {calls}"
+        else:
+            body = g.prose_or_calls(req)
+    else:
+        body = g.json(req.json_schema)
+    g.rule("body", body)
+    g.rule("start", g.think(req.think) + "body")
+    return g.text()
+
+
+class _Writer:
+    """Collects Lark rules; names are generated, literals and tags escaped here."""
+
+    def __init__(self, special: Callable[[str], bool]):
+        self.special = special
+        self.rules: list[str] = []
+        self.count = 0
+
+    def rule(self, name: str, body: str, options: str = "") -> str:
+        self.rules.append(f"{name}{f'[{options}]' if options else ''}: {body}")
+        return name
+
+    def fresh(self, stem: str) -> str:
+        self.count += 1
+        return f"{stem}_{self.count}"
+
+    def text(self) -> str:
+        return "\n".join(reversed(self.rules)) + "\n"
+
+    def lit(self, text: str) -> str:
+        """A literal: the special token itself where the tokenizer has one."""
+        return text if self.special(text) else json.dumps(text)
+
+    def until(self, tag: str, stem: str, text: str = "(?s:.*)") -> str:
+        """Free `text` (a regex) up to and including the first `tag` (lazy: ends there)."""
+        if self.special(tag):
+            return f"/{text}/ {tag}"
+        return self.rule(self.fresh(stem), f"/{text}{_regex_escape(tag)}/", "lazy")
+
+    def json(self, schema: Mapping, lenient: bool = False) -> str:
+        return self.rule(
+            self.fresh("json"), "%json " + json_schema_grammar(dict(schema), lenient=lenient)
+        )
+
+    # -- reasoning ------------------------------------------------------------------------------
+
+    def think(self, think: Think) -> str:
+        if think == "none":
+            return ""
+        rest = self.until(tags.THINK_CLOSE, "think_rest")
+        if think == "open":
+            return self.rule("think", f"{rest} {GAP}") + " "
+        return self.rule("think", f"{self.lit(tags.THINK_OPEN)} {rest} {GAP}") + "? "
+
+    # -- tool calls -----------------------------------------------------------------------------
+
+    def calls(self, req: GrammarRequest) -> str:
+        """`calls`: one call, or several one per line; `call_rest` is one call after its
+        opening tag (the lazy prose rule consumes the tag itself)."""
+        inner = self.hermes(req.tools) if req.syntax == "hermes" else self.xml(req.tools)
+        close = self.lit(tags.TOOL_CALL_CLOSE)
+        self.rule("call_rest", f'"\\n" {inner} "\\n" {close}')
+        self.rule("call", f"{self.lit(tags.TOOL_CALL_OPEN)} call_rest")
+        return self.rule("calls", "call" + self.more(req))
+
+    @staticmethod
+    def more(req: GrammarRequest) -> str:
+        """What may follow a call: further calls, one per line, unless only one is allowed."""
+        return ' ("\\n" call)*' if req.parallel else ""
+
+    def prose_or_calls(self, req: GrammarRequest) -> str:
+        """Prose (no opening tag in it), or prose, the opening tag and then calls only."""
+        open_tag = tags.TOOL_CALL_OPEN
+        if self.special(open_tag):
+            prose = self.rule("PROSE", "/(?s:.*)/")
+        else:
+            tag = _regex_escape(open_tag)
+            prose = self.rule("PROSE", f"/(?s:.*)/ & ~/(?s:.*){tag}(?s:.*)/")
+        lead = self.until(open_tag, "lead")
+        return f"{prose} | {lead} call_rest{self.more(req)}"
+
+    def hermes(self, tools: Mapping[str, dict]) -> str:
+        options = [
+            {
+                "type": "object",
+                "properties": {"name": {"const": name}, "arguments": _object_schema(params)},
+                "required": ["name", "arguments"],
+                "additionalProperties": False,
+            }
+            for name, params in tools.items()
+        ]
+        schema = options[0] if len(options) == 1 else {"anyOf": options}
+        return self.json(schema, lenient=True)
+
+    def xml(self, tools: Mapping[str, dict]) -> str:
+        functions = [self.xml_function(name, params) for name, params in tools.items()]
+        return self.rule("function", " | ".join(functions))
+
+    def xml_function(self, name: str, params: dict) -> str:
+        schema = _object_schema(params)
+        props = schema.get("properties") or {}
+        required = set(schema.get("required") or ())
+        parts = []
+        for pname, pschema in props.items() if isinstance(props, Mapping) else ():
+            param = self.xml_parameter(pname, pschema)
+            parts.append(param if pname in required else f"{param}?")
+        head = json.dumps(f"{tags.FUNCTION_OPEN}{name}>\n")
+        body = " ".join([head, *parts, self.lit(tags.FUNCTION_CLOSE)])
+        return self.rule(self.fresh("fn"), body)
+
+    def xml_parameter(self, name: str, schema: Any) -> str:
+        head = json.dumps(f"{tags.PARAMETER_OPEN}{name}>\n")
+        close = "\n" + tags.PARAMETER_CLOSE + "\n"
+        schema = schema if isinstance(schema, Mapping) else {}
+        kind, _ = _schema_types(schema)
+        choices = _string_choices(schema)
+        if choices is not None:
+            value = " | ".join(json.dumps(c + close) for c in choices)
+        elif kind in _STRING_TYPES:
+            value = self.until(close, "raw", _length_regex(schema))
+        else:
+            value = f"{self.json(schema, lenient=True)} {json.dumps(close)}"
+        return self.rule(self.fresh("param"), f"{head} ({value})")
+
+
+# Python-style type names some tool lists use (BFCL's among them) -> JSON Schema's
+_TYPE_NAMES = {
+    "dict": "object",
+    "float": "number",
+    "int": "integer",
+    "str": "string",
+    "bool": "boolean",
+    "list": "array",
+    "tuple": "array",
+}
+
+
+def _object_schema(params: Any) -> dict:
+    """A tool's parameters as an object schema (OpenAI allows them missing or untyped)."""
+    schema = _standard_types(params) if isinstance(params, Mapping) else {}
+    schema.setdefault("type", "object")
+    return schema
+
+
+def _standard_types(node: Any) -> Any:
+    """`node` with Python-style type names replaced and `"type": "any"` dropped."""
+    if isinstance(node, list):
+        return [_standard_types(v) for v in node]
+    if not isinstance(node, Mapping):
+        return node
+    out = {k: _standard_types(v) for k, v in node.items() if not (k == "type" and v == "any")}
+    kind = out.get("type")
+    if isinstance(kind, str):
+        out["type"] = _TYPE_NAMES.get(kind, kind)
+    elif isinstance(kind, list):
+        out["type"] = [_TYPE_NAMES.get(k, k) if isinstance(k, str) else k for k in kind]
+    return out
+
+
+def _string_choices(schema: Mapping) -> list[str] | None:
+    """The fixed strings a string parameter may take (enum / const), or None."""
+    if isinstance(schema.get("const"), str):
+        return [schema["const"]]
+    enum = schema.get("enum")
+    if isinstance(enum, list) and enum and all(isinstance(v, str) for v in enum):
+        return enum
+    return None
+
+
+def _length_regex(schema: Mapping) -> str:
+    """Any text, within the schema's minLength/maxLength (in characters, as JSON Schema)."""
+    lo, hi = schema.get("minLength"), schema.get("maxLength")
+    lo = lo if isinstance(lo, int) and lo > 0 else 0
+    if isinstance(hi, int) and hi >= lo:
+        return f"(?s:.){{{lo},{hi}}}"
+    return f"(?s:.){{{lo},}}" if lo else "(?s:.*)"
+
+
+def _regex_escape(text: str) -> str:
+    """`text` inside a Lark /regex/: regex metacharacters and the slash escaped."""
+    out = []
+    for ch in text:
+        if ch == "\n":
+            out.append(r"\n")
+        elif ch in r"\/.^$*+?()[]{}|-":
+            out.append("\\" + ch)
+        else:
+            out.append(ch)
+    return "".join(out)
