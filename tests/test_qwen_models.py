@@ -389,3 +389,22 @@ def test_fp8_weights_with_tensor_row_and_block_scales(tmp_path):
     assert np.array_equal(weights["c.weight"].dequantize(), values * tiles)
     assert weights["norm.weight"].tolist() == [1.0, 2.0]
     assert st.dominant_dtype(tmp_path) == "fp8"
+
+
+def test_gguf_qwen35_reads_the_per_layer_flags():
+    """llama.cpp writes `qwen35.attention.recurrent_layers` (one bool per block, MTP last);
+    an irregular pattern must win over `full_attention_interval`."""
+    from atlas_cli.backend.loaders import gguf
+    from atlas_cli.errors import CorruptModelError
+
+    gf = gguf.open_gguf(model_path("qwen35-gguf"))
+    metadata = dict(gf.metadata)
+    layers = gguf.config_from_metadata(metadata, set(gf.tensors))["num_hidden_layers"]
+    flags = [i != 0 for i in range(layers)] + [False]  # layer 0 full attention, the rest linear
+    metadata["qwen35.attention.recurrent_layers"] = flags
+    config = gguf.config_from_metadata(metadata, set(gf.tensors))
+    assert config["layer_types"][0] == "full_attention"
+    assert set(config["layer_types"][1:]) == {"linear_attention"}
+    metadata["qwen35.attention.recurrent_layers"] = flags[:1]
+    with pytest.raises(CorruptModelError, match="recurrent_layers"):
+        gguf.config_from_metadata(metadata, set(gf.tensors))

@@ -302,12 +302,13 @@ def _qwen35_config(md: dict[str, Any], tensor_names: set[str]) -> dict[str, Any]
     value_heads = int(get("ssm.time_step_rank"))
     mtp_layers = int(md.get("qwen35.nextn_predict_layers", 0))
     vocab = md.get("qwen35.vocab_size") or len(md.get("tokenizer.ggml.tokens", []))
+    layers = int(get("block_count")) - mtp_layers
     return {
         "model_type": "qwen3_5_text",
         "hidden_size": int(get("embedding_length")),
         "intermediate_size": int(get("feed_forward_length")),
         # the file counts the MTP block as a layer; the decoder stack does not
-        "num_hidden_layers": int(get("block_count")) - mtp_layers,
+        "num_hidden_layers": layers,
         "mtp_num_hidden_layers": mtp_layers,
         "num_attention_heads": int(get("attention.head_count")),
         "num_key_value_heads": int(get("attention.head_count_kv")),
@@ -319,12 +320,27 @@ def _qwen35_config(md: dict[str, Any], tensor_names: set[str]) -> dict[str, Any]
         "vocab_size": int(vocab),
         "tie_word_embeddings": "output.weight" not in tensor_names,
         "full_attention_interval": int(get("full_attention_interval", 4)),
+        **_qwen35_layer_types(md.get("qwen35.attention.recurrent_layers"), layers),
         "linear_conv_kernel_dim": int(get("ssm.conv_kernel")),
         "linear_key_head_dim": int(get("ssm.state_size")),
         "linear_num_key_heads": int(get("ssm.group_count")),
         "linear_num_value_heads": value_heads,
         "linear_value_head_dim": int(get("ssm.inner_size")) // value_heads,
     }
+
+
+def _qwen35_layer_types(recurrent, layers: int) -> dict[str, Any]:
+    """llama.cpp's per-layer flags (`attention.recurrent_layers`, one bool per block, the MTP
+    block last) as HF `layer_types`; without them `full_attention_interval` decides."""
+    if recurrent is None:
+        return {}
+    if not isinstance(recurrent, list) or len(recurrent) < layers:
+        raise CorruptModelError(
+            f"GGUF metadata qwen35.attention.recurrent_layers has "
+            f"{len(recurrent) if isinstance(recurrent, list) else 'no'} entries for {layers} layers"
+        )
+    flags = recurrent[:layers]
+    return {"layer_types": ["linear_attention" if f else "full_attention" for f in flags]}
 
 
 def load_weights(
