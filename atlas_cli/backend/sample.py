@@ -12,12 +12,18 @@ the one merge.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
 from atlas_cli.errors import UsageError
+
+SEED_LIMIT = 2**64
+# a penalty may push a logit past float32's range (repeat_penalty=1e-308): clip it back, so the
+# softmax below never sees inf - inf
+LOGIT_LIMIT = float(np.finfo(np.float32).max)
 
 
 @dataclass(frozen=True)
@@ -32,6 +38,13 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self):
+        for name in ("temperature", "top_p", "min_p", "repeat_penalty", "presence_penalty"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or not math.isfinite(value):
+                raise UsageError(f"{name.replace('_', ' ')} must be a finite number, got {value}")
+        seed = self.seed
+        if seed is not None and (not isinstance(seed, int) or not 0 <= seed < SEED_LIMIT):
+            raise UsageError(f"seed must be in 0..2^64-1, got {self.seed}")
         if self.temperature < 0:
             raise UsageError(f"temperature must be >= 0, got {self.temperature}")
         if self.top_k < 0:
@@ -104,8 +117,11 @@ def apply_repeat_penalty(logits: np.ndarray, recent: Sequence[int], penalty: flo
     recently by `penalty`, multiply negative ones."""
     out = logits.copy()
     seen = np.unique(np.asarray(recent, dtype=np.int64))
-    vals = out[seen]
-    out[seen] = np.where(vals > 0, vals / penalty, vals * penalty)
+    vals = out[seen].astype(np.float64)
+    with np.errstate(over="ignore"):  # an overflow is clipped right here
+        out[seen] = np.clip(
+            np.where(vals > 0, vals / penalty, vals * penalty), -LOGIT_LIMIT, LOGIT_LIMIT
+        )
     return out
 
 
