@@ -75,7 +75,9 @@ class TextTokenizer:
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         """Ids for `text`; special-token text (e.g. `<|im_start|>`) maps to its id. With
         `add_special_tokens`, BOS is prepended when the model asks for it and it is not there."""
-        ids = self.backend.encode(text, add_special_tokens=False).ids
+        # encode_batch lets go of the GIL while it works (encode does not): a server's event
+        # loop keeps running while a long prompt is tokenised on a worker thread
+        ids = self.backend.encode_batch([text], add_special_tokens=False)[0].ids
         wants_bos = add_special_tokens and self.add_bos and self.bos_id is not None
         if wants_bos and (not ids or ids[0] != self.bos_id):
             ids = [self.bos_id, *ids]
