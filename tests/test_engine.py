@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
-from atlas_cli.backend.engine import GenerationStats, IncrementalDecoder, StopMatcher
+from atlas_cli.backend.engine import (
+    GenerationStats,
+    IncrementalDecoder,
+    StopMatcher,
+    check_finite,
+)
 from atlas_cli.backend.sample import SamplingOverrides
-from atlas_cli.errors import ContextOverflowError
+from atlas_cli.errors import ContextOverflowError, CorruptModelError
 
 
 def chat(model, text):
@@ -136,3 +142,33 @@ def test_generation_stops_when_context_fills():
     list(small.generate(chat(small, "Tell me a long story."), max_tokens=100, stats=stats))
     assert stats.finish_reason == "length"
     assert stats.prompt_tokens + stats.completion_tokens <= 41
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_non_finite_logits_are_refused(bad):
+    logits = np.zeros(8, dtype=np.float32)
+    check_finite(logits, 0)
+    logits[5] = bad
+    with pytest.raises(CorruptModelError, match="corrupt or mis-quantised"):
+        check_finite(logits, 3)
+
+
+def test_nan_weights_stop_generation_with_a_clear_error():
+    """Weights that produce NaN logits (here a NaN final norm, as a broken quantisation does)
+    end generation with one CorruptModelError, not a crash inside the sampler."""
+    from atlas_cli.session import open_model
+
+    broken = open_model("smollm2-135m", device="cpu-ref", ctx_size=64)
+    w = broken.engine.model.w
+    w["model.norm.weight"] = np.full_like(np.asarray(w["model.norm.weight"]), np.nan)
+    for sampling in ({"seed": 1}, {"temperature": 0}):
+        with pytest.raises(CorruptModelError, match="NaN or Inf logits .after 0 generated"):
+            list(broken.generate("Hello", max_tokens=4, sampling=SamplingOverrides(**sampling)))
+
+
+def test_tiny_repeat_penalty_generates(smollm2):
+    stats = GenerationStats()
+    prompt = chat(smollm2, "Count to ten.")
+    tiny = SamplingOverrides(repeat_penalty=1e-308, seed=7)
+    list(smollm2.generate(prompt, max_tokens=6, sampling=tiny, stats=stats))
+    assert stats.completion_tokens >= 1

@@ -77,6 +77,14 @@ def test_same_seed_same_draws_and_distribution():
         {"top_p": 1.5},
         {"min_p": 1.0},
         {"repeat_penalty": 0},
+        {"temperature": float("nan")},
+        {"temperature": float("inf")},
+        {"top_p": float("nan")},
+        {"repeat_penalty": float("inf")},
+        {"presence_penalty": float("nan")},
+        {"seed": -1},
+        {"seed": 2**64},
+        {"seed": 1.5},
     ],
 )
 def test_bad_values_are_usage_errors(kwargs):
@@ -121,3 +129,18 @@ def test_overrides_from_a_mapping_ignore_other_keys():
 
     got = SamplingOverrides.from_mapping({"temperature": 0.2, "ctx_size": 9, "top_p": 0.9})
     assert got == SamplingOverrides(temperature=0.2, top_p=0.9)
+
+
+@pytest.mark.parametrize("penalty", [1e-308, 1e-45, 1e30, 1e308])
+@pytest.mark.parametrize("temperature", [0.0, 1e-308, 0.8, 1e308])
+def test_extreme_parameters_still_draw_a_token(penalty, temperature):
+    """A penalty can push logits past float32's range (1e-308 divides them into inf): the
+    sampler clips them and draws a valid token instead of taking inf - inf."""
+    logits = np.array([30.0, -30.0, 1e-3, 3e38, -3e38, 0.0], dtype=np.float32)
+    params = SamplingParams(repeat_penalty=penalty, temperature=temperature, min_p=0.5, seed=3)
+    sampler = Sampler(params)
+    for _ in range(5):
+        token = sampler(logits, history=[0, 1, 2, 3, 4, 5])
+        assert 0 <= token < len(logits)
+    penalized = apply_repeat_penalty(logits, [0, 3], penalty)
+    assert np.isfinite(penalized).all()

@@ -205,7 +205,7 @@ def _open_gguf(path: Path, keep_quantized: bool = False, lazy_unpermute: bool = 
     weights = gguf.load_weights(
         gf, config, keep_quantized=keep_quantized, lazy_unpermute=lazy_unpermute
     )
-    tokenizer = tok.from_gguf_metadata(gf.metadata)
+    tokenizer = tok.from_gguf_metadata(gf.metadata, source=path.name)
     file_type = _dominant_type(gf, quant)
     info = ModelInfo(
         name=str(gf.metadata.get("general.name", path.stem)),

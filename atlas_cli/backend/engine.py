@@ -17,7 +17,7 @@ from atlas_cli.backend.constraint import Constraint
 from atlas_cli.backend.models.base import BaseModel
 from atlas_cli.backend.sample import Sampler, SamplingParams
 from atlas_cli.backend.tokenizer import TextTokenizer
-from atlas_cli.errors import ContextOverflowError
+from atlas_cli.errors import ContextOverflowError, CorruptModelError
 
 PREFILL_CHUNK = 256  # bounds the attention score matrix during long prefills
 
@@ -120,6 +120,19 @@ class StopMatcher:
     def flush(self) -> str:
         out, self.pending = self.pending, ""
         return out
+
+
+def check_finite(logits: np.ndarray, generated: int) -> None:
+    """Stop on NaN or Inf logits: no sampler can draw from them, and a model that makes them
+    has broken weights (max and min carry any NaN or Inf, without a temporary array)."""
+    logits = np.asarray(logits)
+    if np.isfinite(logits.max()) and np.isfinite(logits.min()):
+        return
+    raise CorruptModelError(
+        f"the model produced NaN or Inf logits (after {generated} generated tokens): its weights "
+        "are probably corrupt or mis-quantised; download the model again or try another "
+        "quantisation"
+    )
 
 
 class Engine:
@@ -254,6 +267,7 @@ class Engine:
             history = list(ids)
             stats.finish_reason = "length"
             while stats.completion_tokens < max_tokens:
+                check_finite(logits, stats.completion_tokens)
                 token = sampler(logits, history, constraint)
                 if t_first is None:
                     t_first = time.perf_counter()

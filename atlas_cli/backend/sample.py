@@ -13,6 +13,7 @@ the one merge.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Protocol
@@ -20,6 +21,12 @@ from typing import Protocol
 import numpy as np
 
 from atlas_cli.errors import UsageError
+
+SEED_LIMIT = 2**64
+# a penalty may push a logit past float32's range (repeat_penalty=1e-308): clip it back, so the
+# softmax below never sees inf - inf
+LOGIT_LIMIT = float(np.finfo(np.float32).max)
+FLOAT_FIELDS = ("temperature", "top_p", "min_p", "repeat_penalty", "presence_penalty")
 
 # field -> (its name in messages, accepts the value, what it must be)
 RANGES = {
@@ -29,7 +36,7 @@ RANGES = {
     "min_p": ("min-p", lambda v: 0 <= v < 1, "in [0, 1)"),
     "repeat_penalty": ("repeat penalty", lambda v: v > 0, "> 0"),
     "presence_penalty": ("presence penalty", lambda v: -2 <= v <= 2, "in [-2, 2]"),
-    "seed": ("seed", lambda v: 0 <= v < 2**64, "in [0, 2**64)"),
+    "seed": ("seed", lambda v: isinstance(v, int) and 0 <= v < SEED_LIMIT, "in 0..2^64-1"),
 }
 
 
@@ -37,7 +44,13 @@ def check_ranges(settings) -> None:
     """UsageError naming the first field of `settings` outside its range (None: not set)."""
     for field, (name, ok, must) in RANGES.items():
         value = getattr(settings, field)
-        if value is not None and not ok(value):
+        if value is None:
+            continue
+        if field in FLOAT_FIELDS and (
+            not isinstance(value, int | float) or not math.isfinite(value)
+        ):
+            raise UsageError(f"{name} must be a finite number, got {value}")
+        if not ok(value):
             raise UsageError(f"{name} must be {must}, got {value}")
 
 
@@ -138,8 +151,11 @@ def apply_repeat_penalty(logits: np.ndarray, recent: Sequence[int], penalty: flo
     recently by `penalty`, multiply negative ones."""
     out = logits.copy()
     seen = np.unique(np.asarray(recent, dtype=np.int64))
-    vals = out[seen]
-    out[seen] = np.where(vals > 0, vals / penalty, vals * penalty)
+    vals = out[seen].astype(np.float64)
+    with np.errstate(over="ignore"):  # an overflow is clipped right here
+        out[seen] = np.clip(
+            np.where(vals > 0, vals / penalty, vals * penalty), -LOGIT_LIMIT, LOGIT_LIMIT
+        )
     return out
 
 

@@ -2,21 +2,20 @@
 
 GGUF files carry no tokenizer.json: we rebuild one from `tokenizer.ggml.*` the way transformers
 does (integrations/gguf/gguf_tokenizer_mapping.py), so our ids equal transformers' for the file.
-Chat templates are the model's own Jinja, rendered in jinja2's immutable sandbox: a template is
-data from a model repo and must not reach Python objects or the filesystem.
+Chat templates are rendered by `chat_template` (a sandbox with a budget).
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
+from atlas_cli.backend.chat_template import render_template
 from atlas_cli.errors import TemplateError, UnsupportedModelError
 
 # Pre-tokenizer split patterns by `tokenizer.ggml.pre` (transformers' GGUF_PRE_TOKENIZER_SPLITS).
@@ -59,6 +58,7 @@ class TextTokenizer:
     add_bos: bool = False
     chat_template: str | None = None
     stop_ids: set[int] = field(default_factory=set)
+    template_name: str = "chat template"  # where the template came from, for its errors
 
     @property
     def bos_token(self) -> str | None:
@@ -75,7 +75,9 @@ class TextTokenizer:
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         """Ids for `text`; special-token text (e.g. `<|im_start|>`) maps to its id. With
         `add_special_tokens`, BOS is prepended when the model asks for it and it is not there."""
-        ids = self.backend.encode(text, add_special_tokens=False).ids
+        # encode_batch lets go of the GIL while it works (encode does not): a server's event
+        # loop keeps running while a long prompt is tokenised on a worker thread
+        ids = self.backend.encode_batch([text], add_special_tokens=False)[0].ids
         wants_bos = add_special_tokens and self.add_bos and self.bos_id is not None
         if wants_bos and (not ids or ids[0] != self.bos_id):
             ids = [self.bos_id, *ids]
@@ -98,6 +100,7 @@ class TextTokenizer:
             )
         return render_template(
             self.chat_template,
+            template_name=self.template_name,
             messages=messages,
             add_generation_prompt=add_generation_prompt,
             tools=tools,
@@ -138,7 +141,8 @@ def _bytes_to_unicode() -> dict[int, str]:
     return dict(zip(printable, map(chr, chars), strict=True))
 
 
-def from_gguf_metadata(md: dict[str, Any]) -> TextTokenizer:
+def from_gguf_metadata(md: dict[str, Any], source: str = "GGUF") -> TextTokenizer:
+    """`source` names the file in errors (its chat template's, for one)."""
     kind = md.get("tokenizer.ggml.model")
     tokens: list[str] = md.get("tokenizer.ggml.tokens") or []
     if not tokens:
@@ -173,6 +177,7 @@ def from_gguf_metadata(md: dict[str, Any]) -> TextTokenizer:
         add_bos=bool(md.get("tokenizer.ggml.add_bos_token", add_bos_default)),
         chat_template=md.get("tokenizer.chat_template"),
         stop_ids=_stop_ids(backend, [eos, eot]),
+        template_name=f"chat template ({source} tokenizer.chat_template)",
     )
 
 
@@ -258,11 +263,13 @@ def from_hf_directory(path: Path, config: dict[str, Any]) -> TextTokenizer:
     template = tok_config.get("chat_template")
     if isinstance(template, list):  # a list of named templates: take the default one
         template = next((t["template"] for t in template if t.get("name") == "default"), None)
+    origin = "tokenizer_config.json"
     jinja = path / "chat_template.jinja"
     if jinja.is_file():
-        template = jinja.read_text()
+        template, origin = jinja.read_text(), jinja.name
     elif (path / "chat_template.json").is_file():
         template = _read_json(path / "chat_template.json").get("chat_template", template)
+        origin = "chat_template.json"
 
     def token_id(entry) -> int | None:
         if isinstance(entry, dict):
@@ -284,6 +291,7 @@ def from_hf_directory(path: Path, config: dict[str, Any]) -> TextTokenizer:
         add_bos=bool(tok_config.get("add_bos_token", False)),
         chat_template=template,
         stop_ids=_stop_ids(backend, [eos, *eos_list]),
+        template_name=f"chat template ({path.name}/{origin})",
     )
 
 
@@ -294,49 +302,3 @@ def _read_json(path: Path) -> dict[str, Any]:
         return {}
     except ValueError as exc:
         raise UnsupportedModelError(f"{path}: invalid JSON ({exc})") from None
-
-
-# ---------------------------------------------------------------------------------------------
-# Chat templates
-
-
-def _raise_exception(message: str):
-    raise TemplateError(f"chat template: {message}")
-
-
-def _tojson(value, indent=None, ensure_ascii=False, separators=None, sort_keys=False):
-    # HF's tojson: no HTML escaping (jinja's default filter escapes <, > and &).
-    return json.dumps(
-        value, indent=indent, ensure_ascii=ensure_ascii, separators=separators, sort_keys=sort_keys
-    )
-
-
-@lru_cache(maxsize=16)
-def _compile_template(source: str):
-    from jinja2 import TemplateSyntaxError
-    from jinja2.ext import loopcontrols
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]
-    )
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise_exception
-    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-    try:
-        return env.from_string(source)
-    except TemplateSyntaxError as exc:
-        raise TemplateError(f"chat template has a syntax error: {exc}") from None
-
-
-def render_template(source: str, **context: Any) -> str:
-    from jinja2 import TemplateError as JinjaError
-    from jinja2.exceptions import SecurityError
-
-    template = _compile_template(source)
-    try:
-        return template.render(**context)
-    except SecurityError as exc:
-        raise TemplateError(f"chat template tried an unsafe operation: {exc}") from None
-    except JinjaError as exc:
-        raise TemplateError(f"chat template failed: {exc}") from None

@@ -7,6 +7,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -142,7 +143,7 @@ def _prompt(
 @endpoint("messages", style="anthropic")
 async def messages(state: AppState, request: Request) -> Response:
     req = await read_body(state, request, MessagesRequest)
-    prompt = _prompt(state, req, req.tool_choice)
+    prompt = await run_in_threadpool(_prompt, state, req, req.tool_choice)
     stop = list(req.stop_sequences or [])
     turn = state.new_turn(
         prompt,
@@ -298,5 +299,5 @@ async def message_stream(
 @endpoint("count_tokens", style="anthropic")
 async def count_tokens(state: AppState, request: Request) -> Response:
     req = await read_body(state, request, CountTokensRequest)
-    prompt = _prompt(state, req)
+    prompt = await run_in_threadpool(_prompt, state, req)
     return JSONResponse({"input_tokens": len(prompt.ids)})

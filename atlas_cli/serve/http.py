@@ -21,12 +21,15 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from pydantic import BaseModel
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import Response, StreamingResponse
 
 from atlas_cli import __version__
 from atlas_cli.backend.sample import SamplingOverrides
+from atlas_cli.errors import UsageError
+from atlas_cli.serve.body import parse_json
 from atlas_cli.serve.errors import APIError
 from atlas_cli.serve.metrics import Metrics
 from atlas_cli.serve.prompt import Prompt, choose_parser
@@ -40,6 +43,7 @@ log = logging.getLogger("atlas.serve")
 Body = TypeVar("Body", bound=BaseModel)
 
 DEFAULT_MAX_BODY = 32 * 1024 * 1024  # a 256K-token prompt is ~1 MB of text; JSON adds little
+BODY_TIMEOUT_S = 60.0  # a body that trickles in slower than this holds a connection for nothing
 
 
 @dataclass(frozen=True)
@@ -166,6 +170,8 @@ def endpoint(name: str, *, style: str = "openai", auth: bool = True, model: bool
                 response = await fn(state, request)
             except APIError as exc:
                 response = error_response(exc, style)
+            except UsageError as exc:  # a value the endpoint let through but the engine refuses
+                response = error_response(APIError(400, str(exc), code="invalid_value"), style)
             except Exception as exc:
                 log.exception("atlas serve: %s failed", name)
                 response = error_response(
@@ -179,10 +185,12 @@ def endpoint(name: str, *, style: str = "openai", auth: bool = True, model: bool
     return wrap
 
 
-def error_response(exc: APIError, style: str = "openai") -> JSONResponse:
+def error_response(exc: APIError, style: str = "openai") -> Response:
     body = exc.anthropic_body() if style == "anthropic" else exc.openai_body()
     headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
-    return JSONResponse(body, status_code=exc.status, headers=headers)
+    # ASCII JSON: a message quoting the client's bad text (a lone surrogate) still encodes
+    text = json.dumps(body, ensure_ascii=True)
+    return Response(text, status_code=exc.status, headers=headers, media_type="application/json")
 
 
 async def not_found(request: Request, exc: HTTPException) -> Response:
@@ -228,13 +236,19 @@ def check_token_ids(ids: list[int], vocab: int, param: str) -> None:
 
 
 async def read_body(state: AppState, request: Request, kind: type[Body]) -> Body:
-    """The request body as `kind` (a 400 naming the bad field), for this server's model."""
-    body = parse_body(kind, await read_json(state, request))
+    """The request body as `kind` (a 400 naming the bad field), for this server's model. The
+    bytes are parsed and validated on a worker thread: the event loop keeps serving."""
+    raw = await read_bytes(state, request)
+    body = await run_in_threadpool(_decode, raw, kind)
     state.check_model(getattr(body, "model", None))
     return body
 
 
-async def read_json(state: AppState, request: Request) -> Any:
+def _decode(raw: bytearray, kind: type[Body]) -> Body:
+    return parse_body(kind, parse_json(raw))
+
+
+async def read_bytes(state: AppState, request: Request) -> bytearray:
     limit = state.config.max_body_bytes
     too_big = APIError(
         413,
@@ -245,16 +259,17 @@ async def read_json(state: AppState, request: Request) -> Any:
     if length and length.isdigit() and int(length) > limit:
         raise too_big
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise too_big
     try:
-        return json.loads(body)
-    except ValueError as exc:
+        async with asyncio.timeout(BODY_TIMEOUT_S):
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > limit:
+                    raise too_big
+    except TimeoutError:
         raise APIError(
-            400, f"the request body is not valid JSON ({exc})", code="invalid_json"
+            408, f"the request body did not arrive within {BODY_TIMEOUT_S:g} s", code="timeout"
         ) from None
+    return body
 
 
 @contextlib.asynccontextmanager

@@ -6,6 +6,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -108,7 +109,8 @@ async def chat_completions(state: AppState, request: Request) -> Response:
         parallel_tool_calls=req.parallel_tool_calls,
         template_kwargs=state.template_kwargs(req.chat_template_kwargs),
     )
-    prompt = build_chat_prompt(state.model.tokenizer, req.messages, opts)
+    # rendering and tokenising a long conversation takes a while: not on the event loop
+    prompt = await run_in_threadpool(build_chat_prompt, state.model.tokenizer, req.messages, opts)
     turn = new_turn(state, prompt, req, req.max_completion_tokens or req.max_tokens)
     meta = response_meta(state, "chatcmpl-")
     if req.stream:
@@ -203,7 +205,7 @@ async def completions(state: AppState, request: Request) -> Response:
         raise unsupported("logprobs", "logprobs")
     if req.best_of is not None and req.best_of > 1:
         raise unsupported("best_of", "best_of > 1")
-    prompt = completion_prompt(state, req)
+    prompt = await run_in_threadpool(completion_prompt, state, req)
     # OpenAI's default for this endpoint is 16 tokens
     turn = new_turn(state, prompt, req, req.max_tokens or 16)
     meta = response_meta(state, "cmpl-")

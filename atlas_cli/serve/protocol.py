@@ -88,7 +88,7 @@ class SamplingFields(_Body):
     repeat_penalty: float | None = Field(None, gt=0)
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
-    seed: int | None = None
+    seed: int | None = Field(None, ge=0, lt=2**64)  # numpy's generator takes 0..2^64-1
     stop: str | Annotated[list[str], Field(max_length=MAX_STOPS)] | None = None
     max_tokens: int | None = Field(None, ge=1)
     n: int | None = Field(None, ge=1)
@@ -197,9 +197,15 @@ def parse_body(cls: type[T], body: Any) -> T:
         err = exc.errors()[0]
         param = _param_path(err["loc"])
         got = err.get("input")
-        shown = "" if isinstance(got, dict | list) or got is None else f" (got {got!r})"
+        shown = "" if isinstance(got, dict | list) or got is None else f" (got {_short(got)})"
         msg = err["msg"] if err["type"] != "missing" else "this field is required"
         raise APIError(400, f"{param}: {msg}{shown}", code="invalid_value", param=param) from None
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    """A bad value as the error shows it: a 10 MB string is not echoed back."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _param_path(loc: tuple) -> str:

@@ -13,6 +13,66 @@ from atlas_cli.serve.app import ServeConfig, create_app
 
 LOOPBACK = {"127.0.0.1", "::1", "localhost"}
 
+# Limits on what a client may hold. uvicorn has settings for idle keep-alive, connection count
+# and header size, but none for how long a request's headers may take: TimedH11Protocol adds it.
+HEADER_TIMEOUT_S = 10.0
+KEEP_ALIVE_S = 5
+MAX_CONNECTIONS = 128  # beyond this a new request gets a 503 at once
+MAX_HEADER_BYTES = 32 * 1024
+
+
+def timed_protocol(header_timeout: float):
+    """uvicorn's h11 protocol with a deadline for each request's headers: a client sending a
+    byte at a time (slowloris) is closed when it passes, instead of holding a connection."""
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class TimedH11Protocol(H11Protocol):
+        _header_timer = None
+
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self._arm()
+
+        def data_received(self, data: bytes) -> None:
+            if self.conn.their_state is h11.IDLE:
+                self._arm()  # the next request's headers start arriving
+            super().data_received(data)
+            if self.conn.their_state is not h11.IDLE and self._header_timer is not None:
+                self._header_timer.cancel()  # the headers are in: the body has its own limit
+                self._header_timer = None
+
+        def connection_lost(self, exc) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+            super().connection_lost(exc)
+
+        def _arm(self) -> None:
+            if self._header_timer is None:
+                self._header_timer = self.loop.call_later(header_timeout, self._too_slow)
+
+        def _too_slow(self) -> None:
+            self._header_timer = None
+            if self.conn.their_state is h11.IDLE:
+                self.timeout_keep_alive_handler()  # uvicorn's own way to close an idle one
+
+    return TimedH11Protocol
+
+
+def uvicorn_config(app, *, log_level: str = "info", header_timeout: float = HEADER_TIMEOUT_S):
+    """The uvicorn settings `atlas serve` runs with (tests start their servers with them)."""
+    import uvicorn
+
+    return uvicorn.Config(
+        app,
+        log_level=log_level,
+        timeout_graceful_shutdown=3,
+        http=timed_protocol(header_timeout),
+        timeout_keep_alive=KEEP_ALIVE_S,
+        limit_concurrency=MAX_CONNECTIONS,
+        h11_max_incomplete_event_size=MAX_HEADER_BYTES,
+    )
+
 
 def bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -109,5 +169,5 @@ def serve(
     if host not in LOOPBACK and not api_key:
         print("atlas serve: listening beyond this machine without --api-key", file=sys.stderr)
     app = create_app(config)
-    server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, timeout_graceful_shutdown=3))
+    server = uvicorn.Server(uvicorn_config(app, log_level=log_level))
     server.run(sockets=[sock])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -53,6 +54,11 @@ async def get_model(state: AppState, request: Request) -> Response:
 @endpoint("tokenize")
 async def tokenize(state: AppState, request: Request) -> Response:
     req = await read_body(state, request, TokenizeRequest)
+    # a long text takes a while to render and tokenise: not on the event loop
+    return await run_in_threadpool(_tokenize, state, req)
+
+
+def _tokenize(state: AppState, req: TokenizeRequest) -> JSONResponse:
     tok = state.model.tokenizer
     if req.messages is not None:
         opts = ChatOptions(
@@ -80,7 +86,7 @@ async def tokenize(state: AppState, request: Request) -> Response:
 async def detokenize(state: AppState, request: Request) -> Response:
     req = await read_body(state, request, DetokenizeRequest)
     check_token_ids(req.tokens, state.model.tokenizer.vocab_size, "tokens")
-    text = state.model.tokenizer.decode(req.tokens)
+    text = await run_in_threadpool(state.model.tokenizer.decode, req.tokens)
     return JSONResponse({"content": text, "prompt": text})
 
 

@@ -1,0 +1,241 @@
+"""`atlas serve` against hostile clients: a few hundred seeded mutated requests (bad values,
+bad JSON, lone surrogates, deep nesting, huge numbers) end in a 4xx, never a 500 or a hang;
+`/health` keeps answering while a 10 MB body is handled; slow headers and bodies are cut off."""
+
+from __future__ import annotations
+
+import json
+import random
+import socket
+import threading
+import time
+
+import pytest
+import uvicorn
+
+from atlas_cli.serve import http as serve_http
+from atlas_cli.serve.app import create_app
+from atlas_cli.serve.http import ServeConfig
+from atlas_cli.serve.server import uvicorn_config
+from tests.serve_helpers import ASK, WEATHER_TOOL, ServerThread, dumps, raw_request, scripted_model
+
+pytestmark = pytest.mark.slow
+
+SEED = 18
+REQUESTS = 400
+REQUEST_CAP_S = 10.0  # "no hang": every answer within this
+
+
+class HardenedServer(ServerThread):
+    """A test server with the uvicorn settings `atlas serve` uses."""
+
+    def __init__(self, app, header_timeout: float = 10.0):
+        super().__init__(app)
+        config = uvicorn_config(app, log_level="warning", header_timeout=header_timeout)
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True
+        )
+
+
+@pytest.fixture(scope="module")
+def model(smollm2_path):
+    from atlas_cli.session import open_model
+
+    return open_model(str(smollm2_path), ctx_size=2048)
+
+
+@pytest.fixture(scope="module")
+def scripted(model):
+    fake = scripted_model(model.tokenizer)
+    fake.engine.script = ["Hi", " there", "."]
+    with HardenedServer(create_app(ServeConfig(model="scripted"), fake), header_timeout=1.0) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def real(model):
+    with HardenedServer(create_app(ServeConfig(model="smollm2"), model)) as srv:
+        yield srv
+
+
+# -- the generator -----------------------------------------------------------------------------
+
+BASES = {
+    "/v1/chat/completions": {"messages": ASK, "max_tokens": 3, "tools": [WEATHER_TOOL]},
+    "/v1/completions": {"prompt": "Once upon a time", "max_tokens": 3},
+    "/v1/messages": {"messages": ASK, "max_tokens": 3, "system": "Be brief."},
+    "/v1/messages/count_tokens": {"messages": ASK},
+    "/tokenize": {"content": "Hello world", "with_pieces": True},
+    "/detokenize": {"tokens": [1, 2, 3]},
+}
+FIELDS = [
+    "temperature", "top_p", "top_k", "min_p", "repeat_penalty", "presence_penalty", "seed",
+    "max_tokens", "n", "stop", "stream", "model", "messages", "prompt", "tools", "tool_choice",
+    "response_format", "chat_template_kwargs", "logprobs", "stop_sequences", "system",
+    "content", "tokens", "stream_options", "max_completion_tokens",
+]  # fmt: skip
+
+
+def nested(depth: int, leaf="x"):
+    value = leaf
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def hostile_values(rng: random.Random) -> list:
+    return [
+        None, True, -1, 0, -(2**70), 2**70, 2**64, 10**30, 1e308, -1e308, 1e-308, 5e-324,
+        float("nan"), float("inf"), float("-inf"), "", "x", "\ud800", "a\udfffb", "\x00",
+        "\uffff", "🦙" * 50, "x" * rng.choice([1000, 100_000]), [], {}, [None], ["\ud800"],
+        [[1, 2], "a"], {"\ud800": 1}, {"type": "function"}, nested(rng.choice([70, 500])),
+        {"role": "user", "content": "\ud800"}, [{"role": "user", "content": ["x"]}],
+        [{"role": "wizard", "content": "hi"}], [{"role": "user", "content": nested(80)}],
+        [-5, 10**12], list(range(40)),
+    ]  # fmt: skip
+
+
+def raw_bodies(rng: random.Random) -> list[bytes]:
+    depth = rng.choice([100, 1000, 100_000])
+    return [
+        b"", b"{", b"[]", b"null", b"42", b'"str"', b"\xff\xfe{}", b'{"messages": NaN}',
+        b'{"messages": [{"role": "user", "content": "\\ud800"}]}',
+        b'{"messages": [{"role": "user", "content": "hi"}], "seed": -1}',
+        b'{"messages": [{"role": "user", "content": "hi"}], "seed": 1e400}',
+        b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": ' + b"9" * 5000 + b"}",
+        b'{"a":' * depth + b"1" + b"}" * depth,
+        b"[" * depth + b"]" * depth,
+        b'{"messages": ' + b"[" * depth + b"]" * depth + b"}",
+        bytes(rng.randrange(256) for _ in range(rng.randrange(1, 200))),
+    ]  # fmt: skip
+
+
+def hostile_requests(seed: int, count: int) -> list[tuple[str, bytes]]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(count):
+        path = rng.choice(list(BASES))
+        if rng.random() < 0.2:
+            out.append((path, rng.choice(raw_bodies(rng))))
+            continue
+        body = json.loads(json.dumps(BASES[path]))
+        for _ in range(rng.randint(1, 3)):
+            body[rng.choice(FIELDS)] = rng.choice(hostile_values(rng))
+        out.append((path, json.dumps(body).encode()))  # NaN and lone surrogates survive this
+    return out
+
+
+def test_hostile_requests_get_no_500_and_no_hang(scripted):
+    statuses: dict[int, int] = {}
+    slowest = 0.0
+    for path, body in hostile_requests(SEED, REQUESTS):
+        start = time.perf_counter()
+        status, _, answer = raw_request(
+            scripted.port, "POST", path, body, {"Content-Type": "application/json"}
+        )
+        slowest = max(slowest, time.perf_counter() - start)
+        statuses[status] = statuses.get(status, 0) + 1
+        assert status < 500, f"{path} {body[:200]!r} -> {status} {answer[:300]!r}"
+        if status == 400:
+            error = json.loads(answer)
+            error = error.get("error", error)
+            assert "\n" not in error["message"]
+    print(f"\n{REQUESTS} hostile requests (seed {SEED}): statuses {sorted(statuses.items())}, "
+          f"slowest {slowest:.2f} s")  # fmt: skip
+    assert slowest < REQUEST_CAP_S
+    assert sum(statuses.values()) == REQUESTS and statuses.get(200, 0) > 0
+    assert raw_request(scripted.port, "GET", "/health")[0] == 200
+
+
+@pytest.mark.parametrize(
+    ("patch", "param"),
+    [
+        ({"seed": -1}, "seed"),
+        ({"seed": 2**64}, "seed"),
+        ({"temperature": float("nan")}, None),
+        ({"messages": [{"role": "user", "content": "\ud800"}]}, "messages[0].content"),
+        ({"chat_template_kwargs": {"x": nested(100)}}, "chat_template_kwargs.x" + "[0]" * 62),
+    ],
+)
+def test_bad_values_are_400_with_param(scripted, patch, param):
+    body = {"messages": ASK, "max_tokens": 2, **patch}
+    status, _, answer = raw_request(scripted.port, "POST", "/v1/chat/completions", dumps(body))
+    assert status == 400, answer
+    error = json.loads(answer)["error"]
+    if param is not None:
+        assert error["param"] == param
+    else:
+        assert "NaN" in error["message"]
+
+
+def test_extreme_sampling_on_the_real_model(real):
+    body = {"messages": ASK, "max_tokens": 3, "repeat_penalty": 1e-308, "seed": 2**64 - 1}
+    status, _, answer = raw_request(real.port, "POST", "/v1/chat/completions", dumps(body))
+    assert status == 200, answer
+    assert json.loads(answer)["usage"]["completion_tokens"] >= 1
+
+
+def test_health_answers_while_a_10mb_body_is_handled(scripted):
+    """The body is parsed, rendered and tokenised on worker threads: /health stays quick."""
+    body = dumps({"messages": [{"role": "user", "content": "word " * 2_000_000}]})
+    assert len(body) > 10_000_000
+    result = {}
+
+    def send():
+        result["status"] = raw_request(scripted.port, "POST", "/v1/chat/completions", body)[0]
+
+    worker = threading.Thread(target=send)
+    started = time.perf_counter()
+    worker.start()
+    time.sleep(0.05)
+    latencies = []
+    while worker.is_alive():
+        start = time.perf_counter()
+        assert raw_request(scripted.port, "GET", "/health")[0] == 200
+        latencies.append(time.perf_counter() - start)
+        time.sleep(0.02)
+    worker.join()
+    took = time.perf_counter() - started
+    median = sorted(latencies)[len(latencies) // 2]
+    print(f"\n/health during a {len(body) / 1e6:.1f} MB request ({took:.1f} s): "
+          f"{len(latencies)} probes, max {max(latencies) * 1000:.0f} ms, "
+          f"median {median * 1000:.0f} ms")  # fmt: skip
+    assert result["status"] == 400  # longer than the context: refused once tokenised
+    assert len(latencies) >= 3 and max(latencies) < 1.0
+
+
+def test_slow_headers_are_cut_off(scripted):
+    """A client sending its headers a byte at a time is closed at the header deadline (1 s
+    on this test server, 10 s in `atlas serve`)."""
+    start = time.perf_counter()
+    with socket.create_connection(("127.0.0.1", scripted.port), timeout=5) as sock:
+        closed = False
+        for byte in b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 100:
+            try:
+                sock.sendall(bytes([byte]))
+                time.sleep(0.1)
+                sock.setblocking(False)
+                try:
+                    closed = sock.recv(1024) == b""
+                except BlockingIOError:
+                    pass
+                finally:
+                    sock.setblocking(True)
+            except (BrokenPipeError, ConnectionResetError):
+                closed = True
+            if closed:
+                break
+    elapsed = time.perf_counter() - start
+    assert closed and elapsed < 4.0, elapsed
+
+
+def test_slow_body_gets_408(scripted, monkeypatch):
+    monkeypatch.setattr(serve_http, "BODY_TIMEOUT_S", 0.5)
+    with socket.create_connection(("127.0.0.1", scripted.port), timeout=5) as sock:
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+            b'\r\nContent-Length: 1000\r\n\r\n{"messages": '
+        )
+        answer = sock.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
