@@ -105,6 +105,12 @@ def test_bare_atlas_prints_the_help_and_succeeds():
     assert "Usage: atlas" in result.stdout and "run" in result.stdout and "chat" in result.stdout
 
 
+def test_a_group_alone_prints_its_help():
+    result = atlas("bench")
+    assert result.exit_code == 0 and "Usage: atlas bench" in result.stdout
+    assert "throughput" in result.stdout and result.stderr == ""
+
+
 def test_switches_have_no_type_and_help_reads_at_80_columns():
     result = atlas("run", "--help", env={"COLUMNS": "80", "TERM": "dumb"})
     assert result.exit_code == 0

@@ -66,6 +66,10 @@ class AtlasGroup(TyperGroup):
         try:
             code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except ParserUsageError as exc:
+            ctx = getattr(exc, "ctx", None)
+            if ctx is not None and exc.format_message().startswith("Missing command"):
+                typer.echo(ctx.get_help())  # a group alone (`atlas bench`): what it holds
+                sys.exit(0)
             typer.echo(f"atlas: error: {usage_message(exc)}", err=True)
             sys.exit(2)
         except ParserError as exc:
