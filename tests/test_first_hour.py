@@ -217,13 +217,23 @@ def test_show_and_list_print_the_one_estimate(monkeypatch, tmp_path):
     assert "(98 MB weights + 377 MB KV f32)" in text and "1.2 GB" not in text
     table = atlas("list", "--available", "--device", "cpu").stdout
     assert table.splitlines()[0].split()[:6] == [
-        "NAME",
-        "PARAMS",
-        "VARIANT",
-        "FORMAT",
-        "SIZE",
-        "MEMORY",
-    ]
+        "NAME", "PARAMS", "VARIANT", "FORMAT", "SIZE", "MEMORY"
+    ]  # fmt: skip
+
+
+def test_pull_prints_the_same_estimate(monkeypatch, tmp_path):
+    from atlas_cli.store import manifest
+    from atlas_cli.store import pull as pull_module
+
+    monkeypatch.setenv("ATLAS_HOME", str(tmp_path))
+    entry = manifest.Installed(
+        "smollm2-135m", "q4_1", "gguf", "Q4_1", tmp_path / "m.gguf", (), 98_362_432, "pypi"
+    )
+    monkeypatch.setattr(pull_module, "pull", lambda *a, **k: entry)
+    result = atlas("pull", "smollm2-135m", "--device", "cpu")
+    assert result.exit_code == 0, result.output
+    (line,) = [x for x in result.stdout.splitlines() if x.strip().startswith("memory:")]
+    assert "(98 MB weights + 377 MB KV f32)" in line and "fits in" in line
 
 
 # -- 2: the kernel-compile notice, and where the compiled kernels go ---------------------------
