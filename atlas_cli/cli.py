@@ -16,15 +16,18 @@ import typer
 from atlas_cli import __version__
 from atlas_cli.bench.cli import bench_app, route_bench_args  # typer only: keeps --help light
 from atlas_cli.commands import chat, completion, models, run, serve
-from atlas_cli.commands.errors import guarded, user_errors
+from atlas_cli.commands.errors import AtlasGroup, guarded, user_errors
 from atlas_cli.completion import COMPLETE_VAR, PROG, route_completion_words
 
 app = typer.Typer(
     name=PROG,
+    cls=AtlasGroup,
     help="Run large language models on your own machine.",
-    no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # plain help, as git and ollama print it: a switch shows no `<bool>`, and at 80 columns a
+    # description gets ~48 characters instead of the rich table's ~22
+    rich_markup_mode=None,
 )
 
 
@@ -34,13 +37,16 @@ def _version(value: bool):
         raise typer.Exit()
 
 
-@app.callback()
+@app.callback(invoke_without_command=True)
 def main_options(
+    ctx: typer.Context,
     version: Annotated[
         bool, typer.Option("--version", callback=_version, is_eager=True, help="Show the version.")
     ] = False,
 ):
     """Run large language models on your own machine."""
+    if ctx.invoked_subcommand is None:  # bare `atlas`: the help, and success (as git, ollama)
+        typer.echo(ctx.get_help())
 
 
 COMMANDS = {

@@ -21,16 +21,14 @@ def describe(ref, device: str | None) -> dict[str, Any]:
 
 
 def describe_recipe(ref, device: str | None) -> dict[str, Any]:
-    from atlas_cli import fit, hardware, recipes
+    from atlas_cli import fit, recipes
     from atlas_cli.store.inventory import installed as installed_models
 
     r = ref.recipe
-    chosen = hardware.detect(device) if device not in ("cpu", "cpu-ref") else None
-    hw_class = chosen.hw_class if chosen else "cpu"
+    hw_class, memory = target(device)
     variant = ref.variant or r.variant_for(hw_class)
     v = r.variants[variant]
     installed = {e.variant: e for e in installed_models() if e.name == r.name}
-    memory = hardware.system_memory()[1] if hw_class == "cpu" else chosen.memory_bytes
     return {
         "name": r.name,
         "description": r.description,
@@ -48,12 +46,34 @@ def describe_recipe(ref, device: str | None) -> dict[str, Any]:
         "source": f"{v.repo}@{v.revision}"
         + (f" (PyPI {v.pypi.package} {v.pypi.version})" if v.pypi else ""),
         "defaults": r.defaults_for(variant).model_dump(exclude_none=True),
-        "memory": fit.recipe_estimate(r, variant, hw_class, memory).as_json(),
+        "memory": fit.recipe_estimate(r, variant, hw_class, memory, device).as_json(),
         "installed": installed[variant].as_json() if variant in installed else None,
         "variants": {k: _variant(x, k in installed) for k, x in r.variants.items()},
         "aliases": r.aliases,
         "recipe": recipes.as_dict(r),
     }
+
+
+def target(device: str | None) -> tuple[str, int]:
+    """The hardware class a variant is picked for, and the memory it must fit in there."""
+    from atlas_cli import hardware
+
+    chosen = hardware.detect(device) if device not in ("cpu", "cpu-ref") else None
+    if chosen is None or chosen.hw_class == "cpu":
+        return "cpu", hardware.system_memory()[1]
+    return chosen.hw_class, chosen.memory_bytes
+
+
+def memory_estimate(name: str, variant: str, device: str | None):
+    """The fit estimate of recipe `name`'s `variant` on `device` (None for a name that is no
+    recipe: a Hub reference or a path has no facts to estimate from before it is opened)."""
+    from atlas_cli import fit, recipes
+
+    recipe = recipes.get(name)
+    if recipe is None or variant not in recipe.variants:
+        return None
+    hw_class, memory = target(device)
+    return fit.recipe_estimate(recipe, variant, hw_class, memory, device)
 
 
 def _variant(v, installed: bool) -> dict[str, Any]:
@@ -143,15 +163,16 @@ def _describe_gguf(path: Path) -> dict[str, Any]:
 
 def available(device: str | None) -> tuple[str, list[dict[str, Any]]]:
     """`atlas list --available`: the hardware class, and per recipe the variant it gets."""
-    from atlas_cli import hardware, recipes
+    from atlas_cli import fit, recipes
     from atlas_cli.store.inventory import installed
 
-    hw_class = hardware.hardware_class(device)
+    hw_class, memory = target(device)
     have = {(e.name, e.variant) for e in installed() if e.complete}
     out = []
     for r in recipes.all_recipes().values():
         variant = r.variant_for(hw_class)
         v = r.variants[variant]
+        est = fit.recipe_estimate(r, variant, hw_class, memory, device)
         out.append(
             {
                 "name": r.name,
@@ -160,6 +181,7 @@ def available(device: str | None) -> tuple[str, list[dict[str, Any]]]:
                 "format": v.format,
                 "quantization": v.quantization,
                 "size": v.size,
+                "memory": est.as_json(),
                 "installed": (r.name, variant) in have,
                 "variants": list(r.variants),
                 "description": r.description,

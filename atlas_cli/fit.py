@@ -119,19 +119,40 @@ def ensure_fits(what: str, est: FitEstimate, smaller: list[str] = ()) -> None:
     )
 
 
-def recipe_estimate(recipe, variant: str, hw_class: str, available_bytes: int) -> FitEstimate:
+UNQUANTIZED_GGUF = frozenset({"F32", "F16", "BF16"})  # GGUF types the CPU dequantizes
+
+
+def variant_weight_bytes(variant, parameter_count: int, device: str) -> int:
+    """Resident weight bytes of a recipe variant on `device`, from its facts alone (nothing
+    downloaded), counted the way `weight_bytes` counts loaded weights: on `cpu` the fast path
+    computes on the GGUF blocks, so a quantized GGUF stays about its file's size; `cpu-ref`
+    and anything else on the CPU become float32; a GPU holds the variant's file."""
+    blocks = variant.format == "gguf" and variant.quantization.upper() not in UNQUANTIZED_GGUF
+    if device == "cpu":
+        return variant.size if blocks and variant.size else parameter_count * CPU_WEIGHT_BYTES
+    if device == "cpu-ref":
+        return parameter_count * CPU_WEIGHT_BYTES
+    return variant.size or parameter_count * 2
+
+
+def recipe_estimate(
+    recipe, variant: str, hw_class: str, available_bytes: int, device: str | None = None
+) -> FitEstimate:
     """Weights + KV cache of a recipe variant at its default context, from the recipe's facts
-    alone (nothing downloaded): float32 weights and KV on the CPU (the numpy backend), the
-    variant's file and its KV dtype (else bf16) on a GPU."""
+    alone: the estimate `atlas show`, `list --available` and `pull` print, and the one
+    `check_loaded` makes once the weights are open. On the CPU the KV cache is float32;
+    on a GPU it takes the recipe's KV dtype (else bf16). `device` tells cpu from cpu-ref."""
     m = recipe.model
     defaults = recipe.defaults_for(variant)
     context = defaults.ctx_size or m.context_length
     shape = KVShape(m.kv_layers, m.kv_heads, m.head_dim, m.state_bytes)
     if hw_class == "cpu":
-        weights, kv_dtype = m.parameter_count * CPU_WEIGHT_BYTES, "f32"
+        device = device if device == "cpu-ref" else "cpu"
+        kv_dtype = "f32"
     else:
-        weights = recipe.variants[variant].size or m.parameter_count * 2
+        device = hw_class
         kv_dtype = defaults.kv_cache_dtype if defaults.kv_cache_dtype in DTYPE_BYTES else "bf16"
+    weights = variant_weight_bytes(recipe.variants[variant], m.parameter_count, device)
     return estimate(weights, shape, context, kv_dtype, available_bytes, hw_class)
 
 

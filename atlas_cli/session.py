@@ -12,6 +12,7 @@ of them:
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -61,7 +62,7 @@ def load(resolved: Resolved, *, ctx_size: int | None = None, draft: int | None =
         suggest = lambda: locate.alternatives(path)  # noqa: E731  (asked only on a refusal)
         fit.check_loaded(path.name, config, weights, context, device, suggest)
 
-    return backend.load(
+    model = backend.load(
         path,
         device=device,
         ops=backend.open_device(device),
@@ -70,6 +71,28 @@ def load(resolved: Resolved, *, ctx_size: int | None = None, draft: int | None =
         defaults=resolved.defaults,
         fit_check=fit_check,
     )
+    name = recipe_name(resolved)
+    if name is not None:  # a file's own name ("Smollm2 135M 8k Lc100K Mix1 Ep2") says less
+        model.info = dataclasses.replace(model.info, name=name)
+    return model
+
+
+def recipe_name(resolved: Resolved) -> str | None:
+    """The recipe a resolved model is a variant of: named as one, or a pulled file's path."""
+    from atlas_cli import recipes
+    from atlas_cli.errors import AtlasError
+    from atlas_cli.store import inventory
+
+    try:
+        ref = recipes.parse_ref(resolved.name)
+    except AtlasError:
+        return None
+    if ref.kind == "recipe":
+        return ref.recipe.name
+    for entry in inventory.installed():
+        if entry.path.resolve() == resolved.path.resolve() and recipes.get(entry.name) is not None:
+            return entry.name
+    return None
 
 
 def open_model(

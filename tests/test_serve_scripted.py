@@ -250,6 +250,8 @@ def test_atlas_serve_command(smollm2_path, tmp_path):
     finally:
         proc.terminate()
         proc.wait(30)
+    log = proc.stderr.read()
+    assert log.count("ready") == 1 and f"tiny ready at http://127.0.0.1:{port}/v1" in log, log
     bad = subprocess.run(
         [sys.executable, "-m", "atlas_cli", "serve", "no-such-model"],
         capture_output=True,

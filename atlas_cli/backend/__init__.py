@@ -115,12 +115,28 @@ class Model:
         return self.tokenizer.encode(text, add_special_tokens=True)
 
 
+RUNTIME_MODULES = {"cuda": "cupy", "hip": "hip"}  # the package each GPU device runs through
+
+
+def installed_devices() -> list[str]:
+    """The devices whose runtime package is installed (a GPU may still be missing)."""
+    import importlib.util
+
+    return [
+        d
+        for d in DEVICES
+        if d not in RUNTIME_MODULES or importlib.util.find_spec(RUNTIME_MODULES[d])
+    ]
+
+
 @functools.cache
 def open_device(device: str):
     """The ops module (CPU) or NativeOps (GPU) for `device`, opened once per process: a
     DeviceError, one line saying what to install, when it cannot be used."""
     if device not in DEVICES:
-        raise DeviceError(f"unknown device {device!r} (available here: {', '.join(DEVICES)})")
+        raise DeviceError(
+            f"unknown device {device!r} (available here: {', '.join(installed_devices())})"
+        )
     if device in NATIVE_DEVICES:
         from atlas_cli.backend.ops import native as native_ops
 

@@ -191,8 +191,18 @@ class Engine:
         if n > self.context_length:
             raise ContextOverflowError(
                 f"the prompt is {n:,} tokens but the context holds {self.context_length:,}; "
-                "shorten the prompt or raise --ctx-size (up to the model's limit)"
+                + (
+                    "shorten the prompt or raise --ctx-size (up to the model's limit)"
+                    if self.can_grow
+                    else "shorten the prompt (that is the model's limit)"
+                )
             )
+
+    @property
+    def can_grow(self) -> bool:
+        """Whether a larger --ctx-size is possible: the model's own limit is further."""
+        limit = getattr(getattr(self.model, "args", None), "max_position_embeddings", None)
+        return limit is None or self.context_length < limit
 
     def prefill(self, ids: list[int]) -> tuple[np.ndarray, int]:
         """Bring the cache to `ids` and return the last position's logits and how many prompt

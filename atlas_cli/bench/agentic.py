@@ -376,7 +376,8 @@ def summary_table(result: dict[str, Any]) -> str:
     model = result.get("model") or result.get("settings", {}).get("url")
     lines.append("")
     lines.append(
-        f"{s['requests']} requests over {s['conversations']} conversations ({model}) in "
+        f"{plural(s['requests'], 'request')} over {plural(s['conversations'], 'conversation')} "
+        f"({model}) in "
         f"{s['wall_s']:.1f} s; {s['output_tokens_per_s']:.2f} output tokens/s"
         + (f"; prefix-cache hit rate {hit:.1%}" if hit is not None else "")
     )
@@ -422,3 +423,7 @@ def check_settings(settings: Settings, context_length: int | None) -> None:
             f"--max-prompt-tokens {settings.max_prompt_tokens:,} leaves no room to generate in "
             f"a {context_length:,}-token context"
         )
+
+
+def plural(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"

@@ -165,8 +165,11 @@ def run(
     warmup: bool = True,
     seed: int = 0,
     on_sample: Callable[[BenchSpec, int, float], None] | None = None,
+    on_warmup: Callable[[BenchSpec, float], None] | None = None,
 ) -> list[dict[str, Any]]:
-    """One record per spec with every sample (ns and t/s), llama-bench's fields and ours."""
+    """One record per spec with every sample (ns and t/s), llama-bench's fields and ours.
+    `on_sample(spec, i, seconds)` follows each timed run, `on_warmup(spec, seconds)` each
+    warm-up."""
     if repetitions < 1:
         raise UsageError(f"-r must be at least 1, got {repetitions}")
     engine = model.engine
@@ -184,7 +187,9 @@ def run(
         with _thread_limit(spec.n_threads):
             env = sysinfo.environment(model.device)
             if warmup:  # llama-bench's warm-up: the prompt once and one generated token
-                time_once(engine, BenchSpec(spec.n_prompt, min(spec.n_gen, 1)), rng, bos)
+                seconds = time_once(engine, warmup_spec(spec), rng, bos)
+                if on_warmup:
+                    on_warmup(spec, seconds)
             samples = []
             for i in range(repetitions):
                 seconds = time_once(engine, spec, rng, bos)
@@ -196,17 +201,26 @@ def run(
     return records
 
 
+def warmup_spec(spec: BenchSpec) -> BenchSpec:
+    return BenchSpec(spec.n_prompt, min(spec.n_gen, 1))
+
+
 def run_with_progress(
     model, specs: Sequence[BenchSpec], repetitions: int, warmup: bool
 ) -> list[dict[str, Any]]:
-    """`run`, with one progress line per timed repetition on stderr."""
-    with progress.steps("bench", len(specs) * repetitions) as report:
+    """`run`, with one progress line per warm-up and per timed repetition on stderr (the
+    warm-ups are not timed, but they take as long as a run: hiding them looked like a hang)."""
+    steps = len(specs) * (repetitions + (1 if warmup else 0))
+    with progress.steps("bench", steps) as report:
         return run(
             model,
             specs,
             repetitions=repetitions,
             warmup=warmup,
             on_sample=lambda spec, i, s: report(f"{spec.name} {spec.tokens / s:.2f} t/s"),
+            on_warmup=lambda spec, s: report(
+                f"{spec.name} warm-up ({warmup_spec(spec).name}, untimed) {s:.2f} s"
+            ),
         )
 
 

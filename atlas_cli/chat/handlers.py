@@ -161,7 +161,9 @@ class SlashCommands:
         if cfg.get("model_type") not in (None, arch):
             arch += f" ({cfg['model_type']})"
         rows = {
-            "model": f"{self.model_name} ({info.name})",
+            "model": info.name
+            if info.name == label(self.model_name)
+            else f"{label(self.model_name)} ({info.name})",
             "architecture": arch,
             "weights": f"{info.format}, {info.file_type}",
             "layers": str(cfg.get("num_hidden_layers", "?")),

@@ -54,12 +54,15 @@ class ChatREPL(SlashCommands):
         console: Console,
         loader: Callable[[str], Any],
         system: str | None = None,
+        notes: Console | None = None,
     ):
         self.model = model
         self.model_name = model_name
         self.settings = settings
         self.lines = lines
         self.console = console
+        # atlas's own words (banner, notes, warnings); `console` has the answers
+        self.notes = notes or console
         self.loader = loader
         self.conv = Conversation(system=system)
         self.last: GenerationStats | None = None
@@ -192,10 +195,12 @@ class ChatREPL(SlashCommands):
         if fit.fits:
             return True
         if fit.drop is None:
+            can_grow = getattr(getattr(self.model, "engine", None), "can_grow", True)
+            larger = ", or start again with a larger --ctx-size" if can_grow else ""
             self.warn(
                 f"This message needs {fit.tokens_after:,} tokens, plus {reply:,} for the answer, "
-                f"even without earlier turns; the context holds {self.context:,}. Shorten it, "
-                "lower max_tokens, or start again with a larger --ctx-size. Not sent."
+                f"even without earlier turns; the context holds {self.context:,}. Shorten it "
+                f"or lower max_tokens{larger}. Not sent."
             )
             return False
         turns = "turn" if fit.drop == 1 else "turns"
@@ -229,7 +234,7 @@ class ChatREPL(SlashCommands):
     # -- atlas's own messages --------------------------------------------------------------
 
     def banner(self) -> None:
-        self.console.print(
+        self.notes.print(
             Text.assemble(
                 ("atlas chat", "bold"),
                 f" · {label(self.model_name)} ",
@@ -250,7 +255,7 @@ class ChatREPL(SlashCommands):
 
     def _say(self, text: str, style: str) -> None:
         # soft wrap: the terminal wraps; a pipe or log gets one line per message
-        self.console.print(text, style=style, markup=False, highlight=False, soft_wrap=True)
+        self.notes.print(text, style=style, markup=False, highlight=False, soft_wrap=True)
 
 
 # -- entry ---------------------------------------------------------------------------------
@@ -268,13 +273,17 @@ def run_chat(
 ) -> None:
     """Load `model_name` and chat until the user leaves. `input`/`output` are prompt-toolkit
     objects and `load_model` stands in for `session.open_model` (tests pass a pipe input, a
-    dummy output and an already loaded model)."""
-    console = console or Console(highlight=False)
+    dummy output and an already loaded model). Answers go to `console` (stdout); when stdout
+    is not a terminal, atlas's own lines go to stderr, so a pipe carries the answers alone."""
+    notes = console
+    if console is None:
+        console = Console(highlight=False)
+        notes = console if console.is_terminal else Console(stderr=True, highlight=False)
     if load_model is None:
         from atlas_cli.session import open_model as load_model
 
     def load(name: str):
-        console.print(f"Loading {label(name)}…", style="dim", markup=False, soft_wrap=True)
+        notes.print(f"Loading {label(name)}…", style="dim", markup=False, soft_wrap=True)
         model = load_model(name, device=options.device, ctx_size=options.ctx_size)
         if not model.tokenizer.chat_template:
             raise TemplateError(
@@ -288,7 +297,7 @@ def run_chat(
     settings = dataclasses.replace(
         settings, **{k: v for k, v in recipe.items() if k not in options.explicit}
     ).validate()
-    lines = open_input(console, history=options.history, input=input, output=output)
+    lines = open_input(notes, history=options.history, input=input, output=output)
     repl = ChatREPL(
         model,
         model_name,
@@ -297,5 +306,6 @@ def run_chat(
         console=console,
         loader=load,
         system=options.system,
+        notes=notes,
     )
     repl.run()

@@ -59,8 +59,10 @@ def chat(
     history: History = True,
 ):
     """Chat with a model in an interactive session (/help inside lists the commands)."""
-    from atlas_cli import session
+    from atlas_cli import recipes, session
     from atlas_cli.chat import ChatOptions, ChatSettings, run_chat
+
+    recipes.parse_ref(model or DEFAULT_MODEL)  # a misspelt name fails now, before any output
 
     given = given_sampling(temperature, top_k, top_p, min_p, repeat_penalty).set_fields()
     settings = ChatSettings(

@@ -48,6 +48,7 @@ def pull(
     verify: Verify = False,
 ):
     """Download a model (resumable, verified) into the shared Hugging Face cache."""
+    from atlas_cli.describe import memory_estimate
     from atlas_cli.store.pull import pull as pull_model
 
     entry = pull_model(
@@ -58,6 +59,9 @@ def pull(
         f"{entry.tag}: {size(entry.size)} {entry.format} {entry.quantization} "
         f"(from {entry.source}{checked}) at {entry.path}"
     )
+    est = memory_estimate(entry.name, entry.variant, device)
+    if est is not None:
+        typer.echo(f"  memory: {memory_text(est.as_json())}")
 
 
 def list_models(
@@ -151,12 +155,13 @@ def available_text(hw_class: str, recipes: list[dict[str, Any]]) -> str:
             o["variant"],
             f"{o['format']} {o['quantization']}",
             size(o["size"]) if o["size"] else "?",
+            size(o["memory"]["total_bytes"]) + ("" if o["memory"]["fits"] else " (too big)"),
             "yes" if o["installed"] else "",
             o["description"],
         ]
         for o in recipes
     ]
-    header = ["NAME", "PARAMS", "VARIANT", "FORMAT", "SIZE", "PULLED", "DESCRIPTION"]
+    header = ["NAME", "PARAMS", "VARIANT", "FORMAT", "SIZE", "MEMORY", "PULLED", "DESCRIPTION"]
     return (
         table(header, rows)
         + f"\n(variants chosen for hardware class {hw_class}; NAME:VARIANT picks another)"

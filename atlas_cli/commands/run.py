@@ -34,7 +34,9 @@ from atlas_cli.errors import UsageError
 from atlas_cli.store.embedded import DEFAULT_MODEL
 
 Prompt = Annotated[str | None, typer.Argument(help="The prompt; read from stdin if piped.")]
-Raw = Annotated[bool, typer.Option(help="Send the prompt as is, without the chat template.")]
+Raw = Annotated[
+    bool, typer.Option("--raw", help="Send the prompt as is, without the chat template.")
+]
 
 
 def run(
@@ -89,8 +91,10 @@ def run(
 
 def split_model_and_prompt(model: str | None, prompt: str | None) -> tuple[str, str | None]:
     """`atlas run "hello"` means the default model: one argument that is not a model name
-    or an existing path is the prompt."""
+    or an existing path is the prompt, unless it is one word that is nearly a model's name
+    (`atlas run qwen3-8bb`): that is a typo, and answering it as a prompt would hide it."""
     if model is not None and prompt is None and not looks_like_model(model):
+        refuse_near_model_name(model)
         return DEFAULT_MODEL, model
     return model or DEFAULT_MODEL, prompt
 
@@ -105,6 +109,43 @@ def looks_like_model(text: str) -> bool:
     if " " not in text and recipes.is_model_name(text):
         return True
     return " " not in text and text.endswith((".gguf", "/")) or text.startswith("hf.co/")
+
+
+# How close (difflib's ratio) a one-word argument must be to a model name to be taken for a
+# misspelt one. Measured on names and first prompts: "qwen3-8bb" 0.94, "lama3.2" 0.78,
+# "llama3" 0.71 against "hello" 0.33, "summarize" 0.38, "qwen" and "smol" 0.73; a word with a
+# digit in it reads as a name, so it needs less.
+TYPO_CUTOFF = 0.75
+TYPO_CUTOFF_WITH_DIGIT = 0.6
+
+
+def near_model_names(word: str) -> list[str]:
+    """Known model names (recipes and their aliases, embedded, installed) that `word` is
+    nearly: its likely meaning when it is a typo. Empty for anything that is not one word."""
+    import difflib
+
+    from atlas_cli import recipes
+    from atlas_cli.completion import model_names
+
+    if not word or any(c.isspace() for c in word):
+        return []
+    names = list(dict.fromkeys([*model_names(), *recipes.known_names()]))
+    cutoff = TYPO_CUTOFF_WITH_DIGIT if any(c.isdigit() for c in word) else TYPO_CUTOFF
+    close = difflib.get_close_matches(word.lower(), names, n=3, cutoff=cutoff)
+    # an alias stands for its recipe: name the recipe, once
+    return list(dict.fromkeys(r.name if (r := recipes.get(c)) else c for c in close))[:2]
+
+
+def refuse_near_model_name(word: str) -> None:
+    """A ModelNotFoundError naming the close names, when `word` is nearly a model's name."""
+    from atlas_cli.errors import ModelNotFoundError
+
+    close = near_model_names(word)
+    if close:
+        raise ModelNotFoundError(
+            f"model {word!r} does not exist; did you mean {' or '.join(close)}? "
+            f"(to send it as a prompt: atlas run {DEFAULT_MODEL} {word!r})"
+        )
 
 
 def prompt_ids(model, prompt: str, *, system: str | None, raw: bool) -> list[int]:

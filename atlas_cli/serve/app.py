@@ -20,6 +20,7 @@ from atlas_cli.serve.http import AppState, ServeConfig, not_found
 __all__ = ["ServeConfig", "create_app"]
 
 ROUTES = [
+    Route("/", service_api.front_door),
     Route("/health", service_api.health),
     Route("/v1/health", service_api.health),
     Route("/metrics", service_api.metrics),

@@ -62,6 +62,7 @@ class ServeConfig:
     # `model` as atlas.session resolved it (path, device, the recipe's run defaults): the
     # server loads it with those defaults; None: open `model` by name or path here
     resolved: Any = None
+    url: str | None = None  # where the API listens, for the "ready" line
 
 
 class AppState:
@@ -103,7 +104,8 @@ class AppState:
             log.error("atlas serve: could not load %s: %s", self.config.model, exc)
             return
         self.set_model(model)
-        log.info("atlas serve: %s ready (context %d)", self.name, model.context_length)
+        at = f" at {config.url}" if config.url else ""
+        log.info("atlas serve: %s ready%s (context %d)", self.name, at, model.context_length)
 
     def ready(self):
         if self.model is not None:

@@ -3,7 +3,9 @@ loads, so a taken port fails at once; the weights load while /health answers 503
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 import socket
 import sys
 from pathlib import Path
@@ -89,6 +91,18 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def show_server_log() -> None:
+    """Print atlas's own server log ("ready", a failed load) on stderr, as uvicorn prints
+    its own: the logger has no handler otherwise, and its info lines would be lost."""
+    log = logging.getLogger("atlas.serve")
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
+
+
 def parse_template_kwargs(text: str | None) -> dict | None:
     """`--chat-template-kwargs '{"enable_thinking": false}'`"""
     if not text:
@@ -164,8 +178,10 @@ def serve(
         resolved=resolved,
     )
     sock = bind(host, port)
-    bound = sock.getsockname()[1]
-    print(f"atlas serve: {name} on http://{host}:{bound}/v1 (loading...)", file=sys.stderr)
+    url = f"http://{host}:{sock.getsockname()[1]}/v1"
+    config = dataclasses.replace(config, url=url)
+    show_server_log()
+    print(f"atlas serve: {name} on {url} (loading...)", file=sys.stderr)
     if host not in LOOPBACK and not api_key:
         print("atlas serve: listening beyond this machine without --api-key", file=sys.stderr)
     app = create_app(config)

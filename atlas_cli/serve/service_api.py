@@ -1,5 +1,5 @@
-"""The endpoints that do not generate: health, models, tokenize / detokenize (llama.cpp's and
-vLLM's field names both work) and Prometheus metrics."""
+"""The endpoints that do not generate: the front door (`GET /`), health, models, tokenize /
+detokenize (llama.cpp's and vLLM's field names both work) and Prometheus metrics."""
 
 from __future__ import annotations
 
@@ -13,6 +13,26 @@ from atlas_cli.serve.errors import APIError
 from atlas_cli.serve.http import AppState, check_token_ids, endpoint, read_body
 from atlas_cli.serve.prompt import ChatOptions, build_chat_prompt
 from atlas_cli.serve.protocol import DetokenizeRequest, TokenizeRequest
+
+
+async def front_door(request: Request) -> Response:
+    """`GET /`: what this server is and where its APIs live (no key needed: it says nothing
+    about the model beyond its name)."""
+    from atlas_cli import __version__
+
+    state: AppState = request.app.state.atlas
+    status = "ok" if state.model is not None else "error" if state.load_error else "loading"
+    return JSONResponse(
+        {
+            "server": f"atlas {__version__}",
+            "model": state.name,
+            "status": status,
+            "openai": "/v1 (POST /v1/chat/completions, /v1/completions; GET /v1/models)",
+            "anthropic": "POST /v1/messages",
+            "health": "/health",
+            "metrics": "/metrics",
+        }
+    )
 
 
 async def health(request: Request) -> Response:

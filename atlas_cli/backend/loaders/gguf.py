@@ -144,6 +144,8 @@ def open_gguf(path: str | os.PathLike, cache_dir: Path | None = None) -> GGUFFil
     if not path.is_file():
         raise CorruptModelError(f"{path}: no such file")
     size = path.stat().st_size
+    if size == 0:  # an interrupted copy or download: "bad magic bytes" would not say so
+        raise CorruptModelError(f"{path}: empty file (0 bytes); copy or download it again")
     with open(path, "rb") as f:
         if f.read(4) != GGUF_MAGIC:
             raise CorruptModelError(f"{path}: not a GGUF file (bad magic bytes)")

@@ -15,7 +15,6 @@ which removes the Python overhead of ~15 ops per layer. Design notes: docs/archi
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,6 +24,7 @@ from atlas_cli.backend.cache import GROW_STEP, KVCache, LayerKV, grown_capacity
 from atlas_cli.backend.formats import QuantizedWeight, WeightFormat
 from atlas_cli.backend.ops import cpu_decode as _d
 from atlas_cli.backend.ops import cpu_kernels as _k
+from atlas_cli.backend.ops import cpu_numba
 from atlas_cli.backend.ops import numpy_ref as _ref
 from atlas_cli.backend.ops.numpy_ref import *  # noqa: F403  (ops this backend does not override)
 
@@ -232,12 +232,8 @@ class FusedDecoder:
         self.scores = np.empty((self.n_heads, 0), np.float32)
         # Load the kernels now, before the weights are first read, then let go of the JIT
         # compiler's pages: the two are never resident together (docs/performance.md).
-        if not _d.kernels_cached() and sys.stderr.isatty():
-            print(
-                "atlas: compiling the CPU kernels (once per install, about a minute)...",
-                file=sys.stderr,
-                flush=True,
-            )
+        if not _d.kernels_cached():
+            cpu_numba.compile_notice()
         _d.warm_up()
         _d.release_compiler_memory()
 

@@ -6,6 +6,10 @@
   mtime) of its own source file only. The kernels span several files (the LLVM IR of the block
   formats in cpu_ir.py, the loops in cpu_kernels.py, the fused decode step in cpu_decode.py),
   and a change to a callee must recompile its callers, so their stamp covers all of them.
+- Where that cache lives: with atlas's other derived data (store.paths.cache_dir()/numba), not
+  next to the sources in site-packages, which may be read-only and is lost on reinstall.
+- The first load compiles for about a minute: `compile_notice` says so on stderr, terminal or
+  not (a CI log or `2>file` would otherwise show a minute of silence).
 """
 
 from __future__ import annotations
@@ -56,12 +60,44 @@ def _threads_from_env() -> int | None:
     return int(value)
 
 
+def kernel_cache_dir() -> Path:
+    """Where numba keeps the compiled kernels: NUMBA_CACHE_DIR when the user set it, else
+    atlas's cache directory."""
+    from atlas_cli.store.paths import cache_dir
+
+    return Path(os.environ.get("NUMBA_CACHE_DIR") or cache_dir() / "numba")
+
+
+def _use_kernel_cache_dir() -> None:
+    """Point numba's disk cache at `kernel_cache_dir()`: through the environment before numba
+    is imported (it reads NUMBA_CACHE_DIR once, at import), else through its config."""
+    path = str(kernel_cache_dir())
+    if "numba" not in sys.modules:
+        os.environ["NUMBA_CACHE_DIR"] = path
+        return
+    from numba.core import config
+
+    if not config.CACHE_DIR:
+        config.CACHE_DIR = path
+
+
+def compile_notice() -> None:
+    """One plain line on stderr before the kernels compile (only when they are not cached)."""
+    print(
+        f"atlas: compiling the CPU kernels (about a minute, once; cached in "
+        f"{kernel_cache_dir()})...",
+        file=sys.stderr,
+        flush=True,
+    )
+
+
 @functools.cache
 def configure() -> None:
-    """Preload TBB, size the thread pool, and stamp the kernels' cache entries with every
-    kernel file (idempotent; call before importing numba)."""
+    """Preload TBB, size the thread pool, put the kernel cache with atlas's, and stamp the
+    kernels' cache entries with every kernel file (idempotent; call before importing numba)."""
     _preload_tbb()
     threads = _threads_from_env()
+    _use_kernel_cache_dir()
     from numba.core.config import NUMBA_NUM_THREADS as pool
 
     if threads is not None and pool != threads:  # numba started before us: this thread only
