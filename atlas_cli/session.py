@@ -13,6 +13,7 @@ of them:
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,16 +31,26 @@ class Resolved:
 
 
 def resolve(
-    name: str, *, device: str = "cpu", offline: bool | None = None, progress=None
+    name: str, *, device: str | None = None, offline: bool | None = None, progress=None
 ) -> Resolved:
-    """Find (or pull) `name` for `device`; a one-line AtlasError for an unknown name, a failed
-    download or a device that cannot be used (checked first: before any download)."""
+    """Find (or pull) `name` for `device` (None: `default_device()`); a one-line AtlasError for
+    an unknown name, a failed download or a device that cannot be used (checked first: before
+    any download)."""
     from atlas_cli import backend
     from atlas_cli.store import locate
 
+    device = device or default_device()
     backend.open_device(device)
     path = locate.resolve(name, progress=progress, device=device, offline=offline)
     return Resolved(name, path, device, run_defaults(name, device=device))
+
+
+def default_device() -> str:
+    """The one rule for every command: ATLAS_DEVICE, else the GPU atlas can use here (the same
+    detection `atlas pull` picks variants by), else cpu."""
+    from atlas_cli import hardware
+
+    return os.environ.get("ATLAS_DEVICE") or hardware.detect().device
 
 
 def run_defaults(name: str, *, device: str = "cpu") -> RunDefaults:
@@ -98,12 +109,13 @@ def recipe_name(resolved: Resolved) -> str | None:
 def open_model(
     name: str,
     *,
-    device: str = "cpu",
+    device: str | None = "cpu",
     ctx_size: int | None = None,
     draft: int | None = None,
     offline: bool | None = None,
     progress=None,
 ):
-    """`resolve` then `load`: the Python API's one call."""
+    """`resolve` then `load`: the Python API's one call. The API runs on the CPU unless told;
+    the commands pass the user's `--device` or None (`default_device()`)."""
     resolved = resolve(name, device=device, offline=offline, progress=progress)
     return load(resolved, ctx_size=ctx_size, draft=draft)

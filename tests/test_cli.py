@@ -175,3 +175,22 @@ def test_blank_prompt_is_a_usage_error(monkeypatch):
 def test_ctx_size_above_the_models_limit_is_refused(smollm2_path):
     line = one_line_error(atlas("run", "--ctx-size", "100000", "hi"), code=2)
     assert "8,192" in line and "100,000" in line
+
+
+def test_threads_flag_on_run(smollm2_path):
+    """`-t` means CPU threads on run, chat and serve as on bench (llama.cpp's flag)."""
+    code = [sys.executable, "-m", "atlas_cli", "run", "-t", "1", "-n", "2", "--temperature", "0"]
+    done = subprocess.run([*code, "Say hi."], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    for command in ("run", "chat", "serve"):
+        assert "--threads" in atlas(command, "--help").output
+
+
+def test_one_device_rule(monkeypatch):
+    """run/chat/serve use what pull/list/show use: ATLAS_DEVICE, else the detected hardware."""
+    from atlas_cli import hardware, session
+
+    monkeypatch.setenv("ATLAS_DEVICE", "cpu-ref")
+    assert session.default_device() == "cpu-ref"
+    monkeypatch.delenv("ATLAS_DEVICE")
+    assert session.default_device() == hardware.detect().device

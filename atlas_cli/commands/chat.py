@@ -18,11 +18,13 @@ from atlas_cli.commands.options import (
     Stop,
     System,
     Temperature,
+    Threads,
     TopK,
     TopP,
     Verbose,
     choices,
     given_sampling,
+    use_threads,
 )
 from atlas_cli.store.embedded import DEFAULT_MODEL
 
@@ -51,7 +53,8 @@ def chat(
     max_tokens: MaxTokens = 512,
     stop: Stop = None,
     verbose: Verbose = False,
-    device: Device = "cpu",
+    device: Device = None,
+    threads: Threads = None,
     ctx_size: CtxSize = None,
     offline: Offline = False,
     think: Think = "on",
@@ -59,6 +62,7 @@ def chat(
     history: History = True,
 ):
     """Chat with a model in an interactive session (/help inside lists the commands)."""
+    use_threads(threads)
     from atlas_cli import recipes, session
     from atlas_cli.chat import ChatOptions, ChatSettings, run_chat
 

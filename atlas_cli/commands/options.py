@@ -6,6 +6,7 @@ they default to None here and `given_sampling` keeps only the ones the user set.
 
 from __future__ import annotations
 
+import os
 from typing import Annotated
 
 import typer
@@ -44,12 +45,30 @@ Model = Annotated[str | None, model_argument()]
 # -- where and how a model runs ----------------------------------------------------------------
 
 Device = Annotated[
-    str,
+    str | None,
     typer.Option(
-        help="cpu (on the quantized weights), cpu-ref (float32 reference), cuda or hip.",
+        help="cpu (on the quantized weights), cpu-ref (float32 reference), cuda or hip "
+        "(default: ATLAS_DEVICE, else this machine's GPU if atlas can use it, else cpu).",
         autocompletion=_complete_device,
     ),
 ]
+Threads = Annotated[
+    int | None, typer.Option("-t", "--threads", min=1, help="CPU threads (default: all cores).")
+]
+
+
+def use_threads(threads: int | None) -> None:
+    """`-t N` for the CPU paths: numba's pool (sized from ATLAS_THREADS when numba starts, so
+    this runs before any model loads) and the BLAS the float32 reference calls."""
+    if threads is None:
+        return
+    os.environ["ATLAS_THREADS"] = str(threads)
+    import numpy  # noqa: F401  (loads the BLAS, so that threadpoolctl finds and limits it)
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(limits=threads, user_api="blas")
+
+
 # The store commands pick a recipe's variant for a device without running anything on it.
 VariantDevice = Annotated[
     str | None,

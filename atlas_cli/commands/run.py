@@ -25,10 +25,12 @@ from atlas_cli.commands.options import (
     Stop,
     System,
     Temperature,
+    Threads,
     TopK,
     TopP,
     Verbose,
     given_sampling,
+    use_threads,
 )
 from atlas_cli.errors import UsageError
 from atlas_cli.store.embedded import DEFAULT_MODEL
@@ -54,13 +56,15 @@ def run(
     raw: Raw = False,
     json_output: Json = False,
     verbose: Verbose = False,
-    device: Device = "cpu",
+    device: Device = None,
+    threads: Threads = None,
     ctx_size: CtxSize = None,
     draft: Draft = None,
     no_speculative: NoSpeculative = False,
     offline: Offline = False,
 ):
     """Generate a reply to one prompt, streamed as it is produced."""
+    use_threads(threads)
     from atlas_cli import session
 
     model_name, prompt_text = split_model_and_prompt(model, prompt)

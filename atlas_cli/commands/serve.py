@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from atlas_cli.commands.options import CtxSize, Device, Model
+from atlas_cli.commands.options import CtxSize, Device, Model, Threads, use_threads
 from atlas_cli.store.embedded import DEFAULT_MODEL
 
 Host = Annotated[str, typer.Option(help="Address to listen on.")]
@@ -40,9 +40,11 @@ def serve(
     ctx_size: CtxSize = None,
     chat_template_kwargs: ChatTemplateKwargs = None,
     tool_parser: ToolParser = None,
-    device: Device = "cpu",
+    device: Device = None,
+    threads: Threads = None,
 ):
     """Serve a model over an OpenAI-compatible HTTP API (and Anthropic's /v1/messages)."""
+    use_threads(threads)
     from atlas_cli.serve.server import parse_template_kwargs
     from atlas_cli.serve.server import serve as run_server
 
