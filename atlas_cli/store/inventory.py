@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from atlas_cli import recipes
 from atlas_cli.store import remove as removal
-from atlas_cli.store.embedded import EMBEDDED, embedded_entry, installed_path, is_present
+from atlas_cli.store.embedded import EMBEDDED, installed_path, is_present
+from atlas_cli.store.fetch import embedded_entry
 from atlas_cli.store.manifest import Installed, recorded
 
 

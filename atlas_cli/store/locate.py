@@ -15,7 +15,8 @@ from atlas_cli import recipes
 from atlas_cli.errors import ModelNotFoundError
 from atlas_cli.hardware import hardware_class
 from atlas_cli.store import inventory
-from atlas_cli.store.embedded import EMBEDDED, ensure_embedded
+from atlas_cli.store.embedded import EMBEDDED
+from atlas_cli.store.fetch import ensure_embedded
 from atlas_cli.store.pull import pull
 
 

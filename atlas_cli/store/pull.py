@@ -17,14 +17,8 @@ from atlas_cli import recipes
 from atlas_cli.errors import CorruptModelError, DownloadError, ModelNotFoundError, UsageError
 from atlas_cli.hardware import hardware_class
 from atlas_cli.store import hub, inventory, verify
-from atlas_cli.store.embedded import (
-    EmbeddedModel,
-    embedded_entry,
-    embedded_spec,
-    ensure_embedded,
-    installed_path,
-    is_present,
-)
+from atlas_cli.store.embedded import EmbeddedModel, embedded_spec, installed_path, is_present
+from atlas_cli.store.fetch import embedded_entry, ensure_embedded
 from atlas_cli.store.lock import model_lock
 from atlas_cli.store.manifest import (
     Installed,
