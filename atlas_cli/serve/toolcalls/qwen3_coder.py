@@ -18,7 +18,7 @@ from typing import Any
 
 from atlas_cli.serve.toolcalls.base import ToolParser
 from atlas_cli.serve.toolcalls.events import CallScan, valid_name
-from atlas_cli.serve.toolcalls.hermes import json_calls
+from atlas_cli.serve.toolcalls.json_stream import json_calls
 from atlas_cli.serve.toolcalls.tags import (
     FUNCTION_CLOSE,
     FUNCTION_OPEN,
@@ -66,7 +66,7 @@ class _XmlBlock:
         final: bool,
         schemas: Mapping[str, dict],
         bare: bool,
-        memo: dict[Any, int],
+        memo: dict[Any, Any],
     ):
         self.text, self.final, self.schemas, self.bare = text, final, schemas, bare
         # value start -> where its end search may resume: every tag before it was already
@@ -218,7 +218,7 @@ class Qwen3CoderParser(ToolParser):
     keep_opener = frozenset({FUNCTION_OPEN})
 
     def scan_block(
-        self, text: str, start: int, opener: str, final: bool, memo: dict[Any, int]
+        self, text: str, start: int, opener: str, final: bool, memo: dict[Any, Any]
     ) -> tuple[list[CallScan], int | None]:
         bare = opener == FUNCTION_OPEN
         block = _XmlBlock(text, start, final, self.schemas, bare, memo)
