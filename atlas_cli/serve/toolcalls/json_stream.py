@@ -8,7 +8,8 @@ character of its value, a number or literal once a delimiter ends it, a string's
 as they arrive (an escape once whole). A call is announced when its `"name"` string is
 followed by `,` or `}`. When the JSON breaks or the text ends (a call cut off by the token
 limit), an announced call ends with the arguments written so far, closed: an open string and
-open containers get their closers, a member without a value is left out. A body that
+open containers get their closers, a member without a value (or with a number or literal
+that may have gone on) is left out. A body that
 announced no call gives none. Where whole-text JSON would take the last of duplicated keys, a
 stream can only take the first (as the XML format does).
 """
@@ -98,9 +99,9 @@ class JsonCallReader:
             while not self.done and self._step(text, limit):
                 pass
         except _Broken:
-            self._stop(text, limit, at_end=False)
+            self._stop(at_end=False)
         if settled and not self.done:
-            self._stop(text, limit, at_end=True)
+            self._stop(at_end=True)
 
     # -- the lexer -------------------------------------------------------------------------
 
@@ -300,14 +301,11 @@ class JsonCallReader:
         canonical = canonical_token(token)
         if canonical is None:
             raise _Broken
-        self._write_bare(token, canonical)
-        self._end_value()
-
-    def _write_bare(self, token: str, canonical: str) -> None:
         if self._bare_role == "args":
             self._bare_call.write(self._held + canonical)
         elif self._bare_role == "args_root":  # `"arguments": null` means none
             self._bare_call.write("{}" if token == "null" else canonical)
+        self._end_value()
 
     # -- calls ---------------------------------------------------------------------------------
 
@@ -322,17 +320,13 @@ class JsonCallReader:
                 call.scan.fragments.append("{}")
             call.scan.complete = True
 
-    def _stop(self, text: str, limit: int, at_end: bool) -> None:
+    def _stop(self, at_end: bool) -> None:
         """End of reading: close what is open. `at_end`: the text ended (a cut-off call keeps
         its name and what was written); otherwise the JSON broke where it stands."""
+        # a number or literal at the very end is left out: `1` may have been going to be `10`
         if self._state == _STRING and self._str_role == "args":
             self._flush_surrogate()
             self._str_call.write('"')
-        elif self._state == _BARE_TOKEN and at_end:
-            token = text[self._bare_start : limit]
-            canonical = canonical_token(token)
-            if canonical is not None:
-                self._write_bare(token, canonical)
         for frame in reversed(self._stack):
             if frame.role == "args":
                 frame.call.write(frame.closer)
