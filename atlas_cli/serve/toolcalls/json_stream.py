@@ -28,7 +28,8 @@ _TOP_START = re.compile(r"[\[{]")
 _BARE = re.compile(r"[0-9A-Za-z+.\-]*")  # a number or a literal
 _NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?")
 _LITERALS = ("true", "false", "null", "NaN", "Infinity", "-Infinity")  # as Python's json reads
-_PLAIN = re.compile(r'[^"\\\x00-\x1f]+')
+# a run of string text and the escapes `json.loads` decodes alone (`\\u` ones pair up)
+_PLAIN = re.compile(r'(?:[^"\\\x00-\x1f]|\\["\\/bfnrt])+')
 _HEX4 = re.compile(r"[0-9a-fA-F]{4}")
 _ESCAPES = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
 _ARGUMENT_KEYS = ("arguments", "parameters")
@@ -230,7 +231,8 @@ class JsonCallReader:
             match = _PLAIN.match(text, pos, limit)
             if match is not None:
                 self._flush_surrogate()
-                self._string_text(match.group())
+                run = match.group()
+                self._string_text(json.loads(f'"{run}"') if "\\" in run else run)
                 pos = match.end()
             self.pos = pos
             if pos >= limit:
