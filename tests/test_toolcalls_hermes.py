@@ -108,14 +108,17 @@ HERMES_CASES = [
         "hermes-unterminated-cut-json",
         HermesParser,
         'Checking.\n<tool_call>\n{"name": "get_weather", "argu',
-        content='Checking.\n<tool_call>\n{"name": "get_weather", "argu',
+        # cut off by the token limit after the name: a call with what was written, not text
+        content="Checking.",
+        calls=[("get_weather", {})],
     ),
     Case(
         "hermes-bad-json",
         HermesParser,
         '<tool_call>\n{"name": "get_weather", "arguments": {"location": "Paris",}}\n</tool_call>',
-        content='<tool_call>\n{"name": "get_weather", "arguments": {"location": "Paris",}}\n'
-        "</tool_call>",
+        # the name and a member were streamed before the JSON broke: the call keeps them
+        content="",
+        calls=[("get_weather", {"location": "Paris"})],
     ),
     Case(
         "hermes-good-then-bad",
@@ -184,11 +187,21 @@ def test_streaming_equals_whole_parse(case: Case):
     assert_stream_matches_whole(case)
 
 
-def test_hermes_call_arrives_whole_when_its_block_closes():
+def test_hermes_call_streams_as_it_is_written():
+    """The name goes out once `"name": "..."` is followed by `,`; each argument member with the
+    first character of its value; a string's characters as they arrive."""
     text = json_call("get_weather", PARIS)
     sp = HermesParser(TOOLS, seed=3).stream()
-    before = sp.feed(text[:-1])
-    assert not [e for e in before if isinstance(e, ToolCallDelta | ContentDelta)]
-    after = sp.feed(text[-1:])
-    assert [type(e) for e in after] == [ToolCallDelta, ToolCallDelta, ToolCallEnd]
-    assert json.loads(after[1].arguments) == PARIS
+    upto = text.index('"get_weather"') + len('"get_weather"')
+    assert not [e for e in sp.feed(text[:upto]) if isinstance(e, ToolCallDelta | ContentDelta)]
+    (head,) = sp.feed(text[upto : upto + 1])  # the comma settles the name
+    assert head.to_openai()["function"] == {"name": "get_weather", "arguments": ""}
+    value = text.index('"Paris')
+    (brace,) = sp.feed(text[upto + 1 : value])  # `"location": ` waits for its value
+    assert brace == ToolCallDelta(0, None, None, "{")
+    (first,) = sp.feed(text[value : value + 4])
+    assert first == ToolCallDelta(0, None, None, '"location": "Par')
+    rest = sp.feed(text[value + 4 : -len("</tool_call>")])
+    assert [type(e) for e in rest] == [ToolCallDelta, ToolCallEnd]
+    assert json.loads("{" + first.arguments + rest[0].arguments) == PARIS
+    assert sp.feed("</tool_call>") == []

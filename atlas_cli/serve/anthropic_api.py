@@ -243,8 +243,9 @@ async def message_stream(
     turn: Turn, msg_id: str, model: str, stop: list[str], state: AppState
 ) -> AsyncIterator[str]:
     """message_start (with the first token), content blocks (thinking, text, tool_use) as
-    start/delta/stop, then message_delta with the stop reason and message_stop. A tool call's
-    arguments stream as input_json_delta pieces, as the parser produces them."""
+    start/delta/stop, then message_delta with the stop reason and message_stop. A tool_use
+    block starts as soon as the call's name is written; its arguments stream as
+    input_json_delta pieces, as the parser produces them."""
     index = -1
     open_kind: str | None = None
     started = False

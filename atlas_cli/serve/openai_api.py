@@ -151,8 +151,10 @@ def chat_body(out: Outcome, meta: dict[str, Any]) -> dict[str, Any]:
 async def chat_stream(turn: Turn, meta: dict[str, Any], include_usage: bool) -> AsyncIterator[str]:
     """Chunks: the role (sent with the first token, so a client's time to first chunk is the
     time to first token), deltas, the finish reason, usage if asked (then `[DONE]`). A tool
-    call comes as OpenAI's deltas: id and name first, then its arguments JSON in pieces (one
-    per parameter for Qwen3.5's XML calls, whole for Hermes JSON ones)."""
+    call comes as OpenAI's deltas while it is generated: id and name as soon as the name is
+    written, then its arguments JSON in pieces (one per parameter for Qwen3.5's XML calls,
+    every few characters for Hermes JSON ones); a call cut off by the token limit ends with
+    finish_reason "length" and the arguments written so far."""
 
     def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
         return _stream_chunk(meta, "chat.completion.chunk", {"delta": delta}, finish, include_usage)

@@ -43,7 +43,7 @@ class ToolParser:
         cls.tags = (*cls.blocks, *closers)
 
     def scan_block(
-        self, text: str, start: int, opener: str, final: bool, memo: dict[Any, int]
+        self, text: str, start: int, opener: str, final: bool, memo: dict[Any, Any]
     ) -> tuple[list[CallScan], int | None]:
         """The calls in a block whose body starts at `text[start]` (after `opener`), as far
         as `text` settles them, and the index just after the block (None while unknown;

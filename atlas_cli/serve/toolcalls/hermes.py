@@ -1,76 +1,39 @@
 """Qwen3 / Qwen2.5 ("hermes"): `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`,
 as vLLM's Hermes2ProToolParser reads it. A block ends at the first `</tool_call>` outside a
-JSON string (code in an argument may hold the tag). A block that yields no call (bad JSON, no
-function name, empty) is kept as content text; where vLLM decides on the whole output (it
-turns *all* output into content when one call is bad) we decide per block, which a stream can.
+JSON string (code in an argument may hold the tag). Its calls stream as they are written
+(`json_stream.py`): the name as soon as it is known, then the arguments in pieces; a call cut
+off (bad JSON after the name, or the token limit) keeps what was written. A block that yields
+no call (no function name, empty, broken before the name) is kept as content text; where vLLM
+decides on the whole output we decide per block, which a stream can.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
 from atlas_cli.serve.toolcalls.base import ToolParser
-from atlas_cli.serve.toolcalls.events import CallScan, valid_name
-from atlas_cli.serve.toolcalls.tags import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
-from atlas_cli.serve.toolcalls.values import FAIL, dumps, json_value
-
-_JSON_START = re.compile(r"[\[{]")
-
-
-def json_calls(body: str) -> list[CallScan]:
-    """Hermes JSON calls in a block body: `{"name": ..., "arguments": ...}` objects (several,
-    or a list, tolerated), stopping at the first thing that does not decode."""
-    decoder = json.JSONDecoder()
-    calls: list[CallScan] = []
-    pos = 0
-    while (match := _JSON_START.search(body, pos)) is not None:
-        try:
-            value, pos = decoder.raw_decode(body, match.start())
-        except (ValueError, RecursionError):
-            break
-        for obj in value if isinstance(value, list) else [value]:
-            call = _json_call(obj)
-            if call is not None:
-                calls.append(call)
-    return calls
-
-
-def _json_call(obj: Any) -> CallScan | None:
-    if not isinstance(obj, dict):
-        return None
-    if not isinstance(obj.get("name"), str) and isinstance(obj.get("function"), dict):
-        obj = obj["function"]  # {"function": {"name": ..., "arguments": ...}}
-    name = obj.get("name")
-    if not isinstance(name, str) or not valid_name(name.strip()):
-        return None
-    args = obj["arguments"] if "arguments" in obj else obj.get("parameters")
-    if args is None:
-        text = "{}"
-    elif isinstance(args, str):  # arguments already a JSON string: normalise it
-        decoded = json_value(args)
-        text = dumps(args if decoded is FAIL else decoded)
-    else:
-        text = dumps(args)
-    return CallScan(name.strip(), [text], True)
-
+from atlas_cli.serve.toolcalls.events import CallScan
+from atlas_cli.serve.toolcalls.json_stream import JsonCallReader
+from atlas_cli.serve.toolcalls.tags import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, partial_tag
 
 _JSON_OUTSIDE = re.compile('"|' + re.escape(TOOL_CALL_CLOSE))
 _JSON_IN_STRING = re.compile(r'[\\"\n]')
 
 
-def _json_block_close(text: str, start: int, final: bool, memo: dict[str, int]) -> int | None:
+def _json_block_close(text: str, start: int, final: bool, memo: dict[str, Any]) -> int | None:
     """Index of the `</tool_call>` that ends a JSON block whose body starts at `start`: the
     first one outside a JSON string (code in an argument may hold the tag). A raw newline
     cannot be inside a JSON string, so one ends a broken string and the scan resyncs. None
-    while unknown (or, when `final`, if there is none). `memo` keeps the lexer's place."""
+    while unknown (or, when `final`, if there is none). `memo` keeps the lexer's place:
+    `memo["pos"]`, before which no closing tag can start."""
     pos, in_string = memo.get("pos", start), bool(memo.get("in_string", 0))
     while True:
         if not in_string:
             match = _JSON_OUTSIDE.search(text, pos)
             if match is None:
-                memo["pos"], memo["in_string"] = max(pos, len(text) - len(TOOL_CALL_CLOSE)), 0
+                held = partial_tag(text, pos, (TOOL_CALL_CLOSE,))  # `</tool_c` may go on
+                memo["pos"], memo["in_string"] = len(text) - held, 0
                 return None
             if match.group() == TOOL_CALL_CLOSE:
                 return match.start()
@@ -93,10 +56,14 @@ class HermesParser(ToolParser):
     blocks = {TOOL_CALL_OPEN: TOOL_CALL_CLOSE}
 
     def scan_block(
-        self, text: str, start: int, opener: str, final: bool, memo: dict[Any, int]
+        self, text: str, start: int, opener: str, final: bool, memo: dict[Any, Any]
     ) -> tuple[list[CallScan], int | None]:
-        # A JSON call is known only once whole, so it comes out when its block closes.
+        # The calls are read up to where no closing tag can start yet, so a piece written
+        # is never text that turns out to lie past the block's end.
         close = _json_block_close(text, start, final, memo)
+        reader = memo.setdefault("reader", JsonCallReader(start))
         if close is not None:
-            return json_calls(text[start:close]), close + len(TOOL_CALL_CLOSE)
-        return (json_calls(text[start:]), len(text)) if final else ([], None)
+            reader.read(text, close, settled=True)
+            return reader.calls, close + len(TOOL_CALL_CLOSE)
+        reader.read(text, len(text) if final else memo["pos"], settled=final)
+        return reader.calls, (len(text) if final else None)

@@ -18,7 +18,7 @@ from typing import Any
 
 from atlas_cli.serve.toolcalls.base import ToolParser
 from atlas_cli.serve.toolcalls.events import CallScan, valid_name
-from atlas_cli.serve.toolcalls.hermes import json_calls
+from atlas_cli.serve.toolcalls.json_stream import json_calls
 from atlas_cli.serve.toolcalls.tags import (
     FUNCTION_CLOSE,
     FUNCTION_OPEN,
@@ -26,6 +26,7 @@ from atlas_cli.serve.toolcalls.tags import (
     PARAMETER_OPEN,
     TOOL_CALL_CLOSE,
     TOOL_CALL_OPEN,
+    partial_tag,
 )
 from atlas_cli.serve.toolcalls.values import arguments_value, convert_parameter, dumps
 
@@ -66,7 +67,7 @@ class _XmlBlock:
         final: bool,
         schemas: Mapping[str, dict],
         bare: bool,
-        memo: dict[Any, int],
+        memo: dict[Any, Any],
     ):
         self.text, self.final, self.schemas, self.bare = text, final, schemas, bare
         # value start -> where its end search may resume: every tag before it was already
@@ -82,15 +83,18 @@ class _XmlBlock:
 
     def _peek(self, pos: int, options: tuple[str, ...]) -> tuple[int, str | None]:
         """Skip whitespace; the option that starts there, or None for anything else (or the
-        end of a final text). Waits while the rest could still become an option."""
+        end of a final text, also where it ends inside an option). Waits while the rest could
+        still become an option."""
         text = self.text
         i = _WHITESPACE.match(text, pos).end()
         for option in options:
             if text.startswith(option, i):
                 return i, option
         rest = len(text) - i
-        if not self.final and any(rest < len(o) and o.startswith(text[i:]) for o in options):
-            raise _Wait
+        if any(rest < len(o) and o.startswith(text[i:]) for o in options):
+            if not self.final:
+                raise _Wait
+            return len(text), None  # the text ends inside a tag: cut off by the token limit
         return i, None
 
     def _search(self, pattern: re.Pattern[str], pos: int) -> re.Match[str] | None:
@@ -120,6 +124,8 @@ class _XmlBlock:
                     continue
                 if tag == TOOL_CALL_CLOSE:
                     self.body_end, self.end = i, i + len(tag)
+                elif i == len(text):  # the text ends (inside `</tool_call>` maybe)
+                    self.body_end = self.end = i
                 else:  # missing </tool_call>: what follows is not part of the block
                     self.body_end = self.end = pos
                 return
@@ -176,8 +182,9 @@ class _XmlBlock:
                 # a tag may still complete in the last few characters
                 self.memo[value_start] = max(search, len(text) - _LONGEST_VALUE_END)
                 raise _Wait
-            if match is None:  # final text: the value runs to its end
-                value_end = pos = len(text)
+            if match is None:  # final text: the value runs to its end, less a cut-off tag
+                pos = len(text)
+                value_end = pos - partial_tag(text, search, _VALUE_ENDS)
                 break
             tag = match.group()
             if tag[0] == "\n":  # missing </parameter>: the next parameter starts
@@ -218,7 +225,7 @@ class Qwen3CoderParser(ToolParser):
     keep_opener = frozenset({FUNCTION_OPEN})
 
     def scan_block(
-        self, text: str, start: int, opener: str, final: bool, memo: dict[Any, int]
+        self, text: str, start: int, opener: str, final: bool, memo: dict[Any, Any]
     ) -> tuple[list[CallScan], int | None]:
         bare = opener == FUNCTION_OPEN
         block = _XmlBlock(text, start, final, self.schemas, bare, memo)

@@ -38,7 +38,7 @@ class CallFormat(Protocol):
     new_id: Callable[[], str]
 
     def scan_block(
-        self, text: str, start: int, opener: str, final: bool, memo: dict[Any, int]
+        self, text: str, start: int, opener: str, final: bool, memo: dict[Any, Any]
     ) -> tuple[list[CallScan], int | None]: ...
 
 
@@ -75,7 +75,7 @@ class _Block:
     body_start: int
     opener: str
     call_indices: list[int] = field(default_factory=list)
-    memo: dict[Any, int] = field(default_factory=dict)
+    memo: dict[Any, Any] = field(default_factory=dict)
 
 
 @dataclass
