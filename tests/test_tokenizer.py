@@ -102,3 +102,15 @@ def test_template_raise_exception_and_syntax_errors():
         render_template("{{ raise_exception('only user and assistant') }}", messages=[])
     with pytest.raises(TemplateError, match="syntax error"):
         render_template("{% for m in messages %}", messages=[])
+
+
+def test_fewest_tokens_is_a_lower_bound(smollm2, corpus):
+    """The server refuses a prompt by `fewest_tokens` before tokenising it (a 10 MB body costs
+    seconds to encode): the bound must never exceed the real count."""
+    tok = smollm2.tokenizer
+    missing = {chr(b) for b in corpus["missing_bytes"]}  # dropped by the vocabulary
+    texts = [c["text"] for c in corpus["cases"] if not missing & set(c["text"])]
+    texts += ["word " * 5000, "\u00e9" * 999]
+    for text in texts:
+        assert tok.fewest_tokens(text) <= len(tok.encode(text)), text[:60]
+    assert tok.fewest_tokens("a" * 10**7) > 8192  # a 10 MB body is refused without encoding

@@ -7,6 +7,7 @@ Chat templates are rendered by `chat_template` (a sandbox with a budget).
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -71,6 +72,21 @@ class TextTokenizer:
     @property
     def vocab_size(self) -> int:
         return self.backend.get_vocab_size(with_added_tokens=True)
+
+    @functools.cached_property
+    def longest_piece(self) -> int:
+        """Characters of the longest vocabulary entry. A token never stands for more text than
+        its entry spells (byte-level entries spell one character per byte), so a text needs at
+        least len(text) / longest_piece tokens (characters the vocabulary cannot represent
+        are dropped, and only those can make it need fewer): a bound known before encoding."""
+        return max(
+            (len(piece) for piece in self.backend.get_vocab(with_added_tokens=True)), default=1
+        )
+
+    def fewest_tokens(self, text: str) -> int:
+        """A lower bound on len(self.encode(text)) for text the vocabulary can represent,
+        without encoding it."""
+        return -(-len(text) // max(self.longest_piece, 1))
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         """Ids for `text`; special-token text (e.g. `<|im_start|>`) maps to its id. With

@@ -126,14 +126,17 @@ def _prompt(
     state: AppState,
     req: MessagesRequest | CountTokensRequest,
     tool_choice: AnthropicToolChoice | None = None,
+    context: int | None = None,
 ) -> Prompt:
-    """The prompt an Anthropic request renders to: `messages` and `count_tokens` must agree."""
+    """The prompt an Anthropic request renders to: `messages` and `count_tokens` must agree
+    (only `messages` passes `context`, refusing what cannot fit before tokenising it)."""
     opts = ChatOptions(
         parser=state.parser,
         tools=to_openai_tools(req.tools),
         tool_choice=to_openai_choice(tool_choice),
         parallel_tool_calls=not (tool_choice and tool_choice.disable_parallel_tool_use),
         template_kwargs=state.template_kwargs(),
+        context=context,
     )
     return build_chat_prompt(
         state.model.tokenizer, to_openai_messages(req.system, req.messages), opts
@@ -143,7 +146,8 @@ def _prompt(
 @endpoint("messages", style="anthropic")
 async def messages(state: AppState, request: Request) -> Response:
     req = await read_body(state, request, MessagesRequest)
-    prompt = await run_in_threadpool(_prompt, state, req, req.tool_choice)
+    context = state.model.context_length
+    prompt = await run_in_threadpool(_prompt, state, req, req.tool_choice, context)
     stop = list(req.stop_sequences or [])
     turn = state.new_turn(
         prompt,

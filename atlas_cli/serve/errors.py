@@ -51,3 +51,29 @@ def bad_param(param: str, message: str) -> APIError:
 
 def unsupported(param: str, what: str) -> APIError:
     return APIError(400, f"{what} is not supported by atlas serve", code="unsupported", param=param)
+
+
+def check_fits(prompt_tokens: int, context: int) -> None:
+    """400 when the prompt leaves no room for a generated token."""
+    if prompt_tokens >= context:
+        raise APIError(
+            400,
+            f"the prompt is {prompt_tokens:,} tokens but the context holds {context:,} "
+            "(including at least one generated token); shorten the messages or restart the "
+            "server with a larger --ctx-size",
+            code="context_length_exceeded",
+            param="messages",
+        )
+
+
+def check_text_fits(text: str, fewest_tokens: int, context: int) -> None:
+    """400 for a prompt whose text alone needs more tokens than the context holds, known
+    before tokenising it (seconds of work for a 10 MB body)."""
+    if fewest_tokens >= context:
+        raise APIError(
+            400,
+            f"the prompt is {len(text):,} characters, more than the {context:,}-token context "
+            "holds; shorten the messages or restart the server with a larger --ctx-size",
+            code="context_length_exceeded",
+            param="messages",
+        )

@@ -108,6 +108,7 @@ async def chat_completions(state: AppState, request: Request) -> Response:
         response_format=req.response_format,
         parallel_tool_calls=req.parallel_tool_calls,
         template_kwargs=state.template_kwargs(req.chat_template_kwargs),
+        context=state.model.context_length,
     )
     # rendering and tokenising a long conversation takes a while: not on the event loop
     prompt = await run_in_threadpool(build_chat_prompt, state.model.tokenizer, req.messages, opts)

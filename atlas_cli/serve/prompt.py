@@ -18,7 +18,7 @@ from atlas_cli.backend.constraint import grammar_tokenizer
 from atlas_cli.backend.tokenizer import TextTokenizer
 from atlas_cli.errors import TemplateError
 from atlas_cli.serve import toolcalls
-from atlas_cli.serve.errors import APIError, bad_param
+from atlas_cli.serve.errors import APIError, bad_param, check_text_fits
 from atlas_cli.serve.grammar import GrammarRequest, build_grammar
 from atlas_cli.serve.protocol import Message, NamedToolChoice, ResponseFormat, Tool
 from atlas_cli.serve.toolcalls import HermesParser, NoToolParser, ToolParser
@@ -85,6 +85,7 @@ class ChatOptions:
     parallel_tool_calls: bool | None = None
     template_kwargs: dict[str, Any] = field(default_factory=dict)
     add_generation_prompt: bool = True
+    context: int | None = None  # the model's context: a prompt that cannot fit is not tokenised
 
 
 def choose_parser(chat_template: str | None, override: str | None = None) -> type[ToolParser]:
@@ -256,6 +257,8 @@ def build_chat_prompt(
     text = render(tokenizer, rendered, pass_tools, opts.add_generation_prompt, kwargs)
     opened_think = toolcalls.prompt_opens_thinking(text)
     prefill = "{" if json_mode and not tools_active and not opened_think else ""
+    if opts.context is not None:  # a 10 MB body costs seconds to tokenise: refuse it first
+        check_text_fits(text, tokenizer.fewest_tokens(text + prefill), opts.context)
     ids = tokenizer.encode(text + prefill, add_special_tokens=True)
     grammar = answer_grammar(tokenizer, opts, tools_active, opened_think)
     return Prompt(ids, text, prefill, opened_think, tool_dicts, json_mode, grammar)

@@ -10,7 +10,7 @@ from atlas_cli.backend.constraint import Constraint, new_constraint
 from atlas_cli.backend.engine import GenerationStats
 from atlas_cli.backend.sample import SamplingParams
 from atlas_cli.errors import GrammarError
-from atlas_cli.serve.errors import APIError
+from atlas_cli.serve.errors import APIError, check_fits
 from atlas_cli.serve.prompt import JsonCutter, Prompt, valid_json
 from atlas_cli.serve.runner import EngineRunner, Generation, Job
 from atlas_cli.serve.toolcalls import Event, NoToolParser, ParsedMessage, ToolCall, ToolParser
@@ -35,18 +35,6 @@ class Outcome:
             "total_tokens": s.prompt_tokens + s.completion_tokens,
             "prompt_tokens_details": {"cached_tokens": s.cached_tokens},
         }
-
-
-def check_fits(prompt_tokens: int, context: int) -> None:
-    if prompt_tokens >= context:
-        raise APIError(
-            400,
-            f"the prompt is {prompt_tokens:,} tokens but the context holds {context:,} "
-            "(including at least one generated token); shorten the messages or restart the "
-            "server with a larger --ctx-size",
-            code="context_length_exceeded",
-            param="messages",
-        )
 
 
 def answer_constraint(engine, prompt: Prompt) -> Constraint | None:
