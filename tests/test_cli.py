@@ -194,3 +194,20 @@ def test_one_device_rule(monkeypatch):
     assert session.default_device() == "cpu-ref"
     monkeypatch.delenv("ATLAS_DEVICE")
     assert session.default_device() == hardware.detect().device
+
+
+def test_run_think_off_asks_the_model_not_to_think(monkeypatch):
+    """`--think` means what it means in chat: off renders the prompt with enable_thinking
+    false (templates such as Qwen3's then open an empty think block)."""
+    from types import SimpleNamespace
+
+    from atlas_cli.commands.run import prompt_ids
+
+    seen = {}
+    model = SimpleNamespace(chat_prompt=lambda messages, **kw: seen.update(kw) or [1])
+    prompt_ids(model, "hi", system=None, raw=False, think="off")
+    assert seen == {"enable_thinking": False}
+    seen.clear()
+    prompt_ids(model, "hi", system=None, raw=False, think="on")
+    assert seen == {}  # the template's (and the recipe's) own default
+    assert atlas("run", "--think", "hidden", "hi").exit_code == 2

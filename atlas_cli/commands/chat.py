@@ -18,23 +18,16 @@ from atlas_cli.commands.options import (
     Stop,
     System,
     Temperature,
+    Think,
     Threads,
     TopK,
     TopP,
     Verbose,
-    choices,
     given_sampling,
     use_threads,
 )
 from atlas_cli.store.embedded import DEFAULT_MODEL
 
-Think = Annotated[
-    str,
-    typer.Option(
-        help="Reasoning: on (dimmed), hidden, or off (ask the model not to think).",
-        autocompletion=lambda incomplete: choices(("on", "hidden", "off"), incomplete),
-    ),
-]
 Markdown = Annotated[bool, typer.Option(help="Render finished answers as Markdown.")]
 History = Annotated[
     bool, typer.Option(help="Keep input history across sessions (or ATLAS_NO_HISTORY=1).")

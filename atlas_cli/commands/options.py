@@ -129,3 +129,12 @@ def given_sampling(temperature, top_k, top_p, min_p, repeat_penalty, seed=None):
         repeat_penalty=repeat_penalty,
         seed=seed,
     )
+
+
+Think = Annotated[
+    str,
+    typer.Option(
+        help="Reasoning: on (shown), hidden (chat only) or off (ask the model not to think).",
+        autocompletion=lambda incomplete: choices(("on", "hidden", "off"), incomplete),
+    ),
+]

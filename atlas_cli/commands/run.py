@@ -25,6 +25,7 @@ from atlas_cli.commands.options import (
     Stop,
     System,
     Temperature,
+    Think,
     Threads,
     TopK,
     TopP,
@@ -62,6 +63,7 @@ def run(
     draft: Draft = None,
     no_speculative: NoSpeculative = False,
     offline: Offline = False,
+    think: Think = "on",
 ):
     """Generate a reply to one prompt, streamed as it is produced."""
     use_threads(threads)
@@ -72,6 +74,8 @@ def run(
         prompt_text = sys.stdin.read()
     if not prompt_text or not prompt_text.strip():
         raise typer.BadParameter("give a prompt as an argument or on stdin")
+    if think not in ("on", "off"):
+        raise typer.BadParameter("run takes --think on or off (hidden is chat's)")
     sampling = given_sampling(temperature, top_k, top_p, min_p, repeat_penalty, seed)
     draft = 0 if no_speculative else draft
     t0 = time.perf_counter()
@@ -84,7 +88,7 @@ def run(
             "drop --draft"
         )
     load_s = time.perf_counter() - t0
-    ids = prompt_ids(loaded, prompt_text, system=system, raw=raw)
+    ids = prompt_ids(loaded, prompt_text, system=system, raw=raw, think=think)
     stats = generate(loaded, ids, max_tokens, stop or [], sampling, stream=not json_output)
     result = RunResult(model_name, stats, load_s, time.perf_counter() - t0)
     if json_output:
@@ -152,13 +156,14 @@ def refuse_near_model_name(word: str) -> None:
         )
 
 
-def prompt_ids(model, prompt: str, *, system: str | None, raw: bool) -> list[int]:
-    """The prompt as token ids: as is with --raw, else through the chat template."""
+def prompt_ids(model, prompt: str, *, system: str | None, raw: bool, think: str = "on"):
+    """The prompt as token ids: as is with --raw, else through the chat template (with
+    `--think off`, asking the model not to think, as chat does)."""
     if raw:
         return model.tokenizer.encode(prompt, add_special_tokens=True)
     messages = [{"role": "system", "content": system}] if system else []
     messages.append({"role": "user", "content": prompt})
-    return model.chat_prompt(messages)
+    return model.chat_prompt(messages, **({"enable_thinking": False} if think == "off" else {}))
 
 
 def generate(model, ids, max_tokens: int, stop: list[str], sampling, *, stream: bool):
