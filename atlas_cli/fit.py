@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from atlas_cli.errors import ModelTooLargeError
+from atlas_cli.units import size_text
 
 DTYPE_BYTES = {"f32": 4, "f16": 2, "bf16": 2, "fp8": 1}
 OVERHEAD_BYTES = 256 << 20  # interpreter, tokenizer, activations of a prefill chunk
@@ -110,12 +111,13 @@ def ensure_fits(what: str, est: FitEstimate, smaller: list[str] = ()) -> None:
         ideas.append(f"a smaller variant or model ({', '.join(smaller)})")
     else:
         ideas.append("a smaller model (`atlas list --available`)")
+    total, weights, kv = (size_text(n) for n in (est.total_bytes, est.weights_bytes, est.kv_bytes))
+    state = f" + state {size_text(est.state_bytes)}" if est.state_bytes else ""
     raise ModelTooLargeError(
-        f"{what} does not fit: it needs {gb(est.total_bytes)} (weights {gb(est.weights_bytes)} "
-        f"+ KV cache {gb(est.kv_bytes)} for {est.context} tokens in {est.kv_dtype}"
-        + (f" + state {gb(est.state_bytes)}" if est.state_bytes else "")
-        + f" + {gb(est.overhead_bytes)} overhead) but {est.device} has {gb(est.available_bytes)} "
-        f"available; try {', or '.join(ideas)}"
+        f"{what} does not fit: it needs {total} (weights {weights} + KV cache {kv} for "
+        f"{est.context} tokens in {est.kv_dtype}{state} + {size_text(est.overhead_bytes)} "
+        f"overhead) but {est.device} has {size_text(est.available_bytes)} available; try "
+        f"{', or '.join(ideas)}"
     )
 
 
@@ -154,10 +156,6 @@ def recipe_estimate(
         kv_dtype = defaults.kv_cache_dtype if defaults.kv_cache_dtype in DTYPE_BYTES else "bf16"
     weights = variant_weight_bytes(recipe.variants[variant], m.parameter_count, device)
     return estimate(weights, shape, context, kv_dtype, available_bytes, hw_class)
-
-
-def gb(n: int) -> str:
-    return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB"
 
 
 def shape_from_config(config: dict[str, Any]) -> KVShape:

@@ -13,6 +13,7 @@ from typing import Annotated, Any
 import typer
 
 from atlas_cli.commands.options import Json, Offline, VariantDevice, model_argument
+from atlas_cli.units import size_text
 
 PullName = Annotated[str, model_argument("Recipe name, NAME:VARIANT, or hf.co/ORG/REPO[:QUANT].")]
 ShowName = Annotated[str, model_argument("Recipe name, NAME:VARIANT, hf.co/... or a path.")]
@@ -56,7 +57,7 @@ def pull(
     )
     checked = ", every file's hash checked" if verify else ""
     typer.echo(
-        f"{entry.tag}: {size(entry.size)} {entry.format} {entry.quantization} "
+        f"{entry.tag}: {size_text(entry.size)} {entry.format} {entry.quantization} "
         f"(from {entry.source}{checked}) at {entry.path}"
     )
     est = memory_estimate(entry.name, entry.variant, device)
@@ -108,13 +109,13 @@ def rm(name: RmName, yes: Yes = False):
     entries = inventory.find_installed(name)
     if not entries:
         raise ModelNotFoundError(f"{name} is not downloaded (`atlas list` shows what is)")
-    listing = ", ".join(f"{e.tag} ({size(e.size)})" for e in entries)
+    listing = ", ".join(f"{e.tag} ({size_text(e.size)})" for e in entries)
     if not yes and not typer.confirm(f"remove {listing}?", default=False):
         typer.echo("nothing removed", err=True)
         raise typer.Exit(1)
     for entry in entries:
         freed = inventory.remove(entry)
-        typer.echo(f"removed {entry.tag} ({size(freed)} freed)")
+        typer.echo(f"removed {entry.tag} ({size_text(freed)} freed)")
 
 
 def hw(json_output: Json = False, device: VariantDevice = None, no_compile: NoCompile = False):
@@ -139,7 +140,7 @@ def installed_text(entries) -> str:
             e.name,
             e.variant,
             f"{e.format} {e.quantization}",
-            size(e.size) if e.complete else "missing",
+            size_text(e.size) if e.complete else "missing",
             ago(e.pulled),
         ]
         for e in entries
@@ -154,8 +155,8 @@ def available_text(hw_class: str, recipes: list[dict[str, Any]]) -> str:
             o["parameters"],
             o["variant"],
             f"{o['format']} {o['quantization']}",
-            size(o["size"]) if o["size"] else "?",
-            size(o["memory"]["total_bytes"]) + ("" if o["memory"]["fits"] else " (too big)"),
+            size_text(o["size"]) if o["size"] else "?",
+            size_text(o["memory"]["total_bytes"]) + ("" if o["memory"]["fits"] else " (too big)"),
             "yes" if o["installed"] else "",
             o["description"],
         ]
@@ -214,17 +215,17 @@ def show_text(info: dict[str, Any]) -> str:
 def memory_text(m: dict[str, Any]) -> str:
     verdict = "fits" if m["fits"] else "does NOT fit"
     return (
-        f"{size(m['total_bytes'])} at {m['context']} tokens "
-        f"({size(m['weights_bytes'])} weights + {size(m['kv_cache_bytes'])} "
+        f"{size_text(m['total_bytes'])} at {m['context']} tokens "
+        f"({size_text(m['weights_bytes'])} weights + {size_text(m['kv_cache_bytes'])} "
         f"KV {m['kv_dtype']}); "
-        f"{verdict} in {size(m['available_bytes'])} ({m['device']})"
+        f"{verdict} in {size_text(m['available_bytes'])} ({m['device']})"
     )
 
 
 def variant_line(key: str, v: dict[str, Any], chosen: bool) -> str:
     mark = "*" if chosen else " "
     state = "pulled" if v["installed"] else ""
-    sz = size(v["size"]) if v["size"] else "?"
+    sz = size_text(v["size"]) if v["size"] else "?"
     return (
         f"   {mark}{key:10}{v['format']:12}{v['quantization']:8}{sz:>9}  "
         f"{v['repo']}@{v['revision'][:12]} {state}".rstrip()
@@ -245,15 +246,16 @@ def hw_text(report: dict[str, Any]) -> str:
     cpu = report["cpu"]
     lines = [
         f"hardware class: {report['class']} (backend {report['backend']}: {report['reason']})",
-        f"cpu:            {cpu['name']}, {cpu['cores']} cores, {size(cpu['memory_bytes'])} RAM "
-        f"({size(cpu['memory_available_bytes'])} available)",
+        f"cpu:            {cpu['name']}, {cpu['cores']} cores, "
+        f"{size_text(cpu['memory_bytes'])} RAM ({size_text(cpu['memory_available_bytes'])} "
+        "available)",
     ]
     if not report["gpus"]:
         lines.append("gpus:           none found")
     for g in report["gpus"]:
         unified = ", unified memory" if g["unified_memory"] else ""
         lines.append(
-            f"gpu:            {g['name']} ({g['arch']}, {size(g['memory_bytes'])}{unified}; "
+            f"gpu:            {g['name']} ({g['arch']}, {size_text(g['memory_bytes'])}{unified}; "
             f"class {g['class'] or 'unsupported'}; via {g['source']})"
         )
     lines.append("backends:")
@@ -289,15 +291,6 @@ def kernel_lines(backend: str, k: dict[str, Any]) -> list[str]:
 
 
 # -- formatting --------------------------------------------------------------------------------
-
-
-def size(n: int | None) -> str:
-    if n is None:
-        return "?"
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}" if n < 10 * scale else f"{n / scale:.0f} {unit}"
-    return f"{n} B"
 
 
 def ago(iso: str) -> str:
