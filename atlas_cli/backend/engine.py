@@ -1,7 +1,8 @@
 """Generation: prefill, cached decode, sampling, stop conditions and streaming text.
 
-One `Engine` holds one model and one cache (single stream). The cache outlives a request:
-the next prompt that starts with the same tokens prefills only its new suffix.
+One `Engine` holds one model and runs one stream at a time. Its caches outlive a request: a
+pool of cached sequences (backend/prefix_pool.py) sends each prompt to the one that shares
+the longest prefix with it, so interleaved conversations each prefill only their new suffix.
 """
 
 from __future__ import annotations
@@ -15,6 +16,13 @@ import numpy as np
 from atlas_cli.backend.cache import Cache
 from atlas_cli.backend.constraint import Constraint
 from atlas_cli.backend.models.base import BaseModel
+from atlas_cli.backend.prefix_pool import (
+    PrefixPool,
+    Slot,
+    boundaries,
+    default_budget,
+    message_start_ids,
+)
 from atlas_cli.backend.sample import Sampler, SamplingParams
 from atlas_cli.backend.tokenizer import TextTokenizer
 from atlas_cli.errors import ContextOverflowError
@@ -31,7 +39,7 @@ class TokenEvent:
 @dataclass
 class GenerationStats:
     prompt_tokens: int = 0
-    cached_tokens: int = 0  # prompt tokens whose KV came from the previous request
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
     completion_tokens: int = 0
     finish_reason: str = "length"  # "stop" | "length" | "interrupted"
     prompt_s: float = 0.0
@@ -129,14 +137,18 @@ class Engine:
         tokenizer: TextTokenizer,
         context_length: int,
         draft: int | None = None,
+        cache_bytes: int | None = None,
     ):
         """`draft`: tokens to draft per step with the model's MTP head (speculative decoding);
-        None picks a default when the model has one, 0 turns speculation off."""
+        None picks a default when the model has one, 0 turns speculation off. `cache_bytes`:
+        the prefix pool's budget (None: a quarter of the memory available now; 0: keep only
+        the sequence in use)."""
         self.model = model
         self.tokenizer = tokenizer
         self.context_length = context_length
-        self.cache: Cache = model.new_cache(context_length)
-        self.cached_ids: list[int] = []  # tokens whose K/V are in the cache
+        budget = default_budget() if cache_bytes is None else cache_bytes
+        self.pool = PrefixPool(lambda: model.new_cache(context_length), budget)
+        self.message_starts = message_start_ids(tokenizer)  # where prefill checkpoints
         self.speculator = None
         self.constraint: Constraint | None = None  # the grammar of the answer in progress
         if model.has_mtp:
@@ -145,6 +157,21 @@ class Engine:
             draft = DEFAULT_DRAFT if draft is None else draft
             if draft > 0:
                 self.speculator = MTPSpeculator(self, draft)
+                self.pool.current.mtp = self.speculator.cache
+
+    @property
+    def cache(self) -> Cache:
+        """The cache of the sequence in use."""
+        return self.pool.current.cache
+
+    @property
+    def cached_ids(self) -> list[int]:
+        """The tokens whose state is in `cache`."""
+        return self.pool.current.ids
+
+    @cached_ids.setter
+    def cached_ids(self, ids: list[int]) -> None:
+        self.pool.current.ids = ids
 
     # -- the raw forward ---------------------------------------------------------------------
 
@@ -161,8 +188,8 @@ class Engine:
         return np.concatenate(out).astype(np.float32, copy=False)
 
     def reset(self) -> None:
-        self.cache.truncate(0)
-        self.cached_ids = []
+        """Forget every cached sequence."""
+        self.pool.clear()
         if self.speculator is not None:
             self.speculator.truncate(0)
 
@@ -182,29 +209,38 @@ class Engine:
             )
 
     def prefill(self, ids: list[int]) -> tuple[np.ndarray, int]:
-        """Bring the cache to `ids` and return the last position's logits and how many prompt
-        tokens were reused from the cache."""
+        """Bring a cache to `ids` and return the last position's logits and how many prompt
+        tokens were reused from the prefix pool."""
         self._check_fits(len(ids))
-        common = 0
-        for a, b in zip(self.cached_ids, ids, strict=False):
-            if a != b:
-                break
-            common += 1
-        common = min(common, len(ids) - 1)  # recompute at least the last token for its logits
-        # a linear-attention state cannot be cut anywhere: the cache may keep less
+        # recompute at least the last token for its logits
+        previous = self.pool.current
+        slot, common = self.pool.choose(ids, len(ids) - 1)
+        if self.speculator is not None and slot is not previous:
+            self._switch_mtp(slot)
+        # a linear-attention state cannot be cut anywhere: `choose` kept what it can return to
         common = self.cache.truncate(common)
         self.cached_ids = self.cached_ids[:common]
         if self.speculator is not None:
             self.speculator.truncate(common)
+        slot.prompt_len = len(ids)
         arr = np.asarray(ids, dtype=np.int64)
-        for start in range(common, len(ids) - 1, PREFILL_CHUNK):
-            self._forward(arr[start : min(start + PREFILL_CHUNK, len(ids) - 1)], start)
-        # a restart point just before the last prompt token: the same prompt again, or one that
-        # shares it and then differs inside this reply, resumes from here
-        self.cache.checkpoint()
+        start = common
+        # restart points at message starts, and just before the last prompt token: the same
+        # prompt again, or one that shares it and then differs inside this reply, resumes there
+        for stop in [*boundaries(ids, common, len(ids) - 1, self.message_starts), len(ids) - 1]:
+            for pos in range(start, stop, PREFILL_CHUNK):
+                self._forward(arr[pos : min(pos + PREFILL_CHUNK, stop)], pos)
+            start = stop
+            self.cache.checkpoint()
         hidden = self._forward(arr[-1:], len(ids) - 1)
         self.cached_ids = list(ids)
+        self.pool.trim()
         return self.model.logits(hidden)[0], common
+
+    def _switch_mtp(self, slot: Slot) -> None:
+        if slot.mtp is None:
+            slot.mtp = self.model.new_mtp_cache(self.context_length)
+        self.speculator.switch(slot.mtp)
 
     def step(self, token: int) -> np.ndarray:
         """Append one token and return the next-token logits (V,)."""
@@ -286,6 +322,7 @@ class Engine:
             raise
         finally:
             self.constraint = None
+            self.pool.trim()  # the sequence grew by its reply
             now = time.perf_counter()
             stats.eval_s = now - t_first if t_first is not None else 0.0
             stats.total_s = now - t0
