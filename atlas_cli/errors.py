@@ -66,3 +66,7 @@ class GrammarError(AtlasError):
 
 class SlotError(AtlasError):
     """A saved prefix-cache slot that is missing, badly named, too large or from another model."""
+
+
+class SlotNotFoundError(SlotError):
+    """A slot id or saved slot file that does not exist."""

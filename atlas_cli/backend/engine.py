@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
@@ -21,11 +22,14 @@ from atlas_cli.backend.prefix_pool import (
     Slot,
     boundaries,
     default_budget,
+    fingerprint,
     message_start_ids,
+    read_slot,
+    save_slot,
 )
 from atlas_cli.backend.sample import Sampler, SamplingParams
 from atlas_cli.backend.tokenizer import TextTokenizer
-from atlas_cli.errors import ContextOverflowError
+from atlas_cli.errors import ContextOverflowError, SlotError
 
 PREFILL_CHUNK = 256  # bounds the attention score matrix during long prefills
 
@@ -241,6 +245,64 @@ class Engine:
         if slot.mtp is None:
             slot.mtp = self.model.new_mtp_cache(self.context_length)
         self.speculator.switch(slot.mtp)
+
+    # -- saved slots (llama-server's /slots) ---------------------------------------------------
+
+    def slots(self) -> list[dict]:
+        return [
+            {
+                "id": s.id,
+                "n_ctx": self.context_length,
+                "n_tokens": len(s.ids),
+                "n_prompt_tokens": s.prompt_len,
+                "bytes": s.nbytes,
+                "current": s is self.pool.current,
+            }
+            for s in sorted(self.pool.slots, key=lambda s: s.id)
+        ]
+
+    def save_slot(self, slot_id: int, path: Path) -> tuple[int, int]:
+        """Write a slot to `path`; returns (tokens, bytes written)."""
+        slot = self.pool.get(slot_id)
+        n = len(slot.ids)
+        if slot.cache.length > n:  # rejected draft positions, still recorded in the trail
+            slot.cache.truncate(n)
+        if slot.mtp is not None:
+            slot.mtp.truncate(max(n - 1, 0))
+        return n, save_slot(slot, path, fingerprint(self.model))
+
+    def restore_slot(self, slot_id: int, path: Path) -> tuple[int, int]:
+        """Load a saved slot as slot `slot_id` (replacing it); returns (tokens, bytes read).
+        The next prompt that extends it prefills only its new suffix."""
+        # a file larger than the pool could not stay in it: refused before it is read
+        meta, arrays, mtp_arrays, ids = read_slot(path, fingerprint(self.model), self.pool.budget)
+        cache = self.model.new_cache(self.context_length)
+        mtp = self.model.new_mtp_cache(self.context_length) if self.speculator else None
+        try:
+            cache.load(arrays)
+            if mtp is not None and mtp_arrays:
+                mtp.load(mtp_arrays)
+        except ValueError as exc:
+            raise SlotError(f"{path.name} does not fit this model's cache ({exc})") from None
+        if cache.length != len(ids) or not 0 <= int(meta.get("prompt_len", -1)) <= len(ids):
+            raise SlotError(f"{path.name} is inconsistent: its tokens and cache disagree")
+        was_current = any(s.id == slot_id and s is self.pool.current for s in self.pool.slots)
+        slot = self.pool.add(cache, ids, slot_id)
+        slot.prompt_len, slot.mtp = int(meta["prompt_len"]), mtp
+        if was_current:
+            self.pool.current = slot
+            if self.speculator is not None:
+                self._switch_mtp(slot)
+        self.pool.trim()
+        return len(ids), path.stat().st_size
+
+    def erase_slot(self, slot_id: int) -> int:
+        """Drop a slot; returns how many tokens it held."""
+        previous = self.pool.current
+        n = self.pool.erase(slot_id)
+        if self.speculator is not None and self.pool.current is not previous:
+            self._switch_mtp(self.pool.current)
+        return n
 
     def step(self, token: int) -> np.ndarray:
         """Append one token and return the next-token logits (V,)."""

@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from atlas_cli.backend.cache import Cache
-from atlas_cli.errors import SlotError
+from atlas_cli.errors import SlotError, SlotNotFoundError
 from atlas_cli.store import paths
 
 # the special tokens that open a message in the chat formats we know (ChatML, Llama 3, Gemma)
@@ -86,7 +86,7 @@ class PrefixPool:
             if slot.id == slot_id:
                 return slot
         have = ", ".join(str(s.id) for s in self.slots)
-        raise SlotError(f"there is no slot {slot_id} (slots: {have})")
+        raise SlotNotFoundError(f"there is no slot {slot_id} (slots: {have})")
 
     @property
     def nbytes(self) -> int:
@@ -101,7 +101,8 @@ class PrefixPool:
         for slot in self.slots:
             common = common_prefix(slot.ids, target)
             reusable = slot.cache.reusable(common)
-            fits = common >= slot.prompt_len
+            # the same prompt again stops one short of it: that is not leaving it
+            fits = common >= slot.prompt_len - 1
             if (reusable, fits, slot.used) > rank:
                 rank, best, keep, in_place = (reusable, fits, slot.used), slot, reusable, fits
         if keep == 0:
@@ -225,7 +226,7 @@ def save_slot(slot: Slot, path: Path, model_id: str) -> int:
 def read_slot(path: Path, model_id: str, max_bytes: int) -> tuple[dict, dict, dict, list[int]]:
     """A saved slot's meta, cache arrays, MTP arrays and tokens, checked before use."""
     if not path.is_file():
-        raise SlotError(f"there is no saved slot {path.name!r} in {path.parent}")
+        raise SlotNotFoundError(f"there is no saved slot {path.name!r} in {path.parent}")
     size = path.stat().st_size
     if size > max_bytes:
         raise SlotError(

@@ -4,6 +4,7 @@ loads, so a taken port fails at once; the weights load while /health answers 503
 from __future__ import annotations
 
 import json
+import re
 import socket
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ from atlas_cli.errors import AtlasError, UsageError
 from atlas_cli.serve.app import ServeConfig, create_app
 
 LOOPBACK = {"127.0.0.1", "::1", "localhost"}
+SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -40,6 +42,16 @@ def parse_template_kwargs(text: str | None) -> dict | None:
     if not isinstance(value, dict):
         raise UsageError("--chat-template-kwargs must be a JSON object")
     return value
+
+
+def parse_size(text: str | None, flag: str) -> int | None:
+    """`8GiB`, `512M`, `1.5g`, `0`: bytes (K, M, G, T and KiB... are powers of 1024)."""
+    if text is None:
+        return None
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*", text.lower())
+    if not m:
+        raise UsageError(f"{flag} must be a size such as 8GiB, 512MiB or 0, got {text!r}")
+    return int(float(m.group(1)) * SIZE_UNITS[m.group(2)])
 
 
 def recipe_tool_parser(model: str, device: str) -> str | None:
@@ -73,6 +85,7 @@ def serve(
     accept_any_model: bool = False,
     template_kwargs: dict | None = None,
     tool_parser: str | None = None,
+    cache_bytes: int | None = None,
 ) -> None:
     import uvicorn
 
@@ -101,6 +114,7 @@ def serve(
         accept_any_model=accept_any_model,
         template_kwargs=template_kwargs,
         tool_parser=tool_parser,
+        cache_bytes=cache_bytes,
         resolved=resolved,
     )
     sock = bind(host, port)
