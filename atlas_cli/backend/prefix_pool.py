@@ -154,8 +154,12 @@ def common_prefix(ids: Sequence[int], target: np.ndarray) -> int:
 
 
 def message_start_ids(tokenizer) -> frozenset[int]:
-    """The ids of the tokens that open a message, for this tokenizer's chat format."""
-    found = (tokenizer.backend.token_to_id(text) for text in MESSAGE_START_TEXTS)
+    """The ids of the tokens that open a message, for this tokenizer's chat format (none
+    without a tokenizer: an engine driven by token ids alone)."""
+    backend = getattr(tokenizer, "backend", None)
+    if backend is None:
+        return frozenset()
+    found = (backend.token_to_id(text) for text in MESSAGE_START_TEXTS)
     return frozenset(i for i in found if i is not None)
 
 
