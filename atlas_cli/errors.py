@@ -62,3 +62,11 @@ class ModelTooLargeError(AtlasError):
 
 class GrammarError(AtlasError):
     """A grammar or JSON schema that constrained decoding cannot compile."""
+
+
+class SlotError(AtlasError):
+    """A saved prefix-cache slot that is missing, badly named, too large or from another model."""
+
+
+class SlotNotFoundError(SlotError):
+    """A slot id or saved slot file that does not exist."""

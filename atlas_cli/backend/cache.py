@@ -51,6 +51,25 @@ class Cache(Protocol):
 
     def stop_trail(self) -> None: ...
 
+    # -- what the prefix pool (prefix_pool.py) asks to keep several sequences --------------
+
+    @property
+    def nbytes(self) -> int:
+        """The memory this cache holds: allocated capacity, checkpoints included."""
+
+    def reusable(self, length: int) -> int:
+        """How many positions `truncate(length)` would keep, without cutting anything."""
+
+    def clone(self, length: int) -> Cache:
+        """A new cache holding this one's first `reusable(length)` positions; this one is
+        left as it is."""
+
+    def export(self) -> dict[str, np.ndarray]:
+        """The filled state as named host arrays (a slot saved to disk)."""
+
+    def load(self, arrays: dict[str, np.ndarray]) -> None:
+        """Fill this empty cache from `export`'s arrays; ValueError when they do not fit."""
+
 
 class KVCacheBase:
     """The part of `Cache` every pure key-value cache shares: K/V at a position never depend
@@ -66,6 +85,9 @@ class KVCacheBase:
 
     def stop_trail(self) -> None:
         """See `start_trail`."""
+
+    def reusable(self, length: int) -> int:
+        return min(length, self.length)
 
 
 def grown_capacity(cap: int, new_len: int, max_len: int) -> int:
@@ -122,6 +144,65 @@ class KVCache(KVCacheBase):
         self.length = min(self.length, length)
         return self.length
 
+    @property
+    def nbytes(self) -> int:
+        return sum(layer.k.nbytes + layer.v.nbytes for layer in self.layers)
+
+    def clone(self, length: int) -> KVCache:
+        n = self.reusable(length)
+        nkv, _, hd = self.layers[0].k.shape
+        new = type(self)(len(self.layers), nkv, hd, self.max_len)
+        new.reserve(n)  # before reading new.layers: growing may rebuild them
+        _copy_kv(dict(enumerate(self.layers)), dict(enumerate(new.layers)), n)
+        new.length = n
+        return new
+
+    def export(self) -> dict[str, np.ndarray]:
+        kv = _export_kv(dict(enumerate(self.layers)), self.length)
+        return {"length": np.asarray(self.length), **kv}
+
+    def load(self, arrays: dict[str, np.ndarray]) -> None:
+        n = saved_length(arrays, self.max_len)
+        self.reserve(n)
+        _load_kv(dict(enumerate(self.layers)), arrays, n)
+        self.length = n
+
+
+def saved_length(arrays: dict[str, np.ndarray], max_len: int) -> int:
+    """The `length` entry of exported arrays, checked against the cache's context."""
+    n = int(np.asarray(arrays.get("length", -1)))
+    if not 0 <= n <= max_len:
+        raise ValueError(f"saved length {n} does not fit a cache of {max_len} positions")
+    return n
+
+
+def _copy_kv(src: dict[int, LayerKV], dst: dict[int, LayerKV], n: int) -> None:
+    for i, layer in src.items():
+        dst[i].k[:, :n] = layer.k[:, :n]
+        dst[i].v[:, :n] = layer.v[:, :n]
+
+
+def _export_kv(layers: dict[int, LayerKV], n: int) -> dict[str, np.ndarray]:
+    out = {}
+    for i, layer in layers.items():
+        out[f"k{i}"], out[f"v{i}"] = layer.k[:, :n], layer.v[:, :n]
+    return out
+
+
+def _load_kv(layers: dict[int, LayerKV], arrays: dict[str, np.ndarray], n: int) -> None:
+    """Write saved (nkv, n, hd) keys and values into `layers` (reserved for n positions)."""
+    for i, layer in layers.items():
+        for name, slab in ((f"k{i}", layer.k), (f"v{i}", layer.v)):
+            check_saved(arrays, name, (slab.shape[0], n, slab.shape[2]))
+            slab[:, :n] = arrays[name]
+
+
+def check_saved(arrays: dict[str, np.ndarray], name: str, shape: tuple) -> None:
+    got = arrays.get(name)
+    if got is None or got.shape != tuple(shape) or got.dtype != np.float32:
+        desc = "missing" if got is None else f"{got.dtype} {got.shape}"
+        raise ValueError(f"saved array {name!r} is {desc}; this model needs float32 {shape}")
+
 
 def _write(entry: LayerKV, start: int, k: np.ndarray, v: np.ndarray):
     """k, v (T, nkv, hd) into the (nkv, capacity, hd) slabs at start..; the filled views."""
@@ -177,8 +258,10 @@ class HybridCache:
         conv_shape: tuple[int, int],
         recurrent_shape: tuple[int, int, int],
         max_len: int,
-        max_checkpoints: int = 4,
+        max_checkpoints: int = 8,
     ):
+        # what `clone` needs to build an empty cache of the same shape
+        self._shape = (tuple(layer_types), n_kv_heads, head_dim, conv_shape, recurrent_shape)
         self.max_len = max_len
         self.length = 0
         self.max_checkpoints = max_checkpoints
@@ -254,22 +337,32 @@ class HybridCache:
         self.checkpoints.sort(key=lambda c: c.length)
         del self.checkpoints[: -self.max_checkpoints]
 
+    def _best(self, length: int) -> CacheSnapshot | None:
+        """The latest checkpoint or complete trail entry at or before `length`."""
+        recorded = [
+            CacheSnapshot(n, states)
+            for n, states in self.trail.items()
+            if len(states) == len(self.linear)
+        ]
+        return max(
+            (c for c in [*self.checkpoints, *recorded] if c.length <= length),
+            default=None,
+            key=lambda c: c.length,
+        )
+
+    def reusable(self, length: int) -> int:
+        if length >= self.length:
+            return self.length
+        best = self._best(length)
+        return 0 if best is None else best.length
+
     def truncate(self, length: int) -> int:
         """Keep at most `length` positions; returns how many were kept: `length` itself when
         nothing past it was added or it lies in the recorded trail, else the latest checkpoint
         at or before it (or 0)."""
         if length >= self.length:
             return self.length
-        recorded = [
-            CacheSnapshot(n, states)
-            for n, states in self.trail.items()
-            if len(states) == len(self.linear)
-        ]
-        best = max(
-            (c for c in [*self.checkpoints, *recorded] if c.length <= length),
-            default=None,
-            key=lambda c: c.length,
-        )
+        best = self._best(length)
         if best is None:
             for state in self.linear.values():
                 state.conv[:] = 0
@@ -280,3 +373,68 @@ class HybridCache:
         else:
             self.restore(best)
         return self.length
+
+    # -- for the prefix pool -----------------------------------------------------------------
+
+    @property
+    def nbytes(self) -> int:
+        kv = sum(layer.k.nbytes + layer.v.nbytes for layer in self.kv.values())
+        states = [*self.linear.values(), *(s for c in self.checkpoints for s in c.states.values())]
+        return kv + sum(s.conv.nbytes + s.recurrent.nbytes for s in states)
+
+    def clone(self, length: int) -> HybridCache:
+        """A new cache at `reusable(length)` positions; the checkpoints up to there are shared
+        (a snapshot is never written to: `restore` copies it)."""
+        n = self.reusable(length)
+        new = HybridCache(*self._shape, self.max_len, self.max_checkpoints)
+        new.reserve(n)
+        _copy_kv(self.kv, new.kv, n)
+        at = self.snapshot() if n == self.length else self._best(n)
+        if at is not None:
+            new.linear = {i: state.copy() for i, state in at.states.items()}
+        new.checkpoints = [c for c in self.checkpoints if c.length <= n]
+        new.length = n
+        return new
+
+    def export(self) -> dict[str, np.ndarray]:
+        out = {"length": np.asarray(self.length), **_export_kv(self.kv, self.length)}
+        out |= _export_states(self.linear, "")
+        out["checkpoints"] = np.asarray([c.length for c in self.checkpoints], np.int64)
+        for j, c in enumerate(self.checkpoints):
+            out |= _export_states(c.states, f"c{j}.")
+        return out
+
+    def load(self, arrays: dict[str, np.ndarray]) -> None:
+        n = saved_length(arrays, self.max_len)
+        self.reserve(n)
+        _load_kv(self.kv, arrays, n)
+        self.linear = _load_states(self.linear, arrays, "")
+        lengths = [int(x) for x in np.asarray(arrays.get("checkpoints", []), np.int64)]
+        if any(not 0 < m <= n for m in lengths) or len(lengths) > self.max_checkpoints:
+            raise ValueError(f"saved checkpoints {lengths} do not fit {n} positions")
+        self.checkpoints = [
+            CacheSnapshot(m, _load_states(self.linear, arrays, f"c{j}."))
+            for j, m in enumerate(lengths)
+        ]
+        self.length = n
+
+
+def _export_states(states: dict[int, LinearState], prefix: str) -> dict[str, np.ndarray]:
+    out = {}
+    for i, s in states.items():  # np.asarray brings a device state to the host
+        out[f"{prefix}conv{i}"] = np.asarray(s.conv, np.float32)
+        out[f"{prefix}rec{i}"] = np.asarray(s.recurrent, np.float32)
+    return out
+
+
+def _load_states(
+    like: dict[int, LinearState], arrays: dict[str, np.ndarray], prefix: str
+) -> dict[int, LinearState]:
+    """Saved linear states shaped like `like` (the cache's own)."""
+    out = {}
+    for i, s in like.items():
+        conv, rec = f"{prefix}conv{i}", f"{prefix}rec{i}"
+        check_saved(arrays, conv, s.conv.shape)
+        check_saved(arrays, rec, s.recurrent.shape)
+        out[i] = LinearState(np.array(arrays[conv]), np.array(arrays[rec]))
+    return out

@@ -1,7 +1,8 @@
 """Generation: prefill, cached decode, sampling, stop conditions and streaming text.
 
-One `Engine` holds one model and one cache (single stream). The cache outlives a request:
-the next prompt that starts with the same tokens prefills only its new suffix.
+One `Engine` holds one model and runs one stream at a time. Its caches outlive a request: a
+pool of cached sequences (backend/prefix_pool.py) sends each prompt to the one that shares
+the longest prefix with it, so interleaved conversations each prefill only their new suffix.
 """
 
 from __future__ import annotations
@@ -9,15 +10,26 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
 from atlas_cli.backend.cache import Cache
 from atlas_cli.backend.constraint import Constraint
 from atlas_cli.backend.models.base import BaseModel
+from atlas_cli.backend.prefix_pool import (
+    PrefixPool,
+    Slot,
+    boundaries,
+    default_budget,
+    fingerprint,
+    message_start_ids,
+    read_slot,
+    save_slot,
+)
 from atlas_cli.backend.sample import Sampler, SamplingParams
 from atlas_cli.backend.tokenizer import TextTokenizer
-from atlas_cli.errors import ContextOverflowError, CorruptModelError
+from atlas_cli.errors import ContextOverflowError, CorruptModelError, SlotError
 
 PREFILL_CHUNK = 256  # bounds the attention score matrix during long prefills
 
@@ -31,7 +43,7 @@ class TokenEvent:
 @dataclass
 class GenerationStats:
     prompt_tokens: int = 0
-    cached_tokens: int = 0  # prompt tokens whose KV came from the previous request
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
     completion_tokens: int = 0
     finish_reason: str = "length"  # "stop" | "length" | "interrupted"
     prompt_s: float = 0.0
@@ -142,14 +154,18 @@ class Engine:
         tokenizer: TextTokenizer,
         context_length: int,
         draft: int | None = None,
+        cache_bytes: int | None = None,
     ):
         """`draft`: tokens to draft per step with the model's MTP head (speculative decoding);
-        None picks a default when the model has one, 0 turns speculation off."""
+        None picks a default when the model has one, 0 turns speculation off. `cache_bytes`:
+        the prefix pool's budget (None: a quarter of the memory available now; 0: keep only
+        the sequence in use)."""
         self.model = model
         self.tokenizer = tokenizer
         self.context_length = context_length
-        self.cache: Cache = model.new_cache(context_length)
-        self.cached_ids: list[int] = []  # tokens whose K/V are in the cache
+        budget = default_budget() if cache_bytes is None else cache_bytes
+        self.pool = PrefixPool(lambda: model.new_cache(context_length), budget)
+        self.message_starts = message_start_ids(tokenizer)  # where prefill checkpoints
         self.speculator = None
         self.constraint: Constraint | None = None  # the grammar of the answer in progress
         if model.has_mtp:
@@ -158,6 +174,21 @@ class Engine:
             draft = DEFAULT_DRAFT if draft is None else draft
             if draft > 0:
                 self.speculator = MTPSpeculator(self, draft)
+                self.pool.current.mtp = self.speculator.cache
+
+    @property
+    def cache(self) -> Cache:
+        """The cache of the sequence in use."""
+        return self.pool.current.cache
+
+    @property
+    def cached_ids(self) -> list[int]:
+        """The tokens whose state is in `cache`."""
+        return self.pool.current.ids
+
+    @cached_ids.setter
+    def cached_ids(self, ids: list[int]) -> None:
+        self.pool.current.ids = ids
 
     # -- the raw forward ---------------------------------------------------------------------
 
@@ -174,8 +205,8 @@ class Engine:
         return np.concatenate(out).astype(np.float32, copy=False)
 
     def reset(self) -> None:
-        self.cache.truncate(0)
-        self.cached_ids = []
+        """Forget every cached sequence."""
+        self.pool.clear()
         if self.speculator is not None:
             self.speculator.truncate(0)
 
@@ -205,29 +236,96 @@ class Engine:
         return limit is None or self.context_length < limit
 
     def prefill(self, ids: list[int]) -> tuple[np.ndarray, int]:
-        """Bring the cache to `ids` and return the last position's logits and how many prompt
-        tokens were reused from the cache."""
+        """Bring a cache to `ids` and return the last position's logits and how many prompt
+        tokens were reused from the prefix pool."""
         self._check_fits(len(ids))
-        common = 0
-        for a, b in zip(self.cached_ids, ids, strict=False):
-            if a != b:
-                break
-            common += 1
-        common = min(common, len(ids) - 1)  # recompute at least the last token for its logits
-        # a linear-attention state cannot be cut anywhere: the cache may keep less
+        # recompute at least the last token for its logits
+        previous = self.pool.current
+        slot, common = self.pool.choose(ids, len(ids) - 1)
+        if self.speculator is not None and slot is not previous:
+            self._switch_mtp(slot)
+        # a linear-attention state cannot be cut anywhere: `choose` kept what it can return to
         common = self.cache.truncate(common)
         self.cached_ids = self.cached_ids[:common]
         if self.speculator is not None:
             self.speculator.truncate(common)
+        slot.prompt_len = len(ids)
         arr = np.asarray(ids, dtype=np.int64)
-        for start in range(common, len(ids) - 1, PREFILL_CHUNK):
-            self._forward(arr[start : min(start + PREFILL_CHUNK, len(ids) - 1)], start)
-        # a restart point just before the last prompt token: the same prompt again, or one that
-        # shares it and then differs inside this reply, resumes from here
-        self.cache.checkpoint()
+        start = common
+        # restart points at message starts, and just before the last prompt token: the same
+        # prompt again, or one that shares it and then differs inside this reply, resumes there
+        for stop in [*boundaries(ids, common, len(ids) - 1, self.message_starts), len(ids) - 1]:
+            for pos in range(start, stop, PREFILL_CHUNK):
+                self._forward(arr[pos : min(pos + PREFILL_CHUNK, stop)], pos)
+            start = stop
+            self.cache.checkpoint()
         hidden = self._forward(arr[-1:], len(ids) - 1)
         self.cached_ids = list(ids)
+        self.pool.trim()
         return self.model.logits(hidden)[0], common
+
+    def _switch_mtp(self, slot: Slot) -> None:
+        if slot.mtp is None:
+            slot.mtp = self.model.new_mtp_cache(self.context_length)
+        self.speculator.switch(slot.mtp)
+
+    # -- saved slots (llama-server's /slots) ---------------------------------------------------
+
+    def slots(self) -> list[dict]:
+        return [
+            {
+                "id": s.id,
+                "n_ctx": self.context_length,
+                "n_tokens": len(s.ids),
+                "n_prompt_tokens": s.prompt_len,
+                "bytes": s.nbytes,
+                "current": s is self.pool.current,
+            }
+            for s in sorted(self.pool.slots, key=lambda s: s.id)
+        ]
+
+    def save_slot(self, slot_id: int, path: Path) -> tuple[int, int]:
+        """Write a slot to `path`; returns (tokens, bytes written)."""
+        slot = self.pool.get(slot_id)
+        n = len(slot.ids)
+        if slot.cache.length > n:  # rejected draft positions, still recorded in the trail
+            slot.cache.truncate(n)
+        if slot.mtp is not None:
+            slot.mtp.truncate(max(n - 1, 0))
+        return n, save_slot(slot, path, fingerprint(self.model))
+
+    def restore_slot(self, slot_id: int, path: Path) -> tuple[int, int]:
+        """Load a saved slot as slot `slot_id` (replacing it); returns (tokens, bytes read).
+        The next prompt that extends it prefills only its new suffix."""
+        # a file larger than the pool could not stay in it: refused before it is read
+        meta, arrays, mtp_arrays, ids = read_slot(path, fingerprint(self.model), self.pool.budget)
+        cache = self.model.new_cache(self.context_length)
+        mtp = self.model.new_mtp_cache(self.context_length) if self.speculator else None
+        try:
+            cache.load(arrays)
+            if mtp is not None and mtp_arrays:
+                mtp.load(mtp_arrays)
+        except ValueError as exc:
+            raise SlotError(f"{path.name} does not fit this model's cache ({exc})") from None
+        if cache.length != len(ids) or not 0 <= int(meta.get("prompt_len", -1)) <= len(ids):
+            raise SlotError(f"{path.name} is inconsistent: its tokens and cache disagree")
+        was_current = any(s.id == slot_id and s is self.pool.current for s in self.pool.slots)
+        slot = self.pool.add(cache, ids, slot_id)
+        slot.prompt_len, slot.mtp = int(meta["prompt_len"]), mtp
+        if was_current:
+            self.pool.current = slot
+            if self.speculator is not None:
+                self._switch_mtp(slot)
+        self.pool.trim()
+        return len(ids), path.stat().st_size
+
+    def erase_slot(self, slot_id: int) -> int:
+        """Drop a slot; returns how many tokens it held."""
+        previous = self.pool.current
+        n = self.pool.erase(slot_id)
+        if self.speculator is not None and self.pool.current is not previous:
+            self._switch_mtp(self.pool.current)
+        return n
 
     def step(self, token: int) -> np.ndarray:
         """Append one token and return the next-token logits (V,)."""
@@ -310,6 +408,7 @@ class Engine:
             raise
         finally:
             self.constraint = None
+            self.pool.trim()  # the sequence grew by its reply
             now = time.perf_counter()
             stats.eval_s = now - t_first if t_first is not None else 0.0
             stats.total_s = now - t0

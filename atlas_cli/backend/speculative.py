@@ -64,6 +64,13 @@ class MTPSpeculator:
         self.last_hidden = hidden[-1]
         self.window_start, self.window = start, hidden
 
+    def switch(self, cache) -> None:
+        """Continue another sequence (the engine's prefix pool changed slots) whose MTP cache
+        is `cache`; the hidden states kept from the last forward belong to the old one."""
+        self.cache = cache
+        self.pending = []
+        self.last_hidden, self.window_start, self.window = None, 0, None
+
     def truncate(self, length: int) -> None:
         """The main cache now holds `length` positions."""
         self.pending = []

@@ -30,6 +30,14 @@ ToolParser = Annotated[
     ),
 ]
 
+CacheSize = Annotated[
+    str | None,
+    typer.Option(
+        help="Prefix cache budget for all cached conversations, e.g. 8GiB, 512MiB, 0 "
+        "(only the one in use); default: a quarter of the free memory."
+    ),
+]
+
 
 def serve(
     model: Model = DEFAULT_MODEL,
@@ -40,12 +48,13 @@ def serve(
     ctx_size: CtxSize = None,
     chat_template_kwargs: ChatTemplateKwargs = None,
     tool_parser: ToolParser = None,
+    cache_size: CacheSize = None,
     device: Device = None,
     threads: Threads = None,
 ):
     """Serve a model over an OpenAI-compatible HTTP API (and Anthropic's /v1/messages)."""
     use_threads(threads)
-    from atlas_cli.serve.server import parse_template_kwargs
+    from atlas_cli.serve.server import parse_size, parse_template_kwargs
     from atlas_cli.serve.server import serve as run_server
 
     run_server(
@@ -58,4 +67,5 @@ def serve(
         device=device,
         template_kwargs=parse_template_kwargs(chat_template_kwargs),
         tool_parser=tool_parser,
+        cache_bytes=parse_size(cache_size, "--cache-size"),
     )

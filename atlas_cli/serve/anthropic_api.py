@@ -43,6 +43,9 @@ from atlas_cli.serve.turn import Outcome, Turn
 
 STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use"}
 TEXT_BLOCKS = ("text",)  # the block types that may stand where Anthropic allows only text
+# Claude Code opens the system prompt with a per-request billing line; kept, it would change
+# the prompt's first tokens every request and defeat the prefix cache, so it is dropped
+BILLING_HEADER = "x-anthropic-billing-header"
 
 
 def to_openai_messages(
@@ -51,6 +54,8 @@ def to_openai_messages(
     """Anthropic turns as OpenAI messages: tool_result blocks become tool messages, tool_use
     blocks assistant tool_calls, thinking blocks reasoning_content."""
     out: list[Message] = []
+    if isinstance(system, list) and system and (system[0].text or "").startswith(BILLING_HEADER):
+        system = system[1:]
     if system:
         out.append(Message(role="system", content=text_of(system, "system", kinds=TEXT_BLOCKS)))
     for i, msg in enumerate(messages):

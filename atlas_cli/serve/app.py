@@ -28,6 +28,8 @@ ROUTES = [
     Route("/v1/models/{model:path}", service_api.get_model),
     Route("/tokenize", service_api.tokenize, methods=["POST"]),
     Route("/detokenize", service_api.detokenize, methods=["POST"]),
+    Route("/slots", service_api.list_slots),
+    Route("/slots/{slot}", service_api.slot_action, methods=["POST"]),
     Route("/v1/chat/completions", openai_api.chat_completions, methods=["POST"]),
     Route("/chat/completions", openai_api.chat_completions, methods=["POST"]),
     Route("/v1/completions", openai_api.completions, methods=["POST"]),

@@ -59,6 +59,7 @@ class ServeConfig:
     accept_any_model: bool = False  # llama-server's way: any model name means this model
     # defaults under each request's chat_template_kwargs, e.g. {"enable_thinking": False}
     template_kwargs: dict | None = None
+    cache_bytes: int | None = None  # the prefix cache's budget (--cache-size); None: default
     # `model` as atlas.session resolved it (path, device, the recipe's run defaults): the
     # server loads it with those defaults; None: open `model` by name or path here
     resolved: Any = None
@@ -83,7 +84,7 @@ class AppState:
 
     def set_model(self, model) -> None:
         self.parser = choose_parser(model.tokenizer.chat_template, self.config.tool_parser)
-        self.runner = EngineRunner(model.engine, self.metrics)
+        self.runner = EngineRunner(model.engine, self.metrics, self.config.cache_bytes)
         self.aliases.add(model.info.name)
         self.model = model
 

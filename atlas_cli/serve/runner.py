@@ -4,6 +4,8 @@ The engine is single-stream and synchronous, so it runs on one worker thread (a 
 executor is a FIFO queue). Each request gets a `Generation` whose text pieces cross back to the
 event loop through an asyncio queue. Cancelling one (a client that went away) stops it at the
 next token and frees the engine for the next request; one that is still queued never starts.
+Work on the engine's caches that is not a generation (saving or restoring a prefix-cache slot)
+goes through the same queue (`call`), so it never runs beside one.
 """
 
 from __future__ import annotations
@@ -12,9 +14,10 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TypeVar
 
 from atlas_cli.backend.constraint import Constraint
 from atlas_cli.backend.engine import Engine, GenerationStats
@@ -22,6 +25,7 @@ from atlas_cli.backend.sample import SamplingParams
 from atlas_cli.serve.metrics import Metrics
 
 _END = object()
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -88,11 +92,19 @@ def _set_done(fut: asyncio.Future) -> None:
 
 
 class EngineRunner:
-    def __init__(self, engine: Engine, metrics: Metrics):
+    def __init__(self, engine: Engine, metrics: Metrics, cache_bytes: int | None = None):
+        """`cache_bytes`: the engine's prefix-pool budget (`--cache-size`); None keeps the
+        engine's default."""
         self.engine = engine
         self.metrics = metrics
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="atlas-engine")
         metrics.ctx.set(engine.context_length)
+        if cache_bytes is not None:
+            engine.pool.budget = cache_bytes
+
+    async def call(self, fn: Callable[[], T]) -> T:
+        """Run `fn` on the engine thread, after the generations queued before it."""
+        return await asyncio.wrap_future(self._pool.submit(fn))
 
     def submit(self, job: Job) -> Generation:
         gen = Generation(job, asyncio.get_running_loop())

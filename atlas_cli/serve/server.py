@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import re
 import socket
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ from atlas_cli.errors import AtlasError, UsageError
 from atlas_cli.serve.app import ServeConfig, create_app
 
 LOOPBACK = {"127.0.0.1", "::1", "localhost"}
+SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 # Limits on what a client may hold. uvicorn has settings for idle keep-alive, connection count
 # and header size, but none for how long a request's headers may take: TimedH11Protocol adds it.
@@ -116,6 +118,16 @@ def parse_template_kwargs(text: str | None) -> dict | None:
     return value
 
 
+def parse_size(text: str | None, flag: str) -> int | None:
+    """`8GiB`, `512M`, `1.5g`, `0`: bytes (K, M, G, T and KiB... are powers of 1024)."""
+    if text is None:
+        return None
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*", text.lower())
+    if not m:
+        raise UsageError(f"{flag} must be a size such as 8GiB, 512MiB or 0, got {text!r}")
+    return int(float(m.group(1)) * SIZE_UNITS[m.group(2)])
+
+
 def recipe_tool_parser(model: str, device: str) -> str | None:
     """The tool-call parser a recipe names for the variant `model` resolves to (None for a
     path, a hub name, or a parser atlas does not have: the chat template decides then)."""
@@ -147,6 +159,7 @@ def serve(
     accept_any_model: bool = False,
     template_kwargs: dict | None = None,
     tool_parser: str | None = None,
+    cache_bytes: int | None = None,
 ) -> None:
     import uvicorn
 
@@ -175,6 +188,7 @@ def serve(
         accept_any_model=accept_any_model,
         template_kwargs=template_kwargs,
         tool_parser=tool_parser,
+        cache_bytes=cache_bytes,
         resolved=resolved,
     )
     sock = bind(host, port)

@@ -1,16 +1,22 @@
 """The endpoints that do not generate: the front door (`GET /`), health, models, tokenize /
-detokenize (llama.cpp's and vLLM's field names both work) and Prometheus metrics."""
+detokenize (llama.cpp's and vLLM's field names both work), Prometheus metrics, and
+llama-server's `/slots` (list the prefix cache's sequences; save one to disk, restore or erase
+it)."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from atlas_cli.backend.prefix_pool import slot_path
+from atlas_cli.errors import SlotError, SlotNotFoundError
+from atlas_cli.serve.body import parse_json
 from atlas_cli.serve.errors import APIError
-from atlas_cli.serve.http import AppState, check_token_ids, endpoint, read_body
+from atlas_cli.serve.http import AppState, check_token_ids, endpoint, read_body, read_bytes
 from atlas_cli.serve.prompt import ChatOptions, build_chat_prompt
 from atlas_cli.serve.protocol import DetokenizeRequest, TokenizeRequest
 
@@ -113,3 +119,41 @@ async def detokenize(state: AppState, request: Request) -> Response:
 async def metrics(request: Request) -> Response:
     state: AppState = request.app.state.atlas
     return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
+
+
+@endpoint("slots")
+async def list_slots(state: AppState, request: Request) -> Response:
+    return JSONResponse(await state.runner.call(state.model.engine.slots))
+
+
+@endpoint("slots")
+async def slot_action(state: AppState, request: Request) -> Response:
+    """`POST /slots/{id}?action=save|restore` with `{"filename": NAME}`, or `?action=erase`.
+    Files live in the atlas cache folder's `slots/`; NAME is a plain file name."""
+    raw, action = request.path_params["slot"], request.query_params.get("action")
+    if not raw.isdigit():
+        raise APIError(400, f"slot id must be a number, got {raw!r}", param="id_slot")
+    slot_id, engine, started = int(raw), state.model.engine, time.perf_counter()
+    try:
+        if action == "erase":
+            n = await state.runner.call(lambda: engine.erase_slot(slot_id))
+            return JSONResponse({"id_slot": slot_id, "n_erased": n})
+        if action not in ("save", "restore"):
+            raise APIError(400, "action must be save, restore or erase", param="action")
+        body = parse_json(await read_bytes(state, request))  # small: on the loop
+        name = body.get("filename") if isinstance(body, dict) else None
+        if not isinstance(name, str):
+            raise APIError(400, "give the slot file's name as 'filename'", param="filename")
+        path = slot_path(name)
+        if action == "save":
+            n, size = await state.runner.call(lambda: engine.save_slot(slot_id, path))
+            counts = {"n_saved": n, "n_written": size}
+        else:
+            n, size = await state.runner.call(lambda: engine.restore_slot(slot_id, path))
+            counts = {"n_restored": n, "n_read": size}
+    except SlotError as exc:
+        status = 404 if isinstance(exc, SlotNotFoundError) else 400
+        raise APIError(status, str(exc), param="filename") from None
+    ms = (time.perf_counter() - started) * 1000
+    timings = {f"{action}_ms": round(ms, 3)}
+    return JSONResponse({"id_slot": slot_id, "filename": name, **counts, "timings": timings})

@@ -7,7 +7,8 @@ A leaf: it imports only the standard library, platformdirs and atlas_cli.errors,
   Hugging Face cache instead, see store.hub);
 - `$ATLAS_HOME/manifests/<name>/<variant>.json`: one record per pull (see store.manifest);
 - `$ATLAS_HOME/locks/<name>.lock`: taken while a model is pulled (see store.lock);
-- the cache directory: derived data (parsed GGUF headers, compiled kernels), safe to delete.
+- the cache directory: derived data (parsed GGUF headers, compiled kernels, saved prefix-cache
+  slots under `slots/`), safe to delete.
 
 Without ATLAS_HOME these are the per-user data and cache directories.
 """
@@ -57,6 +58,11 @@ def cache_dir() -> Path:
     import platformdirs
 
     return Path(platformdirs.user_cache_dir("atlas", appauthor=False))
+
+
+def slots_dir() -> Path:
+    """Prefix-cache slots saved by `atlas serve` (POST /slots/{id}?action=save)."""
+    return cache_dir() / "slots"
 
 
 def check_free_space(directory: Path, needed: int, hub: bool = False) -> None:

@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from atlas_cli.backend.cache import GROW_STEP, KVCacheBase, grown_capacity
+import numpy as np
+
+from atlas_cli.backend.cache import GROW_STEP, KVCacheBase, grown_capacity, saved_length
 from atlas_cli.backend.ops.native_array import DeviceArray, DeviceOpsBase
 from atlas_cli.backend.ops.runtime import f32, i32, ptr
 
@@ -92,6 +94,57 @@ class KVCache(KVCacheBase):
     def truncate(self, length: int) -> int:
         self.length = min(self.length, length)
         return self.length
+
+    # -- for the prefix pool: sizes, copies and host arrays of the raw K/V bytes --------------
+
+    @property
+    def nbytes(self) -> int:
+        return 2 * len(self.layers) * self.nkv * self._cap * self.hd * self.esize
+
+    def _empty(self) -> KVCache:
+        return KVCache(
+            self.ops, len(self.layers), self.nkv, self.hd, self.max_len,
+            self.dtype, self.k_scale, self.v_scale,
+        )  # fmt: skip
+
+    def clone(self, length: int) -> KVCache:
+        n = self.reusable(length)
+        new = self._empty()
+        new.reserve(n)
+        src_head, dst_head = self._cap * self.hd * self.esize, new._cap * self.hd * self.esize
+        for src, dst in zip(self.layers, new.layers, strict=True):
+            for old, buf in zip(src, dst, strict=True):
+                for h in range(self.nkv):
+                    if n:
+                        self.ops.rt.d2d(
+                            buf, h * dst_head, old, h * src_head, n * self.hd * self.esize
+                        )
+        new.length = n
+        return new
+
+    def export(self) -> dict[str, np.ndarray]:
+        """Each layer's K and V as raw bytes (nkv, length, hd * element size), uint8."""
+        out = {"length": np.asarray(self.length)}
+        for i, pair in enumerate(self.layers):
+            for name, buf in zip("kv", pair, strict=True):
+                host = np.empty((self.nkv, self._cap, self.hd * self.esize), np.uint8)
+                self.ops.rt.d2h(host, buf)
+                out[f"{name}{i}"] = host[:, : self.length]
+        return out
+
+    def load(self, arrays: dict[str, np.ndarray]) -> None:
+        n = saved_length(arrays, self.max_len)
+        self.reserve(n)
+        shape = (self.nkv, n, self.hd * self.esize)
+        for i, pair in enumerate(self.layers):
+            for name, buf in zip("kv", pair, strict=True):
+                got = arrays.get(f"{name}{i}")
+                if got is None or got.shape != shape or got.dtype != np.uint8:
+                    raise ValueError(f"saved {name}{i} is not {self.dtype} K/V bytes {shape}")
+                host = np.zeros((self.nkv, self._cap, self.hd * self.esize), np.uint8)
+                host[:, :n] = got
+                self.ops.rt.h2d(buf, host)
+        self.length = n
 
 
 class AttentionLaunchers(DeviceOpsBase):
