@@ -192,7 +192,7 @@ def test_health_answers_while_a_10mb_body_is_handled(scripted):
     worker.start()
     time.sleep(0.05)
     latencies = []
-    while worker.is_alive():
+    while worker.is_alive() or not latencies:  # at least one probe, however quick the refusal
         start = time.perf_counter()
         assert raw_request(scripted.port, "GET", "/health")[0] == 200
         latencies.append(time.perf_counter() - start)
