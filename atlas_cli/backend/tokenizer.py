@@ -77,14 +77,20 @@ class TextTokenizer:
         `add_special_tokens`, BOS is prepended when the model asks for it and it is not there."""
         # encode_batch lets go of the GIL while it works (encode does not): a server's event
         # loop keeps running while a long prompt is tokenised on a worker thread
-        ids = self.backend.encode_batch([text], add_special_tokens=False)[0].ids
+        try:
+            ids = self.backend.encode_batch([text], add_special_tokens=False)[0].ids
+        except Exception as exc:  # a damaged tokenizer.json that parsed (`tokenizers`' errors)
+            raise CorruptModelError(f"the tokenizer cannot encode text ({exc})") from None
         wants_bos = add_special_tokens and self.add_bos and self.bos_id is not None
         if wants_bos and (not ids or ids[0] != self.bos_id):
             ids = [self.bos_id, *ids]
         return ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
-        return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        try:
+            return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        except Exception as exc:  # as in encode
+            raise CorruptModelError(f"the tokenizer cannot decode ids ({exc})") from None
 
     def render_chat(
         self,

@@ -279,7 +279,7 @@ def config_from_metadata(
     arch = md.get("general.architecture")
     if not isinstance(arch, str) or arch not in SUPPORTED_ARCHS:
         raise UnsupportedModelError(
-            f"architecture {arch!r} is not supported by atlas "
+            f"{source}: architecture {arch!r} is not supported by atlas "
             f"(supported GGUF architectures: {', '.join(sorted(SUPPORTED_ARCHS))})"
         )
     if arch == "qwen35":

@@ -184,7 +184,7 @@ def checkpoint_files(path: Path) -> list[Path]:
                 'directory (expected an object of "name": "model-00001-of-00002.safetensors")'
             )
         files = [path / f for f in dict.fromkeys(weight_map.values())]
-        missing = [f.name for f in files if not f.is_file()]
+        missing = [f.name for f in files if not _is_file(f)]
         if missing:
             raise CorruptModelError(
                 f"{path}: shard(s) {', '.join(missing)} listed in the index are missing; "
@@ -195,6 +195,13 @@ def checkpoint_files(path: Path) -> list[Path]:
     if not files:
         raise UnsupportedModelError(f"{path}: no .safetensors files")
     return files
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except OSError:  # a name too long for the file system is no file either
+        return False
 
 
 def read_header(file: Path) -> dict[str, _Entry]:
