@@ -176,9 +176,8 @@ def main() -> int:
     for t in threads:
         t.join()
     shutil.rmtree(scratch, ignore_errors=True)
-    print(
-        f"{len(todo)} cases ({', '.join(f'{k} {sum(1 for c in todo if c[0] == k)}' for k in kinds)})"
-    )
+    per_kind = collections.Counter(kind for kind, _ in todo)
+    print(f"{len(todo)} cases ({', '.join(f'{k} {per_kind[k]}' for k in kinds)})")
     for outcome in ("clean error", "load", *BAD):
         detail = ", ".join(f"{k} {by_kind[(k, outcome)]}" for k in kinds)
         print(f"  {outcome:15} {counts[outcome]:5}   ({detail})")
