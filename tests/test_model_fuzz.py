@@ -75,6 +75,7 @@ def test_mutated_fixtures_end_in_a_clean_error_or_a_run(kind, tmp_path):
     assert outcomes["load"] > 5, outcomes
 
 
+@pytest.mark.slow  # ~30 s: the harmless cases load the real model on the reference backend
 def test_mutated_default_model_header(smollm2_path, tmp_path):
     outcomes = fuzz("real", 12, tmp_path, real_gguf=smollm2_path)
     assert sum(outcomes.values()) == 12
