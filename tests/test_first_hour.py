@@ -194,7 +194,7 @@ def test_recipe_estimate_counts_gguf_blocks_on_the_cpu():
 def test_the_recipe_estimate_is_the_load_time_count(smollm2_path):
     from atlas_cli import backend, fit, recipes
 
-    _, weights, _ = backend._open_gguf(smollm2_path, True, lazy_unpermute=True)  # as on cpu
+    weights = backend._open_gguf(smollm2_path, True, lazy_unpermute=True).weights()  # as on cpu
     loaded = fit.weight_bytes(weights)
     r = recipes.get("smollm2-135m")
     predicted = fit.variant_weight_bytes(r.variants["q4_1"], r.model.parameter_count, "cpu")

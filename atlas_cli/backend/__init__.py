@@ -166,18 +166,22 @@ def load(
     # the fast CPU path keeps GGUF blocks too, with llama.cpp's Q/K row order undone lazily
     fast = getattr(ops, "KEEP_QUANTIZED", False)
     if path.is_dir():
-        info, weights, tokenizer = _open_hf_directory(path)
+        opened = _open_hf_directory(path)
     else:
-        info, weights, tokenizer = _open_gguf(path, native or fast, lazy_unpermute=fast)
-    model_type = info.config["model_type"]
-    if model_type not in MODEL_CLASSES:
+        opened = _open_gguf(path, native or fast, lazy_unpermute=fast)
+    info, tokenizer = opened.info, opened.tokenizer
+    model_type = info.config.get("model_type")
+    if not isinstance(model_type, str) or model_type not in MODEL_CLASSES:
         raise UnsupportedModelError(
             f"{path.name}: model type {model_type!r} is not supported "
             f"(supported: {', '.join(sorted(MODEL_CLASSES))})"
         )
     module_name, cls_name = MODEL_CLASSES[model_type]
     module = importlib.import_module(module_name)
-    args = module.ModelArgs.from_config(info.config)
+    model_class = getattr(module, cls_name)
+    args = _model_args(module, info.config, opened.config_source)
+    _check_against_config(path, opened, model_class, args)
+    weights = opened.weights()  # only now: the mapped or dequantized tensors
     limit = args.max_position_embeddings
     if ctx_size and ctx_size > limit:  # the user asked for it: say so rather than clamp
         raise UsageError(
@@ -191,7 +195,7 @@ def load(
         prepared = {k: _to_device(ops, k, v) for k, v in weights.items()}
     else:
         prepared = {k: ops.prepare_weight(v) if _is_matrix(k, v) else v for k, v in weights.items()}
-    net = getattr(module, cls_name)(args, prepared, ops)
+    net = model_class(args, prepared, ops)
 
     from atlas_cli.backend.engine import Engine
 
@@ -211,27 +215,72 @@ def _to_device(ops, name: str, w):
     return placement.to_device(ops, name, w)
 
 
+@dataclass(frozen=True)
+class _Opened:
+    """A model file with its headers read and checked, and its tensors not yet touched."""
+
+    info: ModelInfo
+    tokenizer: Any
+    shapes: dict[str, tuple[int, ...]]  # every tensor's shape under its HF name
+    weights: Callable[[], dict[str, Any]]  # maps (or dequantizes) the tensors
+    config_source: str  # where the config came from, for its errors
+
+
+def _model_args(module, config: dict[str, Any], source: str):
+    """The model's typed, range-checked arguments; a bad value names the file and field."""
+    from atlas_cli.backend.models.base import ConfigError, UnsupportedConfig
+
+    try:
+        return module.ModelArgs.from_config(config)
+    except UnsupportedConfig as exc:
+        raise UnsupportedModelError(f"{source}: {exc}") from None
+    except ConfigError as exc:
+        raise CorruptModelError(f"{source}: {exc}") from None
+
+
+def _check_against_config(path: Path, opened: _Opened, model_class, args) -> None:
+    """Every tensor's shape against the config, and the tokenizer against the vocabulary:
+    before any weight is read."""
+    from atlas_cli.backend.loaders import validate
+
+    required, optional = model_class.weight_shapes(args, set(opened.shapes))
+    validate.check_shapes(path.name, opened.shapes, required, optional)
+    tok = opened.tokenizer
+    validate.check_vocab(
+        opened.config_source,
+        args.vocab_size,
+        tok.vocab_size,
+        {"bos_token_id": tok.bos_id, "eos_token_id": tok.eos_id},
+    )
+
+
 def _open_gguf(path: Path, keep_quantized: bool = False, lazy_unpermute: bool = False):
     from atlas_cli.backend import tokenizer as tok
     from atlas_cli.backend.loaders import gguf, quant
     from atlas_cli.store import paths
 
     gf = gguf.open_gguf(path, cache_dir=paths.cache_dir())
-    config = gguf.config_from_metadata(gf.metadata, set(gf.tensors))
-    weights = gguf.load_weights(
-        gf, config, keep_quantized=keep_quantized, lazy_unpermute=lazy_unpermute
-    )
+    source = f"{path.name} (GGUF metadata)"
+    config = gguf.config_from_metadata(gf.metadata, set(gf.tensors), source=source)
     tokenizer = tok.from_gguf_metadata(gf.metadata, source=path.name)
-    file_type = _dominant_type(gf, quant)
+    n_layers = config["num_hidden_layers"] if gf.architecture == "qwen35" else None
+    shapes = {gguf.hf_name(n, n_layers): t.shape for n, t in gf.tensors.items()}
+    shapes.pop(None, None)  # an unknown name is refused when the weights are read
     info = ModelInfo(
         name=str(gf.metadata.get("general.name", path.stem)),
         path=path,
         format="gguf",
         architecture=gf.architecture,
         config=config,
-        file_type=file_type,
+        file_type=_dominant_type(gf, quant),
     )
-    return info, weights, tokenizer
+
+    def weights():
+        return gguf.load_weights(
+            gf, config, keep_quantized=keep_quantized, lazy_unpermute=lazy_unpermute
+        )
+
+    return _Opened(info, tokenizer, shapes, weights, source)
 
 
 def _dominant_type(gf, quant) -> str:
@@ -247,20 +296,23 @@ def _open_hf_directory(path: Path):
     from atlas_cli.backend import tokenizer as tok
     from atlas_cli.backend.loaders import safetensors as st
 
+    source = f"{path.name}/config.json"
     try:
         config = json.loads((path / "config.json").read_text())
     except FileNotFoundError:
         raise UnsupportedModelError(f"{path}: no config.json; not a Hugging Face model") from None
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise CorruptModelError(f"{path}/config.json: invalid JSON ({exc})") from None
-    weights = st.load_weights(path)
+    if not isinstance(config, dict):
+        raise CorruptModelError(f"{source}: expected a JSON object, found {type(config).__name__}")
+    shapes = st.logical_shapes(path)  # every header checked against its file
     tokenizer = tok.from_hf_directory(path, config)
     info = ModelInfo(
         name=path.name,
         path=path,
         format="safetensors",
-        architecture=config.get("model_type", "unknown"),
+        architecture=str(config.get("model_type", "unknown")),
         config=config,
         file_type=st.dominant_dtype(path),
     )
-    return info, weights, tokenizer
+    return _Opened(info, tokenizer, shapes, lambda: st.load_weights(path), source)

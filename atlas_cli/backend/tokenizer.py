@@ -17,7 +17,7 @@ from typing import Any
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
 from atlas_cli.backend.chat_template import render_template
-from atlas_cli.errors import TemplateError, UnsupportedModelError
+from atlas_cli.errors import AtlasError, CorruptModelError, TemplateError, UnsupportedModelError
 
 # Pre-tokenizer split patterns by `tokenizer.ggml.pre` (transformers' GGUF_PRE_TOKENIZER_SPLITS).
 _LLAMA3_SPLIT = (
@@ -93,14 +93,20 @@ class TextTokenizer:
         `add_special_tokens`, BOS is prepended when the model asks for it and it is not there."""
         # encode_batch lets go of the GIL while it works (encode does not): a server's event
         # loop keeps running while a long prompt is tokenised on a worker thread
-        ids = self.backend.encode_batch([text], add_special_tokens=False)[0].ids
+        try:
+            ids = self.backend.encode_batch([text], add_special_tokens=False)[0].ids
+        except Exception as exc:  # a damaged tokenizer.json that parsed (`tokenizers`' errors)
+            raise CorruptModelError(f"the tokenizer cannot encode text ({exc})") from None
         wants_bos = add_special_tokens and self.add_bos and self.bos_id is not None
         if wants_bos and (not ids or ids[0] != self.bos_id):
             ids = [self.bos_id, *ids]
         return ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
-        return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        try:
+            return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        except Exception as exc:  # as in encode
+            raise CorruptModelError(f"the tokenizer cannot decode ids ({exc})") from None
 
     def render_chat(
         self,
@@ -157,16 +163,64 @@ def _bytes_to_unicode() -> dict[int, str]:
     return dict(zip(printable, map(chr, chars), strict=True))
 
 
+def _typed_list(md: dict[str, Any], key: str, types: tuple, source: str) -> list:
+    value = md.get(key) or []
+    if not isinstance(value, list) or not all(type(v) in types for v in value):
+        names = "/".join(t.__name__ for t in types)
+        raise CorruptModelError(f"{source}: {key} must be a list of {names} values")
+    return value
+
+
+def _token_id(md: dict[str, Any], key: str, source: str) -> int | None:
+    value = md.get(key)
+    if value is not None and type(value) is not int:
+        raise CorruptModelError(f"{source}: {key} is {value!r} (expected a token id)")
+    return value
+
+
 def from_gguf_metadata(md: dict[str, Any], source: str = "GGUF") -> TextTokenizer:
     """`source` names the file in errors (its chat template's, for one)."""
     kind = md.get("tokenizer.ggml.model")
-    tokens: list[str] = md.get("tokenizer.ggml.tokens") or []
+    tokens: list[str] = _typed_list(md, "tokenizer.ggml.tokens", (str,), source)
     if not tokens:
         raise UnsupportedModelError("the GGUF file has no tokenizer vocabulary")
-    token_types: list[int] = md.get("tokenizer.ggml.token_type") or []
+    token_types = _typed_list(md, "tokenizer.ggml.token_type", (int,), source)
+    template = md.get("tokenizer.chat_template")
+    if template is not None and not isinstance(template, str):
+        raise CorruptModelError(f"{source}: tokenizer.chat_template is not a string")
+    try:
+        backend, add_bos_default = _gguf_backend(md, kind, tokens, token_types, source)
+    except (AtlasError, RecursionError, MemoryError):
+        raise
+    except Exception as exc:  # `tokenizers` raises plain Exceptions from Rust
+        raise CorruptModelError(f"{source}: cannot build the tokenizer ({exc})") from None
+    bos = _token_id(md, "tokenizer.ggml.bos_token_id", source)
+    eos = _token_id(md, "tokenizer.ggml.eos_token_id", source)
+    eot = _token_id(md, "tokenizer.ggml.eot_token_id", source)
+    return TextTokenizer(
+        backend=backend,
+        bos_id=bos,
+        eos_id=eos,
+        add_bos=bool(md.get("tokenizer.ggml.add_bos_token", add_bos_default)),
+        chat_template=template,
+        stop_ids=_stop_ids(backend, [eos, eot]),
+        template_name=f"chat template ({source} tokenizer.chat_template)",
+    )
+
+
+def _gguf_backend(md, kind, tokens, token_types, source: str) -> tuple[Tokenizer, bool]:
+    """The `tokenizers` model for a GGUF vocabulary, and whether it adds BOS by default."""
+    if len(set(tokens)) != len(tokens):
+        raise CorruptModelError(f"{source}: tokenizer.ggml.tokens lists a token twice")
     if kind == "gpt2":
-        backend = _byte_level_bpe(tokens, md.get("tokenizer.ggml.merges") or [])
-        split = PRE_TOKENIZER_SPLITS.get(md.get("tokenizer.ggml.pre"))
+        merges = _typed_list(md, "tokenizer.ggml.merges", (str,), source)
+        if not all(" " in m for m in merges):
+            raise CorruptModelError(
+                f'{source}: tokenizer.ggml.merges must be pairs written "left right"'
+            )
+        backend = _byte_level_bpe(tokens, merges)
+        pre = md.get("tokenizer.ggml.pre")
+        split = PRE_TOKENIZER_SPLITS.get(pre) if isinstance(pre, str) else None
         if split is not None:
             backend.pre_tokenizer = pre_tokenizers.Sequence(
                 [
@@ -176,25 +230,15 @@ def from_gguf_metadata(md: dict[str, Any], source: str = "GGUF") -> TextTokenize
             )
         add_bos_default = False
     elif kind == "llama":
-        backend = _sentencepiece_bpe(tokens, md.get("tokenizer.ggml.scores") or [])
+        scores = _typed_list(md, "tokenizer.ggml.scores", (int, float), source)
+        backend = _sentencepiece_bpe(tokens, scores)
         add_bos_default = True  # llama.cpp's default for SentencePiece vocabularies
     else:
         raise UnsupportedModelError(
             f"tokenizer type {kind!r} is not supported (supported: gpt2, llama)"
         )
     _add_marked_tokens(backend, tokens, token_types, byte_level=kind == "gpt2")
-    bos = md.get("tokenizer.ggml.bos_token_id")
-    eos = md.get("tokenizer.ggml.eos_token_id")
-    eot = md.get("tokenizer.ggml.eot_token_id")
-    return TextTokenizer(
-        backend=backend,
-        bos_id=bos,
-        eos_id=eos,
-        add_bos=bool(md.get("tokenizer.ggml.add_bos_token", add_bos_default)),
-        chat_template=md.get("tokenizer.chat_template"),
-        stop_ids=_stop_ids(backend, [eos, eot]),
-        template_name=f"chat template ({source} tokenizer.chat_template)",
-    )
+    return backend, add_bos_default
 
 
 def _byte_level_bpe(tokens: list[str], merges: list[str]) -> Tokenizer:
@@ -274,18 +318,12 @@ def from_hf_directory(path: Path, config: dict[str, Any]) -> TextTokenizer:
     tok_file = path / "tokenizer.json"
     if not tok_file.is_file():
         raise UnsupportedModelError(f"{path}: no tokenizer.json")
-    backend = Tokenizer.from_file(str(tok_file))
+    try:
+        backend = Tokenizer.from_file(str(tok_file))
+    except Exception as exc:  # `tokenizers` raises plain Exceptions from Rust
+        raise CorruptModelError(f"{tok_file}: cannot parse the tokenizer ({exc})") from None
     tok_config = _read_json(path / "tokenizer_config.json")
-    template = tok_config.get("chat_template")
-    if isinstance(template, list):  # a list of named templates: take the default one
-        template = next((t["template"] for t in template if t.get("name") == "default"), None)
-    origin = "tokenizer_config.json"
-    jinja = path / "chat_template.jinja"
-    if jinja.is_file():
-        template, origin = jinja.read_text(), jinja.name
-    elif (path / "chat_template.json").is_file():
-        template = _read_json(path / "chat_template.json").get("chat_template", template)
-        origin = "chat_template.json"
+    template, origin = _hf_template(path, tok_config)
 
     def token_id(entry) -> int | None:
         if isinstance(entry, dict):
@@ -294,16 +332,14 @@ def from_hf_directory(path: Path, config: dict[str, Any]) -> TextTokenizer:
 
     bos = token_id(tok_config.get("bos_token"))
     eos = token_id(tok_config.get("eos_token"))
-    if bos is None and isinstance(config.get("bos_token_id"), int):
+    if bos is None and _is_id(config.get("bos_token_id")):
         bos = config["bos_token_id"]
-    eos_ids = config.get("eos_token_id")
-    eos_list = eos_ids if isinstance(eos_ids, list) else [eos_ids]
     generation = _read_json(path / "generation_config.json").get("eos_token_id")
-    eos_list += generation if isinstance(generation, list) else [generation]
+    eos_list = [i for i in (*_ids(config.get("eos_token_id")), *_ids(generation)) if _is_id(i)]
     return TextTokenizer(
         backend=backend,
         bos_id=bos,
-        eos_id=eos if eos is not None else next((e for e in eos_list if e is not None), None),
+        eos_id=eos if eos is not None else next(iter(eos_list), None),
         add_bos=bool(tok_config.get("add_bos_token", False)),
         chat_template=template,
         stop_ids=_stop_ids(backend, [eos, *eos_list]),
@@ -311,10 +347,39 @@ def from_hf_directory(path: Path, config: dict[str, Any]) -> TextTokenizer:
     )
 
 
+def _is_id(value: Any) -> bool:
+    return type(value) is int and value >= 0
+
+
+def _ids(value: Any) -> list:
+    return value if isinstance(value, list) else [value]
+
+
+def _hf_template(path: Path, tok_config: dict[str, Any]) -> tuple[str | None, str]:
+    """The chat template and the file it came from (chat_template.jinja wins)."""
+    template = tok_config.get("chat_template")
+    if isinstance(template, list):  # a list of named templates: take the default one
+        named = [t for t in template if isinstance(t, dict)]
+        template = next((t.get("template") for t in named if t.get("name") == "default"), None)
+    origin = "tokenizer_config.json"
+    jinja = path / "chat_template.jinja"
+    if jinja.is_file():
+        template, origin = jinja.read_text(errors="replace"), jinja.name
+    elif (path / "chat_template.json").is_file():
+        template = _read_json(path / "chat_template.json").get("chat_template", template)
+        origin = "chat_template.json"
+    if template is not None and not isinstance(template, str):
+        raise CorruptModelError(f"{path / origin}: chat_template is not a string")
+    return template, origin
+
+
 def _read_json(path: Path) -> dict[str, Any]:
     try:
-        return json.loads(path.read_text())
+        value = json.loads(path.read_text())
     except FileNotFoundError:
         return {}
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise UnsupportedModelError(f"{path}: invalid JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise CorruptModelError(f"{path}: expected a JSON object, found {type(value).__name__}")
+    return value

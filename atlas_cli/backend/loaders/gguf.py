@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -19,11 +20,11 @@ from typing import Any
 import numpy as np
 
 from atlas_cli.backend.formats import QuantizedWeight, StoredRows, WeightFormat
-from atlas_cli.backend.loaders import quant
+from atlas_cli.backend.loaders import gguf_reader, quant, validate
 from atlas_cli.errors import CorruptModelError, UnsupportedModelError
 
 GGUF_MAGIC = b"GGUF"
-HEADER_CACHE_VERSION = 1
+HEADER_CACHE_VERSION = 2  # 2: our own bounded reader (gguf_reader.py)
 
 # GGUF tensor names -> Hugging Face names. `{i}` is the block index.
 TENSOR_NAMES = {
@@ -139,7 +140,9 @@ class GGUFFile:
 
 
 def open_gguf(path: str | os.PathLike, cache_dir: Path | None = None) -> GGUFFile:
-    """Open and validate a GGUF file; the header is cached in `cache_dir` when given."""
+    """Open and validate a GGUF file; the header is cached in `cache_dir` when given. Every
+    tensor is checked against the file (supported type, whole blocks, inside it, no overlaps),
+    cached header or not."""
     path = Path(path)
     if not path.is_file():
         raise CorruptModelError(f"{path}: no such file")
@@ -155,48 +158,35 @@ def open_gguf(path: str | os.PathLike, cache_dir: Path | None = None) -> GGUFFil
         if cache_dir:
             _write_cached_header(path, cache_dir, header)
     metadata, tensors = header
-    for info in tensors.values():
-        if info.offset + info.nbytes > size:
-            raise CorruptModelError(
-                f"{path}: file is truncated (tensor {info.name} ends at byte "
-                f"{info.offset + info.nbytes:,} but the file has {size:,} bytes); "
-                "download it again"
-            )
+    spans = [validate.Span(t.name, t.offset, t.offset + t.nbytes) for t in tensors.values()]
+    validate.check_spans(str(path), spans, size)
     return GGUFFile(path, metadata, tensors)
 
 
 def _parse_header(path: Path) -> tuple[dict[str, Any], dict[str, TensorInfo]]:
-    import gguf  # heavy import: only when the header is not cached
-
-    try:
-        reader = gguf.GGUFReader(path, "r")
-    except Exception as exc:  # the gguf package raises ValueError, struct and index errors
-        raise CorruptModelError(
-            f"{path}: cannot parse GGUF header ({exc}); the file is damaged"
-        ) from None
-    metadata = {}
-    for key, field in reader.fields.items():
-        if key.startswith("GGUF."):
-            continue
-        try:
-            metadata[key] = _plain(field.contents())
-        except Exception as exc:
-            raise CorruptModelError(f"{path}: cannot read metadata key {key} ({exc})") from None
+    metadata, table, data_start = gguf_reader.read_header(path)
+    alignment = metadata["general.alignment"]
     tensors = {}
-    for t in reader.tensors:
-        shape = tuple(int(d) for d in reversed(t.shape.tolist()))
-        tensors[t.name] = TensorInfo(
-            t.name, int(t.tensor_type), shape, int(t.data_offset), int(t.n_bytes)
-        )
+    for name, type_id, dims, offset in table:
+        if name in tensors:
+            raise CorruptModelError(f"{path}: tensor {name} appears twice")
+        qtype = quant.GGML_TYPES.get(type_id)
+        if qtype is None:
+            raise UnsupportedModelError(
+                f"{path.name}: tensor {name} has GGML type {type_id}, which atlas does "
+                f"not support (supported: {', '.join(t.name for t in quant.GGML_TYPES.values())})"
+            )
+        if offset % alignment:
+            raise CorruptModelError(
+                f"{path}: tensor {name} starts at data offset {offset:,}, which is not a "
+                f"multiple of general.alignment {alignment}; the file is damaged"
+            )
+        shape = tuple(reversed(dims))  # numpy order
+        if 0 in shape:
+            raise CorruptModelError(f"{path}: tensor {name} has shape {list(shape)} (a zero size)")
+        nbytes = validate.block_bytes(str(path), name, shape, qtype.block_elems, qtype.block_bytes)
+        tensors[name] = TensorInfo(name, type_id, shape, data_start + offset, nbytes)
     return metadata, tensors
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    if isinstance(value, np.generic):
-        return value.item()
-    return value
 
 
 def _cache_path(path: Path, cache_dir: Path) -> Path:
@@ -208,10 +198,10 @@ def _cache_path(path: Path, cache_dir: Path) -> Path:
 def _read_cached_header(path: Path, cache_dir: Path):
     try:
         raw = json.loads(_cache_path(path, cache_dir).read_text())
-    except (OSError, ValueError):
-        return None
-    tensors = {t[0]: TensorInfo(t[0], t[1], tuple(t[2]), t[3], t[4]) for t in raw["tensors"]}
-    return raw["metadata"], tensors
+        tensors = {t[0]: TensorInfo(t[0], t[1], tuple(t[2]), t[3], t[4]) for t in raw["tensors"]}
+        return dict(raw["metadata"]), tensors
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return None  # a damaged cache is only a cache: parse the file again
 
 
 def _write_cached_header(path: Path, cache_dir: Path, header) -> None:
@@ -247,87 +237,113 @@ def hf_name(gguf_name: str, n_layers: int | None = None) -> str | None:
     return pattern.format(i=i) if pattern else None
 
 
-def config_from_metadata(md: dict[str, Any], tensor_names: set[str]) -> dict[str, Any]:
-    """A Hugging Face style config.json dict from GGUF metadata."""
+class _Metadata:
+    """Typed reads of `{arch}.*` keys: a wrong type is a CorruptModelError naming the key (the
+    ranges are checked once, by the model's ModelArgs)."""
+
+    def __init__(self, md: dict[str, Any], arch: str, source: str, required: bool):
+        self.md, self.arch, self.source, self.required = md, arch, source, required
+
+    def value(self, key: str, default: Any = None) -> Any:
+        value = self.md.get(f"{self.arch}.{key}", default)
+        if value is None and self.required:
+            raise CorruptModelError(f"{self.source} lacks {self.arch}.{key}")
+        return value
+
+    def int(self, key: str, default: Any = None) -> int:
+        value = self.value(key, default)
+        if type(value) is not int:
+            raise CorruptModelError(
+                f"{self.source}: {self.arch}.{key} is {value!r} (expected an integer)"
+            )
+        return value
+
+    def float(self, key: str, default: Any = None) -> float:
+        value = self.value(key, default)
+        if type(value) not in (int, float) or not math.isfinite(value):
+            raise CorruptModelError(
+                f"{self.source}: {self.arch}.{key} is {value!r} (expected a finite number)"
+            )
+        return float(value)
+
+    def vocab(self) -> int:
+        tokens = self.md.get("tokenizer.ggml.tokens")
+        count = len(tokens) if isinstance(tokens, list) else 0
+        return self.int("vocab_size", count) if self.md.get(f"{self.arch}.vocab_size") else count
+
+
+def config_from_metadata(
+    md: dict[str, Any], tensor_names: set[str], source: str = "GGUF metadata"
+) -> dict[str, Any]:
+    """A Hugging Face style config.json dict from GGUF metadata; `source` names the file."""
     arch = md.get("general.architecture")
-    if arch not in SUPPORTED_ARCHS:
+    if not isinstance(arch, str) or arch not in SUPPORTED_ARCHS:
         raise UnsupportedModelError(
-            f"architecture {arch!r} is not supported by atlas "
+            f"{source}: architecture {arch!r} is not supported by atlas "
             f"(supported GGUF architectures: {', '.join(sorted(SUPPORTED_ARCHS))})"
         )
-
-    def get(key, default=None):
-        return md.get(f"{arch}.{key}", default)
-
     if arch == "qwen35":
-        return _qwen35_config(md, tensor_names)
-    hidden = int(get("embedding_length"))
-    heads = int(get("attention.head_count"))
-    head_dim = int(get("attention.key_length", hidden // heads))
-    vocab = get("vocab_size") or len(md.get("tokenizer.ggml.tokens", []))
+        return _qwen35_config(_Metadata(md, arch, source, required=True), tensor_names)
+    get = _Metadata(md, arch, source, required=False)
+    hidden = get.int("embedding_length")
+    heads = get.int("attention.head_count")
     config = {
         "model_type": arch,
         "hidden_size": hidden,
-        "intermediate_size": int(get("feed_forward_length")),
-        "num_hidden_layers": int(get("block_count")),
+        "intermediate_size": get.int("feed_forward_length"),
+        "num_hidden_layers": get.int("block_count"),
         "num_attention_heads": heads,
-        "num_key_value_heads": int(get("attention.head_count_kv", heads)),
-        "head_dim": head_dim,
-        "rms_norm_eps": float(get("attention.layer_norm_rms_epsilon", 1e-6)),
-        "rope_theta": float(get("rope.freq_base", 10000.0)),
-        "max_position_embeddings": int(get("context_length", 4096)),
-        "vocab_size": int(vocab),
+        "num_key_value_heads": get.int("attention.head_count_kv", heads),
+        "head_dim": get.int("attention.key_length", hidden // heads if heads > 0 else 0),
+        "rms_norm_eps": get.float("attention.layer_norm_rms_epsilon", 1e-6),
+        "rope_theta": get.float("rope.freq_base", 10000.0),
+        "max_position_embeddings": get.int("context_length", 4096),
+        "vocab_size": get.vocab(),
         "tie_word_embeddings": "output.weight" not in tensor_names,
         "attention_bias": "blk.0.attn_q.bias" in tensor_names,
     }
-    scaling = get("rope.scaling.type")
+    scaling = get.value("rope.scaling.type")
     if scaling == "linear":
-        config["rope_scaling"] = {
-            "rope_type": "linear",
-            "factor": float(get("rope.scaling.factor")),
-        }
+        config["rope_scaling"] = {"rope_type": "linear", "factor": get.float("rope.scaling.factor")}
     elif scaling not in (None, "none"):
         raise UnsupportedModelError(f"RoPE scaling {scaling!r} in GGUF files is not supported")
     return config
 
 
-def _qwen35_config(md: dict[str, Any], tensor_names: set[str]) -> dict[str, Any]:
+def _qwen35_config(get: _Metadata, tensor_names: set[str]) -> dict[str, Any]:
     """A `qwen3_5_text` config from qwen35 metadata (as transformers' `_qwen35_config`)."""
-
-    def get(key, default=None):
-        value = md.get(f"qwen35.{key}", default)
-        if value is None:
-            raise CorruptModelError(f"GGUF metadata lacks qwen35.{key}")
-        return value
-
-    head_dim = int(get("attention.key_length"))
-    value_heads = int(get("ssm.time_step_rank"))
-    mtp_layers = int(md.get("qwen35.nextn_predict_layers", 0))
-    vocab = md.get("qwen35.vocab_size") or len(md.get("tokenizer.ggml.tokens", []))
-    layers = int(get("block_count")) - mtp_layers
+    head_dim = get.int("attention.key_length")
+    value_heads = get.int("ssm.time_step_rank")
+    mtp_layers = get.int("nextn_predict_layers", 0)
+    layers = get.int("block_count") - mtp_layers
+    for name, value in (("attention.key_length", head_dim), ("ssm.time_step_rank", value_heads)):
+        if value <= 0:  # divided by below
+            raise CorruptModelError(
+                f"{get.source}: qwen35.{name} is {value} (expected a positive integer)"
+            )
     return {
         "model_type": "qwen3_5_text",
-        "hidden_size": int(get("embedding_length")),
-        "intermediate_size": int(get("feed_forward_length")),
+        "hidden_size": get.int("embedding_length"),
+        "intermediate_size": get.int("feed_forward_length"),
         # the file counts the MTP block as a layer; the decoder stack does not
         "num_hidden_layers": layers,
         "mtp_num_hidden_layers": mtp_layers,
-        "num_attention_heads": int(get("attention.head_count")),
-        "num_key_value_heads": int(get("attention.head_count_kv")),
+        "num_attention_heads": get.int("attention.head_count"),
+        "num_key_value_heads": get.int("attention.head_count_kv"),
         "head_dim": head_dim,
-        "rms_norm_eps": float(get("attention.layer_norm_rms_epsilon", 1e-6)),
-        "rope_theta": float(get("rope.freq_base", 10_000_000.0)),
-        "partial_rotary_factor": int(get("rope.dimension_count")) / head_dim,
-        "max_position_embeddings": int(get("context_length", 262144)),
-        "vocab_size": int(vocab),
+        "rms_norm_eps": get.float("attention.layer_norm_rms_epsilon", 1e-6),
+        "rope_theta": get.float("rope.freq_base", 10_000_000.0),
+        "partial_rotary_factor": get.int("rope.dimension_count") / head_dim,
+        "max_position_embeddings": get.int("context_length", 262144),
+        "vocab_size": get.vocab(),
         "tie_word_embeddings": "output.weight" not in tensor_names,
-        "full_attention_interval": int(get("full_attention_interval", 4)),
-        **_qwen35_layer_types(md.get("qwen35.attention.recurrent_layers"), layers),
-        "linear_conv_kernel_dim": int(get("ssm.conv_kernel")),
-        "linear_key_head_dim": int(get("ssm.state_size")),
-        "linear_num_key_heads": int(get("ssm.group_count")),
+        "full_attention_interval": get.int("full_attention_interval", 4),
+        **_qwen35_layer_types(get.md.get("qwen35.attention.recurrent_layers"), layers),
+        "linear_conv_kernel_dim": get.int("ssm.conv_kernel"),
+        "linear_key_head_dim": get.int("ssm.state_size"),
+        "linear_num_key_heads": get.int("ssm.group_count"),
         "linear_num_value_heads": value_heads,
-        "linear_value_head_dim": int(get("ssm.inner_size")) // value_heads,
+        "linear_value_head_dim": get.int("ssm.inner_size") // value_heads,
     }
 
 

@@ -20,6 +20,7 @@ with numpy: the `safetensors` numpy API has no bf16 or fp8 and copies instead of
 from __future__ import annotations
 
 import json
+import math
 import struct
 from collections import Counter
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ import numpy as np
 
 import atlas_cli.backend.formats as formats
 from atlas_cli.backend.formats import QuantizedWeight, StoredRows
+from atlas_cli.backend.loaders import validate
 from atlas_cli.errors import CorruptModelError, UnsupportedModelError
 
 # safetensors dtype -> numpy storage dtype (bf16 and fp8 are stored raw and decoded by us)
@@ -164,17 +166,25 @@ def hf_name(name: str) -> str | None:
 
 
 def checkpoint_files(path: Path) -> list[Path]:
-    """The safetensors files of a model directory (or the single file given)."""
+    """The safetensors files of a model directory (or the single file given); an index may
+    only name files inside the directory."""
     if path.is_file():
         return [path]
     index = path / "model.safetensors.index.json"
     if index.is_file():
         try:
             weight_map = json.loads(index.read_text())["weight_map"]
-        except (ValueError, KeyError) as exc:
+        except (ValueError, KeyError, TypeError) as exc:
             raise CorruptModelError(f"{index}: invalid index ({exc})") from None
+        if not isinstance(weight_map, dict) or not all(
+            isinstance(f, str) and f and Path(f).name == f for f in weight_map.values()
+        ):
+            raise CorruptModelError(
+                f"{index}: weight_map must map tensor names to file names in the model "
+                'directory (expected an object of "name": "model-00001-of-00002.safetensors")'
+            )
         files = [path / f for f in dict.fromkeys(weight_map.values())]
-        missing = [f.name for f in files if not f.is_file()]
+        missing = [f.name for f in files if not _is_file(f)]
         if missing:
             raise CorruptModelError(
                 f"{path}: shard(s) {', '.join(missing)} listed in the index are missing; "
@@ -187,8 +197,16 @@ def checkpoint_files(path: Path) -> list[Path]:
     return files
 
 
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except OSError:  # a name too long for the file system is no file either
+        return False
+
+
 def read_header(file: Path) -> dict[str, _Entry]:
-    """The tensor table of one safetensors file, validated against the file size."""
+    """The tensor table of one safetensors file, validated against the file size: known
+    dtypes, shapes whose byte count is the range's, every range inside the file, no overlaps."""
     size = file.stat().st_size
     with open(file, "rb") as f:
         raw = f.read(8)
@@ -199,21 +217,51 @@ def read_header(file: Path) -> dict[str, _Entry]:
             raise CorruptModelError(f"{file}: not a safetensors file (bad header length)")
         try:
             header = json.loads(f.read(n))
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             raise CorruptModelError(f"{file}: damaged safetensors header ({exc})") from None
+    if not isinstance(header, dict):
+        raise CorruptModelError(f"{file}: damaged safetensors header (expected a JSON object)")
     entries = {}
     for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        begin, end = info["data_offsets"]
-        entry = _Entry(file, info["dtype"], tuple(info["shape"]), 8 + n + begin, 8 + n + end)
-        if entry.end > size:
-            raise CorruptModelError(
-                f"{file}: truncated (tensor {name} ends at byte {entry.end:,}, the file has "
-                f"{size:,}); download it again"
-            )
-        entries[name] = entry
+        if name != "__metadata__":
+            entries[name] = _entry(file, name, info, 8 + n)
+    spans = [validate.Span(name, e.start, e.end) for name, e in entries.items()]
+    validate.check_spans(str(file), spans, size)
     return entries
+
+
+def _entry(file: Path, name: str, info: Any, data_start: int) -> _Entry:
+    """One header entry, typed: {"dtype": str, "shape": [int...], "data_offsets": [b, e]}."""
+    where = f"{file}: tensor {name}"
+    if not isinstance(info, dict):
+        raise CorruptModelError(f"{where}: header entry is {info!r} (expected an object)")
+    dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+    if not isinstance(dtype, str):
+        raise CorruptModelError(f"{where}: dtype is {dtype!r} (expected a string such as BF16)")
+    if dtype not in STORAGE:
+        raise UnsupportedModelError(
+            f"{where} has dtype {dtype}, which atlas cannot read (supported: {', '.join(STORAGE)})"
+        )
+    if not isinstance(shape, list) or not all(type(d) is int and d >= 0 for d in shape):
+        raise CorruptModelError(
+            f"{where}: shape is {shape!r} (expected a list of non-negative integers)"
+        )
+    if (
+        not isinstance(offsets, list)
+        or len(offsets) != 2
+        or not all(type(o) is int and o >= 0 for o in offsets)
+    ):
+        raise CorruptModelError(
+            f"{where}: data_offsets is {offsets!r} (expected [begin, end], two integers)"
+        )
+    begin, end = offsets
+    itemsize = np.dtype(STORAGE[dtype]).itemsize
+    if end - begin != validate.block_bytes(str(file), name, tuple(shape), 1, itemsize):
+        raise CorruptModelError(
+            f"{where}: data_offsets [{begin:,}, {end:,}) hold {end - begin:,} bytes, but shape "
+            f"{shape} of {dtype} needs {math.prod(shape) * itemsize:,}; the header is damaged"
+        )
+    return _Entry(file, dtype, tuple(shape), data_start + begin, data_start + end)
 
 
 def _index(path: Path) -> dict[str, _Entry]:
@@ -221,9 +269,30 @@ def _index(path: Path) -> dict[str, _Entry]:
     for file in checkpoint_files(path):
         for name, entry in read_header(file).items():
             target = hf_name(name)
-            if target is not None:
-                entries[target] = entry
+            if target is None:
+                continue
+            if target in entries:
+                raise CorruptModelError(
+                    f"{path}: tensor {target} is stored twice ({entries[target].file.name} and "
+                    f"{file.name}); expected each tensor once"
+                )
+            entries[target] = entry
     return entries
+
+
+def logical_shapes(path: Path) -> dict[str, tuple[int, ...]]:
+    """Each weight's shape as the model sees it (NVFP4's packed codes hold two per byte),
+    from the headers alone: what validate.check_shapes compares with the config."""
+    entries = _index(Path(path))
+    shapes = {}
+    for name, e in entries.items():
+        scale = entries.get(name[: -len(".weight")] + ".weight_scale")
+        nvfp4 = name.endswith(".weight") and e.dtype == "U8" and len(e.shape) == 2
+        if nvfp4 and scale is not None and scale.dtype == "F8_E4M3":
+            shapes[name] = (e.shape[0], e.shape[1] * 2)
+        else:
+            shapes[name] = e.shape
+    return shapes
 
 
 class _Reader:
@@ -271,11 +340,16 @@ def load_weights(path: Path) -> dict[str, Any]:
             if scale2 is None:
                 raise CorruptModelError(f"NVFP4 weight {name} has no weight_scale_2")
             packed = reader.raw(name, e)
+            if packed.ndim != 2 or (packed.shape[1] * 2) % NVFP4_BLOCK:
+                raise CorruptModelError(
+                    f"{e.file}: NVFP4 weight {name} has shape {list(packed.shape)} (expected "
+                    f"(out, in/2) with in a multiple of {NVFP4_BLOCK})"
+                )
             if scale.shape != (packed.shape[0], packed.shape[1] * 2 // NVFP4_BLOCK):
                 raise CorruptModelError(
                     f"NVFP4 weight {name}: scale shape {scale.shape} does not fit {packed.shape}"
                 )
-            g = float(reader.float32(base, scale2).reshape(-1)[0])
+            g = float(_scalar(reader, base + ".weight_scale_2", scale2))
             weights[name] = NVFP4Tensor(packed, reader.raw(base, scale), g)
             consumed |= {base + ".weight_scale", base + ".weight_scale_2", base + ".input_scale"}
         elif e.dtype == "F8_E4M3":
@@ -286,7 +360,9 @@ def load_weights(path: Path) -> dict[str, Any]:
             if scale_name is None:
                 raise CorruptModelError(f"FP8 weight {name} has no weight_scale")
             s = np.array(reader.float32(scale_name, entries[scale_name]))
-            weights[name] = FP8Tensor(reader.raw(name, e), s)
+            codes = reader.raw(name, e)
+            _check_fp8_scale(e.file, name, codes.shape, s.shape)
+            weights[name] = FP8Tensor(codes, s)
             consumed |= {scale_name, base + ".input_scale"}
     for name, e in entries.items():
         if name in weights or name in consumed:
@@ -297,6 +373,30 @@ def load_weights(path: Path) -> dict[str, Any]:
             )
         weights[name] = reader.float32(name, e)
     return weights
+
+
+def _scalar(reader: _Reader, name: str, e: _Entry) -> float:
+    """A one-element float tensor (a global scale)."""
+    if e.dtype not in FLOAT_DTYPES or math.prod(e.shape) != 1:
+        raise CorruptModelError(
+            f"{e.file}: {name} is {e.dtype} of shape {list(e.shape)} (expected one float)"
+        )
+    return reader.float32(name, e).reshape(-1)[0]
+
+
+def _check_fp8_scale(file: Path, name: str, shape: tuple, scale: tuple) -> None:
+    """FP8 scales: one per tensor, one per row (out, 1), or a 2-D grid of blocks no finer
+    than the weight."""
+    ok = len(shape) == 2 and (
+        math.prod(scale) == 1
+        or scale == (shape[0], 1)
+        or (len(scale) == 2 and 0 < scale[0] <= shape[0] and 0 < scale[1] <= shape[1])
+    )
+    if not ok:
+        raise CorruptModelError(
+            f"{file}: FP8 weight {name} of shape {list(shape)} has a scale of shape "
+            f"{list(scale)} (expected [1], [{shape[0] if shape else 'out'}, 1] or a block grid)"
+        )
 
 
 def dominant_dtype(path: Path) -> str:

@@ -10,29 +10,153 @@ the dict it is given: `sanitize` returns the model's own.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from typing import Any, Self
 
 import numpy as np
 
 from atlas_cli.backend.ops.contract import Ops
 
+MAX_CONTEXT = 1 << 24  # 16M positions: above any released model; larger is a damaged file
+MAX_SIZE = 1 << 20  # a width, head count or layer count beyond this is not a real model
+# Integer fields that may be 0 (every other integer size must be at least 1)
+MAY_BE_ZERO = {"mtp_num_hidden_layers"}
+
+
+class ConfigError(ValueError):
+    """A config value of the wrong type or out of range: names the field and what was
+    expected (the loader adds the file)."""
+
+    def __init__(self, field: str, value: Any, expected: str):
+        super().__init__(f"{field} is {value!r} (expected {expected})")
+
+
+def _is_int(v: Any) -> bool:
+    return type(v) is int
+
+
+def _is_number(v: Any) -> bool:
+    return type(v) in (int, float) and math.isfinite(v)
+
+
+def _is_strings(v: Any) -> bool:
+    return isinstance(v, list | tuple) and all(isinstance(x, str) for x in v)
+
+
+# annotation -> (accepted value, what to say when it is not); ints get their range below
+FIELD_KINDS = {
+    "float": (lambda v: _is_number(v) and v > 0, "a positive finite number"),
+    "bool": (lambda v: type(v) is bool, "true or false"),
+    "dict": (lambda v: isinstance(v, dict), "an object"),
+    "tuple[str, ...]": (_is_strings, "a list of strings"),
+}
+
+
+def check_field(name: str, kind: str, value: Any) -> None:
+    """One config value against its field's annotation (the dataclass's string form)."""
+    if kind.endswith("| None"):
+        if value is None:
+            return
+        kind = kind.removesuffix("| None").strip()
+    if kind == "int":
+        low = 0 if name in MAY_BE_ZERO else 1
+        high = MAX_CONTEXT if name == "max_position_embeddings" else MAX_SIZE
+        if not _is_int(value) or not low <= value <= high:
+            raise ConfigError(name, value, f"an integer from {low} to {high:,}")
+    elif kind in FIELD_KINDS:
+        accept, expected = FIELD_KINDS[kind]
+        if not accept(value):
+            raise ConfigError(name, value, expected)
+
+
+class UnsupportedConfig(ConfigError):
+    """A well-formed value atlas cannot run (an unknown RoPE scaling type, ...)."""
+
+
+def require(ok: bool, field: str, value: Any, expected: str) -> None:
+    if not ok:
+        raise ConfigError(field, value, expected)
+
 
 @dataclass(frozen=True)
 class BaseModelArgs:
-    """A model's hyperparameters: the fields are config.json keys; unknown keys are ignored."""
+    """A model's hyperparameters: the fields are config.json keys; unknown keys are ignored.
+    Every value is checked against its field's type and range, then `check` relates them."""
 
     @classmethod
     def from_config(cls, config: dict[str, Any]) -> Self:
-        known = {f.name for f in fields(cls)}
-        args = {k: v for k, v in config.items() if k in known}
-        return cls(**cls.derive(args, config))
+        if not isinstance(config, dict):
+            raise ConfigError("config", type(config).__name__, "a JSON object")
+        kinds = {f.name: str(f.type) for f in fields(cls)}
+        args = {k: v for k, v in config.items() if k in kinds}
+        for name, value in args.items():
+            check_field(name, kinds[name], value)
+        missing = [f.name for f in fields(cls) if f.name not in args and _required(f)]
+        if missing:
+            raise ConfigError(missing[0], None, "a value: the config must set it")
+        rope = config.get("rope_parameters")
+        require(rope is None or isinstance(rope, dict), "rope_parameters", rope, "an object")
+        args = cls.derive(args, config)
+        for name, value in args.items():  # derive may take values from nested keys
+            check_field(name, kinds[name], value)
+        made = cls(**args)
+        made.check()
+        return made
 
     @classmethod
     def derive(cls, args: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
         """Hook: fill or check the fields config.json states elsewhere (nested keys, values
         implied by other fields). `args` holds the keys that matched a field."""
         return args
+
+    def check(self) -> None:
+        """Hook: relations between fields (heads that divide, ...); raise ConfigError."""
+
+
+def _required(f) -> bool:
+    return f.default is MISSING and f.default_factory is MISSING
+
+    @classmethod
+    def derive(cls, args: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
+        """Hook: fill or check the fields config.json states elsewhere (nested keys, values
+        implied by other fields). `args` holds the keys that matched a field."""
+        return args
+
+
+Shapes = dict[str, list[tuple[int, ...]]]  # weight name -> the shapes it may have
+
+
+def attention_shapes(
+    p: str, h: int, nh: int, nkv: int, hd: int, qk_norm: bool, gated: bool = False
+) -> tuple[Shapes, Shapes]:
+    """(required, optional) weights of an attention block under prefix `p` ("...self_attn.");
+    `gated`: q_proj may also carry a per-head output gate (2 * nh * hd rows)."""
+    q_rows = [nh * hd, 2 * nh * hd] if gated else [nh * hd]
+    required = {
+        p + "q_proj.weight": [(r, h) for r in q_rows],
+        p + "k_proj.weight": [(nkv * hd, h)],
+        p + "v_proj.weight": [(nkv * hd, h)],
+        p + "o_proj.weight": [(h, nh * hd)],
+    }
+    if qk_norm:
+        required |= {p + "q_norm.weight": [(hd,)], p + "k_norm.weight": [(hd,)]}
+    optional = {
+        p + "q_proj.bias": [(r,) for r in q_rows],
+        p + "k_proj.bias": [(nkv * hd,)],
+        p + "v_proj.bias": [(nkv * hd,)],
+    }
+    return required, optional
+
+
+def mlp_shapes(p: str, h: int, ff: int) -> Shapes:
+    """A decoder layer's two norms and its SwiGLU MLP, under prefix `p` ("...layers.{i}.")."""
+    return {
+        p + "input_layernorm.weight": [(h,)],
+        p + "post_attention_layernorm.weight": [(h,)],
+        p + "mlp.gate_proj.weight": [(ff, h)],
+        p + "mlp.up_proj.weight": [(ff, h)],
+        p + "mlp.down_proj.weight": [(h, ff)],
+    }
 
 
 class BaseModel:
@@ -63,6 +187,31 @@ class BaseModel:
     def logits(self, hidden: np.ndarray) -> np.ndarray:
         """(T, H) final hidden states -> (T, V) float32 logits."""
         return self.ops.linear(hidden, self.w["lm_head.weight"])
+
+
+ROPE_SCALING_KEYS = {  # the numbers each supported scaling type needs (rope_inv_freq reads them)
+    "default": (),
+    "linear": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+}
+
+
+def check_rope(rot_dims: int, scaling: dict[str, Any] | None) -> None:
+    """What rope_inv_freq needs: an even, non-zero number of rotated dims and a scaling it
+    knows, with positive numbers."""
+    require(rot_dims > 0 and rot_dims % 2 == 0, "rotary dims", rot_dims, "an even number > 0")
+    scaling = scaling or {}
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind not in ROPE_SCALING_KEYS:
+        raise UnsupportedConfig(
+            "rope_scaling.rope_type", kind, f"one of {', '.join(ROPE_SCALING_KEYS)}"
+        )
+    for key in ROPE_SCALING_KEYS[kind]:
+        value = scaling.get(key)
+        require(_is_number(value) and value > 0, f"rope_scaling.{key}", value, "a positive number")
+    if kind == "llama3":
+        low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+        require(high != low, "rope_scaling.high_freq_factor", high, "a value other than low's")
 
 
 def rope_inv_freq(

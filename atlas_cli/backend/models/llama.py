@@ -9,7 +9,16 @@ from typing import Any
 import numpy as np
 
 from atlas_cli.backend.cache import Cache, KVCache
-from atlas_cli.backend.models.base import BaseModel, BaseModelArgs, rope_inv_freq
+from atlas_cli.backend.models.base import (
+    BaseModel,
+    BaseModelArgs,
+    Shapes,
+    attention_shapes,
+    check_rope,
+    mlp_shapes,
+    require,
+    rope_inv_freq,
+)
 from atlas_cli.backend.ops.contract import Ops
 
 
@@ -42,6 +51,20 @@ class ModelArgs(BaseModelArgs):
             args.setdefault("partial_rotary_factor", rope["partial_rotary_factor"])
         return args
 
+    def check(self) -> None:
+        nh, nkv = self.num_attention_heads, self.num_key_value_heads
+        require(nh % nkv == 0, "num_key_value_heads", nkv, f"a divisor of {nh} heads")
+        if self.head_dim is None:
+            h = self.hidden_size
+            require(h % nh == 0, "num_attention_heads", nh, f"a divisor of hidden_size {h}")
+        require(
+            0 < self.partial_rotary_factor <= 1,
+            "partial_rotary_factor",
+            self.partial_rotary_factor,
+            "a number in (0, 1]",
+        )
+        check_rope(int(self.dim_per_head * self.partial_rotary_factor), self.rope_scaling)
+
     @property
     def dim_per_head(self) -> int:
         return self.head_dim or self.hidden_size // self.num_attention_heads
@@ -51,6 +74,23 @@ class LlamaModel(BaseModel):
     """Runs on any ops module (numpy reference or native): the math only."""
 
     qk_norm = False  # Qwen3 normalises q and k per head before RoPE
+
+    @classmethod
+    def weight_shapes(cls, a: ModelArgs, names: set[str]) -> tuple[Shapes, Shapes]:
+        """(required, optional) weights by name, each with its accepted shapes."""
+        h, v, hd = a.hidden_size, a.vocab_size, a.dim_per_head
+        nh, nkv = a.num_attention_heads, a.num_key_value_heads
+        required = {"model.embed_tokens.weight": [(v, h)], "model.norm.weight": [(h,)]}
+        optional = {
+            "lm_head.weight": [(v, h)],
+            "rope_freqs": [(int(hd * a.partial_rotary_factor) // 2,)],
+        }
+        for i in range(a.num_hidden_layers):
+            p = f"model.layers.{i}."
+            attn, bias = attention_shapes(p + "self_attn.", h, nh, nkv, hd, cls.qk_norm)
+            required |= attn | mlp_shapes(p, h, a.intermediate_size)
+            optional |= bias
+        return required, optional
 
     def __init__(self, args: ModelArgs, weights: dict[str, Any], ops: Ops):
         super().__init__(args, weights, ops)

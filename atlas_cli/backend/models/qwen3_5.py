@@ -14,7 +14,17 @@ from typing import Any
 import numpy as np
 
 from atlas_cli.backend.cache import HybridCache, KVCache
-from atlas_cli.backend.models.base import BaseModel, BaseModelArgs, rope_inv_freq
+from atlas_cli.backend.models.base import (
+    BaseModel,
+    BaseModelArgs,
+    Shapes,
+    UnsupportedConfig,
+    attention_shapes,
+    check_rope,
+    mlp_shapes,
+    require,
+    rope_inv_freq,
+)
 from atlas_cli.backend.ops.contract import Ops
 
 FULL = "full_attention"
@@ -49,7 +59,9 @@ class ModelArgs(BaseModelArgs):
     def from_config(cls, config: dict[str, Any]) -> ModelArgs:
         """From config.json: a `qwen3_5_text` config, or a `qwen3_5` one whose language model
         sits under `text_config` (keys there win over the top level); null values are unset."""
-        merged = {**config, **(config.get("text_config") or {})}
+        text = config.get("text_config") if isinstance(config, dict) else None
+        require(text is None or isinstance(text, dict), "text_config", text, "an object")
+        merged = {**config, **(text or {})}
         return super().from_config({k: v for k, v in merged.items() if v is not None})
 
     @classmethod
@@ -59,16 +71,26 @@ class ModelArgs(BaseModelArgs):
             if key in rope:
                 args.setdefault(key, rope[key])
         if rope.get("rope_type", "default") != "default":
-            raise ValueError(f"unsupported rope type {rope['rope_type']!r} for qwen3_5")
+            raise UnsupportedConfig("rope_parameters.rope_type", rope["rope_type"], "default")
         n = args["num_hidden_layers"]
         if not args.get("layer_types"):
             # transformers' Qwen3_5TextConfig.__post_init__: every interval-th layer is full
             interval = args.get("full_attention_interval", 4)
             args["layer_types"] = [LINEAR if (i + 1) % interval else FULL for i in range(n)]
-        args["layer_types"] = tuple(args["layer_types"])
-        if len(args["layer_types"]) != n or set(args["layer_types"]) - {FULL, LINEAR}:
-            raise ValueError(f"bad layer_types for {n} layers: {args['layer_types']}")
+        types = args["layer_types"]
+        ok = isinstance(types, list | tuple) and all(t in (FULL, LINEAR) for t in types)
+        require(ok and len(types) == n, "layer_types", types, f"{n} of {FULL!r}/{LINEAR!r}")
+        args["layer_types"] = tuple(types)
         return args
+
+    def check(self) -> None:
+        nh, nkv = self.num_attention_heads, self.num_key_value_heads
+        nk, nv = self.linear_num_key_heads, self.linear_num_value_heads
+        require(nh % nkv == 0, "num_key_value_heads", nkv, f"a divisor of {nh} heads")
+        require(nv % nk == 0, "linear_num_key_heads", nk, f"a divisor of {nv} value heads")
+        factor = self.partial_rotary_factor
+        require(0 < factor <= 1, "partial_rotary_factor", factor, "a number in (0, 1]")
+        check_rope(int(self.head_dim * factor), None)
 
     @property
     def dim_per_head(self) -> int:
@@ -89,6 +111,51 @@ class Qwen3_5Model(BaseModel):
     def __init__(self, args: ModelArgs, weights: dict[str, Any], ops: Ops):
         super().__init__(args, weights, ops)
         self.inv_freq = rope_inv_freq(args.head_dim, args.rope_theta, args.partial_rotary_factor)
+
+    @classmethod
+    def weight_shapes(cls, a: ModelArgs, names: set[str]) -> tuple[Shapes, Shapes]:
+        """(required, optional) weights by name, each with its accepted shapes; the MTP block
+        is optional as a whole, and complete when `mtp.fc.weight` is there."""
+        h, v, ff = a.hidden_size, a.vocab_size, a.intermediate_size
+        required = {"model.embed_tokens.weight": [(v, h)], "model.norm.weight": [(h,)]}
+        optional = {"lm_head.weight": [(v, h)], "mtp.embed_tokens.weight": [(v, h)]}
+        for i, kind in enumerate(a.layer_types):
+            p = f"model.layers.{i}."
+            required |= mlp_shapes(p, h, ff)
+            if kind == LINEAR:
+                required |= cls.linear_shapes(a, p + "linear_attn.")
+            else:
+                attn, bias = cls.attention_shapes(a, p + "self_attn.")
+                required, optional = required | attn, optional | bias
+        mtp, mtp_bias = cls.attention_shapes(a, "mtp.layers.0.self_attn.")
+        mtp |= mlp_shapes("mtp.layers.0.", h, ff)
+        mtp |= {"mtp.fc.weight": [(h, 2 * h)]}
+        mtp |= {f"mtp.{n}.weight": [(h,)] for n in ("pre_fc_norm_embedding", "pre_fc_norm_hidden")}
+        mtp |= {"mtp.norm.weight": [(h,)]}
+        if "mtp.fc.weight" in names:
+            return required | mtp, optional | mtp_bias
+        return required, optional | mtp | mtp_bias
+
+    @staticmethod
+    def attention_shapes(a: ModelArgs, p: str) -> tuple[Shapes, Shapes]:
+        nh, nkv = a.num_attention_heads, a.num_key_value_heads
+        return attention_shapes(p, a.hidden_size, nh, nkv, a.head_dim, True, gated=True)
+
+    @staticmethod
+    def linear_shapes(a: ModelArgs, p: str) -> Shapes:
+        nv, h, k = a.linear_num_value_heads, a.hidden_size, a.linear_conv_kernel_dim
+        return {
+            p + "in_proj_qkv.weight": [(a.conv_channels, h)],
+            p + "in_proj_z.weight": [(a.value_dim, h)],
+            p + "in_proj_b.weight": [(nv, h)],
+            p + "in_proj_a.weight": [(nv, h)],
+            # (C, 1, K) in HF checkpoints, (C, K) in GGUF files
+            p + "conv1d.weight": [(a.conv_channels, 1, k), (a.conv_channels, k)],
+            p + "A_log": [(nv,)],
+            p + "dt_bias": [(nv,)],
+            p + "norm.weight": [(a.linear_value_head_dim,)],
+            p + "out_proj.weight": [(h, a.value_dim)],
+        }
 
     def sanitize(self, weights: dict[str, Any]) -> dict[str, Any]:
         """The tied lm_head, plus per Gated DeltaNet layer: the conv weight as (C, K), and the
