@@ -153,7 +153,17 @@ def test_atlas_run_streams_tokens(name):
 
 def test_atlas_run_on_qwen35_gguf():
     result = CliRunner().invoke(
-        app, ["run", str(FIXTURES / "qwen35-gguf" / "model.gguf"), "hi", "-n", "5", "--json"]
+        app,
+        [
+            "run",
+            str(FIXTURES / "qwen35-gguf" / "model.gguf"),
+            "hi",
+            "-n",
+            "5",
+            "--json",
+            "--seed",
+            "1",
+        ],
     )
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["completion_tokens"] == 5
