@@ -272,3 +272,17 @@ def test_refusals_are_protocol_errors_and_a_dead_server_stops_the_run():
     assert "HTTP 500" in doc["cases"][0]["error"]
     result = bench("m", "--url", url, "--limit", "1", "--categories", "simple_python")
     assert result.exit_code != 0 and "cannot reach" in result.output
+
+
+# -- in-process: atlas serve started by the command -------------------------------------------
+
+
+@pytest.mark.slow
+def test_in_process_run_on_the_default_model(smollm2_path):
+    args = [str(smollm2_path), "--limit", "1", "--categories", "simple_python,irrelevance"]
+    result = bench(*args, "--max-tokens", "4", "--ctx-size", "2048", "-o", "json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["summary"]["total"] == 2 and doc["summary"]["protocol_errors"] == 0
+    assert [row["id"] for row in doc["cases"]] == ["simple_python_0", "irrelevance_0"]
+    assert all(row["output"] is not None for row in doc["cases"])  # the model answered
