@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import sys
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -252,10 +253,25 @@ class Refusing(BaseHTTPRequestHandler):
         pass
 
     def do_POST(self):
-        self.rfile.read(int(self.headers["Content-Length"]))
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if body["messages"][-1]["content"].startswith("Find the area"):  # simple_python_0
+            time.sleep(1)  # longer than the client waits
         self.send_response(500)
         self.end_headers()
         self.wfile.write(b'{"error": "boom"}')
+
+
+def test_a_slow_answer_is_a_protocol_error_too():
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Refusing)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    client = bfcl.ChatClient(f"http://127.0.0.1:{srv.server_address[1]}", "m", timeout_s=0.2)
+    try:
+        row = bfcl.run_case(client, case("simple_python", 0), bfcl.Settings("m"))
+    finally:
+        client.close()
+        srv.shutdown()
+        srv.server_close()
+    assert row["error_type"] == "protocol_error" and "no answer" in row["error"]
 
 
 def test_refusals_are_protocol_errors_and_a_dead_server_stops_the_run():

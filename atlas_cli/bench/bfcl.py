@@ -24,7 +24,7 @@ from atlas_cli.errors import UsageError
 OUTPUT_FORMATS = ("md", "json")
 TOOL_CHOICES = ("auto", "required")
 MAX_TOKENS = 512  # BFCL sends no limit; the longest right answers here are ~300 tokens
-TIMEOUT_S = 600
+TIMEOUT_S = 600  # per answer; one that takes longer is a protocol error
 
 
 @dataclass(frozen=True)
@@ -68,13 +68,15 @@ def check_settings(settings: Settings) -> None:
 class ChatClient:
     """Plain (non-streamed) chat completions, as BFCL's OpenAI handler asks for them."""
 
-    def __init__(self, url: str, model: str, api_key: str | None = None):
+    def __init__(
+        self, url: str, model: str, api_key: str | None = None, timeout_s: float = TIMEOUT_S
+    ):
         import httpx2
 
         self.url = chat_url(url)
         self.model = model
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        timeout = httpx2.Timeout(TIMEOUT_S, connect=10)
+        timeout = httpx2.Timeout(timeout_s, connect=10)
         self.client = httpx2.Client(headers=headers, timeout=timeout)
         self._httpx = httpx2
 
@@ -101,8 +103,10 @@ class ChatClient:
         a server that cannot be reached raises UnreachableError."""
         try:
             resp = self.client.post(self.url, json=body)
-        except self._httpx.HTTPError as exc:
+        except self._httpx.ConnectError as exc:
             raise UnreachableError(f"cannot reach {self.url}: {exc}") from None
+        except self._httpx.HTTPError as exc:  # a timeout or a dropped answer: this case only
+            raise EndpointError(f"no answer: {exc!r}") from None
         if resp.status_code != 200:
             raise EndpointError(f"HTTP {resp.status_code}: {resp.text[:300]}")
         try:
