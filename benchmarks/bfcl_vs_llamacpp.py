@@ -96,6 +96,7 @@ def bench(engine: str, model: str, path: Path, args) -> dict:
             sys.executable, "-m", "atlas_cli", "bench", "bfcl", model,
             "--url", f"http://127.0.0.1:{port}", "--mode", args.mode,
             "--max-tokens", str(args.max_tokens), "--output-file", str(result_file),
+            "--timeout", str(args.timeout),
         ]  # fmt: skip
         if args.mode == "fc":
             command += ["--tool-choice", args.tool_choice]
@@ -108,7 +109,11 @@ def bench(engine: str, model: str, path: Path, args) -> dict:
         print(f"{engine}: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     finally:
         server.terminate()
-        server.wait(30)
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:  # llama_cpp.server waits for a request in flight
+            server.kill()
+            server.wait()
         log.close()
     return json.loads(result_file.read_text())
 
@@ -141,6 +146,7 @@ def main() -> None:
     p.add_argument("--mode", default="fc", choices=("fc", "prompt"))
     p.add_argument("--tool-choice", default="auto", choices=("auto", "required"))
     p.add_argument("--max-tokens", type=int, default=512)
+    p.add_argument("--timeout", type=float, default=600, help="seconds per answer")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="llama.cpp threads")
     p.add_argument("--ctx-size", type=int, default=8192, help="llama.cpp context")
     p.add_argument("--chat-format", default="chatml-function-calling", help="llama.cpp's")

@@ -36,6 +36,7 @@ class Settings:
     tool_choice: str = "auto"
     max_tokens: int = MAX_TOKENS
     url: str | None = None
+    timeout_s: float = TIMEOUT_S
 
 
 def parse_categories(text: str | None) -> tuple[str, ...]:
@@ -63,6 +64,8 @@ def check_settings(settings: Settings) -> None:
         raise UsageError(f"--limit must be at least 1, got {settings.limit}")
     if settings.max_tokens < 1:
         raise UsageError(f"--max-tokens must be at least 1, got {settings.max_tokens}")
+    if settings.timeout_s <= 0:
+        raise UsageError(f"--timeout must be above 0, got {settings.timeout_s}")
 
 
 class ChatClient:
@@ -145,7 +148,7 @@ def run(settings: Settings, url: str, api_key: str | None = None) -> dict[str, A
 
     check_settings(settings)
     todo = [c for name in settings.categories for c in cases.load(name, settings.limit)]
-    client = ChatClient(url, settings.model, api_key)
+    client = ChatClient(url, settings.model, api_key, settings.timeout_s)
     rows = []
     try:
         with progress.steps("bfcl", len(todo)) as report:

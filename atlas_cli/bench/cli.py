@@ -187,6 +187,7 @@ def bfcl_cmd(
     categories: o.Categories = None,
     limit: o.Limit = None,
     max_tokens: o.BfclMaxTokens = bfcl.MAX_TOKENS,
+    timeout: o.AnswerTimeout = bfcl.TIMEOUT_S,
     output: o.ReportOutput = "md",
     output_file: o.OutputFile = None,
     threads: o.Threads = None,
@@ -211,6 +212,7 @@ def bfcl_cmd(
         tool_choice=tool_choice,
         max_tokens=max_tokens,
         url=url,
+        timeout_s=timeout,
     )
     with _apply_threads(threads):
         if url:

@@ -133,6 +133,9 @@ Categories = Annotated[
 ]
 Limit = Annotated[int | None, typer.Option(help="Only the first N cases of each category.")]
 BfclMaxTokens = Annotated[int, typer.Option(help="Most new tokens per answer.")]
+AnswerTimeout = Annotated[
+    float, typer.Option(help="Seconds to wait for one answer; a later one is a protocol error.")
+]
 MlperfRule = Annotated[
     bool,
     typer.Option(
