@@ -15,7 +15,7 @@ from pathlib import Path
 
 import typer
 
-from atlas_cli.bench import agentic, coherence, gate, throughput
+from atlas_cli.bench import agentic, bfcl, coherence, gate, throughput
 from atlas_cli.bench import options as o
 from atlas_cli.bench import trajectories as traj
 from atlas_cli.commands.errors import guarded
@@ -28,7 +28,7 @@ HELP_FLAGS = ("--help", "-h")
 bench_app = typer.Typer(
     help=(
         "Benchmark a model: throughput (llama-bench style; the default), agentic replay, "
-        "coherence. `atlas bench MODEL -p 512 -n 128` runs throughput."
+        "BFCL function calling, coherence. `atlas bench MODEL -p 512 -n 128` runs throughput."
     ),
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -69,14 +69,22 @@ def _load(model: str, device: str, ctx_size: int | None):
 
 
 def _gate(
-    result: dict, baseline: Path | None, save_baseline: Path | None, tolerance: float
+    result: dict,
+    baseline: Path | None,
+    save_baseline: Path | None,
+    tolerance: float,
+    mlperf_rule: bool = False,
 ) -> None:
     """Compare with a baseline (exit 1 on a regression) and/or store this run as one."""
     if save_baseline:
         gate.save(save_baseline, result)
         typer.echo(f"baseline written to {save_baseline}", err=True)
     if baseline:
-        outcome = gate.compare(result, gate.load(baseline), tolerance)
+        reference = gate.load(baseline)
+        if mlperf_rule:
+            outcome = gate.mlperf_accuracy(result, reference)
+        else:
+            outcome = gate.compare(result, reference, tolerance)
         typer.echo(gate.report(outcome), err=True)
         if not outcome.passed:
             raise typer.Exit(1)
@@ -166,6 +174,55 @@ def agentic_cmd(
     else:
         typer.echo(agentic.markdown_report(result, per_turn))
     _gate(result, baseline, save_baseline, tolerance)
+
+
+@bench_app.command("bfcl")
+@guarded
+def bfcl_cmd(
+    model: o.ServedModel = DEFAULT_MODEL,
+    url: o.BfclUrl = None,
+    api_key: o.ApiKey = None,
+    mode: o.BfclMode = "fc",
+    tool_choice: o.ToolChoice = "auto",
+    categories: o.Categories = None,
+    limit: o.Limit = None,
+    max_tokens: o.BfclMaxTokens = bfcl.MAX_TOKENS,
+    timeout: o.AnswerTimeout = bfcl.TIMEOUT_S,
+    output: o.ReportOutput = "md",
+    output_file: o.OutputFile = None,
+    threads: o.Threads = None,
+    device: o.Device = "cpu",
+    ctx_size: o.CtxSize = None,
+    baseline: o.Baseline = None,
+    save_baseline: o.SaveBaseline = None,
+    tolerance: o.Tolerance = gate.TOLERANCE,
+    mlperf_rule: o.MlperfRule = False,
+):
+    """Berkeley Function Calling Leaderboard v4, single-turn: BFCL's cases and checker.
+
+    Needs the bfcl-eval package (pip install --no-deps bfcl-eval). Without --url it asks
+    atlas serve, started in this process; prints accuracy per category and overall."""
+
+    _check_output(output, bfcl.OUTPUT_FORMATS)
+    settings = bfcl.Settings(
+        model=model,
+        categories=bfcl.parse_categories(categories),
+        limit=limit,
+        mode=mode,
+        tool_choice=tool_choice,
+        max_tokens=max_tokens,
+        url=url,
+        timeout_s=timeout,
+    )
+    with _apply_threads(threads):
+        if url:
+            result = bfcl.run(settings, url, api_key or os.environ.get("OPENAI_API_KEY"))
+        else:
+            result = bfcl.in_process(settings, device, ctx_size)
+    if output_file:
+        gate.save(output_file, result)
+    typer.echo(json.dumps(result, indent=2) if output == "json" else bfcl.markdown_report(result))
+    _gate(result, baseline, save_baseline, tolerance, mlperf_rule)
 
 
 @bench_app.command("coherence")

@@ -1,8 +1,11 @@
 """The regression gate: compare a run with a stored baseline.
 
-It fails when a throughput drops, or a median TTFT/TPOT rises, by more than the tolerance (10%).
-Baselines are the result documents `--save-baseline` writes: {"kind": "throughput", "records"}
-or {"kind": "agentic", "summary", ...}; a bare list of llama-bench records (`-o json`) works too.
+It fails when a throughput or a BFCL accuracy drops, or a median TTFT/TPOT rises, by more than
+the tolerance (10%). Baselines are the result documents `--save-baseline` writes:
+{"kind": "throughput", "records"}, {"kind": "agentic", "summary", ...} or {"kind": "bfcl",
+"summary", "categories", ...}; a bare list of llama-bench records (`-o json`) works too.
+MLPerf's accuracy rule (`mlperf_accuracy`) gates the overall score alone: at least 97% of the
+reference's.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from typing import Any
 from atlas_cli.errors import AtlasError, UsageError
 
 TOLERANCE = 0.10
+KINDS = ("throughput", "agentic", "bfcl")
+MLPERF_FRACTION = 0.97  # MLPerf Edge Agentic: accuracy >= 97% of the reference score
 
 
 class BaselineError(AtlasError):
@@ -63,7 +68,7 @@ def load(path: str | Path) -> dict[str, Any]:
         raise BaselineError(f"{path}: not a readable JSON baseline ({exc})") from None
     if isinstance(doc, list):
         doc = {"kind": "throughput", "records": doc}
-    if not isinstance(doc, dict) or doc.get("kind") not in ("throughput", "agentic"):
+    if not isinstance(doc, dict) or doc.get("kind") not in KINDS:
         raise BaselineError(f"{path}: not an atlas bench result (no 'kind')")
     return doc
 
@@ -85,6 +90,11 @@ def metrics(result: dict[str, Any]) -> dict[str, tuple[float, bool]]:
             if swept:
                 name += f" (threads={r.get('n_threads')})"
             out[name] = (float(r["avg_ts"]), True)
+        return out
+    if result["kind"] == "bfcl":
+        out = {"accuracy": (float(result["summary"]["accuracy"]), True)}
+        for name, tally in result["categories"].items():
+            out[f"accuracy {name}"] = (float(tally["accuracy"]), True)
         return out
     s = result["summary"]
     out = {"output tokens/s": (float(s["output_tokens_per_s"]), True)}
@@ -111,6 +121,16 @@ def compare(
     ]
     unmatched = sorted(set(now) ^ set(base))
     return GateResult(changes, unmatched)
+
+
+def mlperf_accuracy(current: dict[str, Any], baseline: dict[str, Any]) -> GateResult:
+    """MLPerf's rule: the overall accuracy at least 97% of the baseline's; the categories are
+    not gated (a short run's categories are too small to hold to 3%)."""
+    if current["kind"] != "bfcl" or baseline["kind"] != "bfcl":
+        raise BaselineError("the MLPerf accuracy rule compares two bfcl results")
+    return compare(
+        {**current, "categories": {}}, {**baseline, "categories": {}}, 1 - MLPERF_FRACTION
+    )
 
 
 def report(result: GateResult) -> str:

@@ -110,3 +110,37 @@ ProbeSet = Annotated[
     ),
 ]
 Seeds = Annotated[int, typer.Option(min=1, help="Seeds per prompt for sampled sets.")]
+
+# -- bfcl --------------------------------------------------------------------------------------
+
+BfclUrl = Annotated[
+    str | None,
+    typer.Option(help="Ask this OpenAI-compatible server instead of atlas serve in-process."),
+]
+BfclMode = Annotated[
+    str,
+    typer.Option(
+        help="fc: the functions as OpenAI `tools` (function calling); prompt: BFCL's system "
+        "prompt asks for Python calls in the text."
+    ),
+]
+ToolChoice = Annotated[
+    str, typer.Option(help="tool_choice sent in fc mode: auto (as clients send) or required.")
+]
+Categories = Annotated[
+    str | None,
+    typer.Option(help="Comma list of BFCL categories (default: all single-turn Python ones)."),
+]
+Limit = Annotated[int | None, typer.Option(help="Only the first N cases of each category.")]
+BfclMaxTokens = Annotated[int, typer.Option(help="Most new tokens per answer.")]
+AnswerTimeout = Annotated[
+    float, typer.Option(help="Seconds to wait for one answer; a later one is a protocol error.")
+]
+MlperfRule = Annotated[
+    bool,
+    typer.Option(
+        "--mlperf-rule",
+        help="Gate as MLPerf does: overall accuracy at least 97% of the baseline's "
+        "(instead of every category within --tolerance).",
+    ),
+]

@@ -9,6 +9,8 @@ import logging
 import re
 import socket
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from atlas_cli.errors import AtlasError, UsageError
@@ -201,3 +203,42 @@ def serve(
     app = create_app(config)
     server = uvicorn.Server(uvicorn_config(app, log_level=log_level))
     server.run(sockets=[sock])
+
+
+@contextmanager
+def running(model: str, *, device: str = "cpu", ctx_size: int | None = None) -> Iterator[str]:
+    """`atlas serve MODEL` on a free loopback port, on a thread of this process, with the model
+    loaded before it yields the server's URL: what the benchmarks measure when no --url is
+    given (the prompts, parsers and grammars a client of `atlas serve` gets)."""
+    import threading
+    import time
+
+    import uvicorn
+
+    from atlas_cli import session
+
+    resolved = session.resolve(model, device=device)
+    loaded = session.load(resolved, ctx_size=ctx_size)
+    config = ServeConfig(
+        model=str(resolved.path),
+        served_model_name=model,
+        ctx_size=ctx_size,
+        device=device,
+        accept_any_model=True,
+        tool_parser=known_parser(resolved.defaults.tool_call_parser),
+        resolved=resolved,
+    )
+    sock = bind("127.0.0.1", 0)
+    server = uvicorn.Server(uvicorn.Config(create_app(config, loaded), log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            if not thread.is_alive():
+                raise AtlasError("the in-process server stopped while starting")
+            time.sleep(0.02)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
