@@ -285,7 +285,7 @@ def answer_grammar(
     think = "open" if opened_think else "none"
     if not opened_think and THINK_OPEN in (tokenizer.chat_template or ""):
         think = "optional"
-    req = GrammarRequest(tools, mode, opts.parallel_tool_calls is not False, schema, syntax, think)
+    req = GrammarRequest(tools, mode, opts.parallel_tool_calls is True, schema, syntax, think)
     if mode == "none" and schema is None:
         return None
     gtok = grammar_tokenizer(tokenizer)
