@@ -127,6 +127,7 @@ ATLAS_DEV float gemv_dot16(const float* v, const atlas_f4* xu, int lo) {
 }
 
 // TT: 1 (the decode step, T == 1 known at compile time) or GEMV_MAX_T (T read at run time).
+// The deq32 path has only the second: one body per format keeps its registers unspilled.
 template <int F, int TT, bool VEC>
 ATLAS_DEV void gemv_body(const u8* __restrict__ W, const u8* __restrict__ S, float gs,
                          const float* __restrict__ x, const float* __restrict__ bias,
@@ -189,9 +190,6 @@ ATLAS_DEV void gemv_body(const u8* __restrict__ W, const u8* __restrict__ S, flo
         else if (vec)                                                                           \
             gemv_body<F, GEMV_MAX_T, true>(W, S, gs, x, bias, y, T, rows, cols, row_bytes,      \
                                            srow_bytes, xs);                                     \
-        else if (T == 1)                                                                        \
-            gemv_body<F, 1, false>(W, S, gs, x, bias, y, T, rows, cols, row_bytes, srow_bytes,  \
-                                   xs);                                                         \
         else                                                                                    \
             gemv_body<F, GEMV_MAX_T, false>(W, S, gs, x, bias, y, T, rows, cols, row_bytes,     \
                                             srow_bytes, xs);                                    \
