@@ -158,3 +158,61 @@ ATLAS_DEV void deq32(const u8* __restrict__ row, const u8* __restrict__ srow, fl
         }
     }
 }
+
+// ---- vector reads for the GEMV (gemv.cu) --------------------------------------------------
+//
+// The GEMV reads each lane's 32-element unit with 16-byte loads where the row allows it (the
+// caller checks the alignment; these types make it known to the compiler: LDG.E.128 on
+// NVIDIA, global_load_b128 on gfx11). Values are decoded without branches and the NVFP4 block
+// scale is left to the caller, who applies it once per 16-element block.
+
+typedef struct __attribute__((aligned(16))) {
+    u32 x, y, z, w;
+} atlas_u4;
+
+typedef struct __attribute__((aligned(16))) {
+    float x, y, z, w;
+} atlas_f4;
+
+// The two halves of `h` (IEEE f16 bit patterns, low half first) as float32, exactly.
+ATLAS_DEV void h2_to_f32(u32 h, float* lo, float* hi) {
+#if defined(ATLAS_CUDA) && !defined(ATLAS_PORTABLE)
+    asm("{.reg .f16 l, h;\n\tmov.b32 {l, h}, %2;\n\tcvt.f32.f16 %0, l;\n\tcvt.f32.f16 %1, h;}"
+        : "=f"(*lo), "=f"(*hi)
+        : "r"(h));
+#elif defined(ATLAS_HIP) && !defined(ATLAS_PORTABLE)
+    typedef _Float16 atlas_h2 __attribute__((ext_vector_type(2)));
+    atlas_h2 v = __builtin_bit_cast(atlas_h2, h);
+    *lo = (float)v.x;
+    *hi = (float)v.y;
+#else
+    *lo = f16_to_f32((u16)(h & 0xffffu));
+    *hi = f16_to_f32((u16)(h >> 16));
+#endif
+}
+
+// Two E4M3 codes (low byte first) as float32, exactly.
+ATLAS_DEV void e4m3x2_to_f32(u32 b2, float* lo, float* hi) {
+#if defined(ATLAS_CUDA) && defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 890) && !defined(ATLAS_PORTABLE)
+    unsigned short in = (unsigned short)b2;
+    u32 h2;
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(in));
+    h2_to_f32(h2, lo, hi);
+#else
+    *lo = e4m3_to_f32_portable((u8)(b2 & 0xffu));
+    *hi = e4m3_to_f32_portable((u8)((b2 >> 8) & 0xffu));
+#endif
+}
+
+// Eight E2M1 codes (one 32-bit word, code i in bits 4i..4i+3) -> v[0..7] = value * 2^-14.
+// Code i and code i+4 sit 16 bits apart, so one shift pair and one mask build both as f16
+// halves: sign (bit 3) to bit 15, the exponent and mantissa bits (2..0) to bits 11..9. That
+// f16 is the E2M1 value times 2^-14 for every code (exponent 0 lands on the f16 subnormals:
+// 0 and 0.5 * 2^-14), so the decode is exact; the caller folds 2^14 into the block scale.
+ATLAS_DEV void e2m1x8_scaled(u32 w, float* v) {
+    const u32 mag = 0x0E000E00u, sgn = 0x80008000u;
+    h2_to_f32(((w << 9) & mag) | ((w << 12) & sgn), &v[0], &v[4]);
+    h2_to_f32(((w << 5) & mag) | ((w << 8) & sgn), &v[1], &v[5]);
+    h2_to_f32(((w << 1) & mag) | ((w << 4) & sgn), &v[2], &v[6]);
+    h2_to_f32(((w >> 3) & mag) | (w & sgn), &v[3], &v[7]);
+}
