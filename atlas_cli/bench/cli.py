@@ -15,9 +15,8 @@ from pathlib import Path
 
 import typer
 
-from atlas_cli.bench import agentic, coherence, gate, throughput
+from atlas_cli.bench import gate  # light (json, dataclasses): its TOLERANCE is a default
 from atlas_cli.bench import options as o
-from atlas_cli.bench import trajectories as traj
 from atlas_cli.commands.errors import guarded
 from atlas_cli.errors import UsageError
 from atlas_cli.store.embedded import DEFAULT_MODEL
@@ -101,6 +100,7 @@ def throughput_cmd(
     tolerance: o.Tolerance = gate.TOLERANCE,
 ):
     """Throughput as llama-bench measures it: pp (prompt), tg (generation), pp+tg, at depths."""
+    from atlas_cli.bench import throughput
 
     _check_output(output, throughput.OUTPUT_FORMATS)
     specs = throughput.specs_from_flags(n_prompt, n_gen, pg or [], n_depth, threads)
@@ -118,7 +118,7 @@ def agentic_cmd(
     limit_conversations: o.LimitConversations = None,
     limit_turns: o.LimitTurns = None,
     max_prompt_tokens: o.MaxPromptTokens = None,
-    max_tokens: o.MaxTokens = agentic.MAX_NEW_TOKENS,
+    max_tokens: o.MaxTokens = o.MAX_NEW_TOKENS,
     url: o.Url = None,
     api_key: o.ApiKey = None,
     prefix_cache: o.PrefixCache = True,
@@ -137,6 +137,8 @@ def agentic_cmd(
     """Replay agentic coding trajectories turn by turn (MLPerf Edge Agentic).
 
     Reports TTFT, TPOT, latency, lengths and prefix-cache hits per turn and as percentiles."""
+    from atlas_cli.bench import agentic
+    from atlas_cli.bench import trajectories as traj
 
     _check_output(output, agentic.OUTPUT_FORMATS)
     settings = agentic.Settings(
@@ -179,6 +181,8 @@ def coherence_cmd(
     device: o.Device = "cpu",
 ):
     """Fixed prompts; exit 1 on degenerate or wrong answers."""
+    from atlas_cli.bench import coherence
+
     if probe_set not in coherence.SETS:
         raise UsageError(f"--set takes one of {', '.join(coherence.SETS)}")
     probes = coherence.SETS[probe_set]

@@ -70,6 +70,7 @@ MaxPromptTokens = Annotated[
         "in-process: the context minus --max-tokens."
     ),
 ]
+MAX_NEW_TOKENS = 1024  # per request; the --max-tokens default
 MaxTokens = Annotated[int, typer.Option(help="Most new tokens per request.")]
 Url = Annotated[
     str | None, typer.Option(help="Replay against this OpenAI-compatible server instead.")
