@@ -130,6 +130,8 @@ def route(routes: dict[str, dict], words: list[str]) -> list[str]:
 
 
 def _answer(table: dict, shell: str) -> tuple[str, int] | None:
+    if shell == "bash" and not os.environ.get("COMP_CWORD", "").isdigit():
+        return None  # not a line from the bash script: let the CLI say what is wrong
     args, incomplete = _completion_args(shell)
     items = resolve(table["tree"], args, incomplete)
     if items is None:

@@ -3,6 +3,7 @@ complete commands, flags and model names when the shell runs them."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from atlas_cli import completion
+from atlas_cli import cli, completion, completion_cache, entry
 from atlas_cli.cli import app
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -144,3 +145,140 @@ def test_recipes_are_names(monkeypatch, tmp_path):
     names = completion.model_names()
     assert names["qwen3-27b"] == "Qwen3 27B" and names["llama3-8b"] == "recipe"
     assert "broken" not in names and "README" not in names
+
+
+# -- the cached table: the fast path answers as the CLI does ---------------------------------
+
+FAST_LINES = [
+    "atlas ",
+    "atlas ch",
+    "atlas --",
+    "atlas chat --",
+    "atlas chat --tem",
+    "atlas chat --think h",
+    "atlas chat --temperature 0.5 --",
+    "atlas run --device ",
+    "atlas run -t 4 smol",
+    "atlas run smollm2-135m hello -",
+    "atlas run --json --j",
+    "atlas show my",
+    "atlas completion ",
+    "atlas bench ",
+    "atlas bench smollm2-135m --thr",
+    "atlas bench agentic --tool-format ",
+    "atlas bench smollm2-135m --baseline ",
+]
+SLOW_LINES = ["atlas run -- ", "atlas run --device=c", "atlas --version ", "atlas bogus "]
+FISH_ACTIONS = {"bash": [None], "zsh": [None], "fish": ["get-args", "is-args"]}
+
+
+def tab_env(shell: str, line: str, action: str | None) -> dict[str, str]:
+    """The variables each completion script sets, for `line` with the cursor at its end."""
+    env = {"_ATLAS_COMPLETE": f"complete_{shell}"}
+    if shell == "bash":
+        words = completion.split_words(line)
+        env["COMP_WORDS"], env["COMP_CWORD"] = line, str(len(words) - (not line.endswith(" ")))
+    else:
+        env["_TYPER_COMPLETE_ARGS"] = line
+    if action:
+        env["_TYPER_COMPLETE_FISH_ACTION"] = action
+    return env
+
+
+def answer(program, env, monkeypatch, capsys) -> tuple[str, int]:
+    """What `program` (a main function) prints and exits with for one Tab."""
+    with monkeypatch.context() as m:
+        for key in (*completion_cache.ENV_KEYS, "_TYPER_COMPLETE_FISH_ACTION"):
+            m.delenv(key, raising=False)
+        for key, value in env.items():
+            m.setenv(key, value)
+        m.setattr(sys, "argv", ["atlas"])
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as done:
+            program()
+    return capsys.readouterr().out, done.value.code or 0
+
+
+@pytest.fixture
+def cached_home(monkeypatch, tmp_path):
+    monkeypatch.setenv("ATLAS_HOME", str(tmp_path))
+    (tmp_path / "models" / "my-local-model").mkdir(parents=True)
+    return tmp_path
+
+
+def test_the_first_tab_writes_the_table(cached_home, monkeypatch, capsys):
+    assert completion_cache.load() is None
+    env = tab_env("bash", "atlas ch", None)
+    assert answer(cli.main, env, monkeypatch, capsys) == ("chat\n", 0)
+    assert completion_cache.table_path().is_file() and completion_cache.load() is not None
+
+
+@pytest.mark.parametrize("shell", completion.SHELLS)
+def test_the_table_answers_as_the_cli(shell, cached_home, monkeypatch, capsys):
+    for action in FISH_ACTIONS[shell]:
+        for line in FAST_LINES + SLOW_LINES:
+            env = tab_env(shell, line, action)
+            slow = answer(cli.main, env, monkeypatch, capsys)  # writes the table first time
+            with monkeypatch.context() as m:
+                for key, value in env.items():
+                    m.setenv(key, value)
+                fast = completion_cache.complete_from_cache(env["_ATLAS_COMPLETE"])
+            if line in SLOW_LINES:
+                assert fast is None, line  # the table cannot tell: the CLI answers
+                assert answer(entry.main, env, monkeypatch, capsys) == slow, line
+            else:
+                assert fast == slow, (shell, action, line)
+    assert (
+        "smollm2-135m"
+        in answer(entry.main, tab_env(shell, "atlas run ", "get-args"), monkeypatch, capsys)[0]
+    )
+
+
+def test_installed_models_complete_live(cached_home, monkeypatch, capsys):
+    env = tab_env("bash", "atlas run my", None)
+    assert answer(cli.main, env, monkeypatch, capsys)[0] == "my-local-model\n"
+    (cached_home / "models" / "my-new-model").mkdir()
+    with monkeypatch.context() as m:
+        for key, value in env.items():
+            m.setenv(key, value)
+        fast = completion_cache.complete_from_cache("complete_bash")
+    assert fast == ("my-local-model\nmy-new-model\n", 0)
+
+
+def test_a_stale_table_is_ignored(cached_home, monkeypatch, capsys):
+    env = tab_env("zsh", "atlas ch", None)
+    slow = answer(cli.main, env, monkeypatch, capsys)
+    table = json.loads(completion_cache.table_path().read_text())
+    assert completion_cache.load() == table
+    stale = dict(table, stamp=dict(table["stamp"], version="0.0.1"))
+    completion_cache.table_path().write_text(json.dumps(stale))
+    assert completion_cache.load() is None
+    with monkeypatch.context() as m:
+        for key, value in env.items():
+            m.setenv(key, value)
+        assert completion_cache.complete_from_cache("complete_zsh") is None
+    assert answer(entry.main, env, monkeypatch, capsys) == slow  # and the CLI rewrites it
+    assert completion_cache.load() == table
+    monkeypatch.setattr(completion_cache, "__version__", "99.0")  # an upgrade
+    assert completion_cache.load() is None
+
+
+def test_the_fast_path_imports_no_typer(cached_home):
+    code = (
+        "import atexit, sys\n"
+        "atexit.register(lambda: print(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('typer', 'click', 'rich')), file=sys.stderr))\n"
+        "from atlas_cli.entry import main\nmain()\n"
+    )
+    env = dict(os.environ, **tab_env("bash", "atlas ch", None), ATLAS_HOME=str(cached_home))
+    first = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    again = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert first.stdout == again.stdout == "chat\n"
+    assert "typer" in first.stderr and again.stderr.strip() == "[]"
+
+
+def test_words_split_as_click_splits_them():
+    from click.shell_completion import split_arg_string
+
+    for line in ["atlas run 'smol", 'atlas "a b" c', "atlas x\\", "atlas  a\tb ", ""]:
+        assert completion.split_words(line) == split_arg_string(line)
