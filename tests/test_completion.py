@@ -3,14 +3,17 @@ complete commands, flags and model names when the shell runs them."""
 
 from __future__ import annotations
 
+import enum
 import json
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Annotated
 
 import pytest
+import typer
 from typer.testing import CliRunner
 
 from atlas_cli import cli, completion, completion_cache, entry
@@ -282,3 +285,51 @@ def test_words_split_as_click_splits_them():
 
     for line in ["atlas run 'smol", 'atlas "a b" c', "atlas x\\", "atlas  a\tb ", ""]:
         assert completion.split_words(line) == split_arg_string(line)
+
+
+class Color(enum.Enum):
+    red = "red"
+    rose = "rose"
+    blue = "blue"
+
+
+Tag = Annotated[list[str], typer.Option("--tag", "-T", help="Repeatable.")]
+Quiet = Annotated[bool, typer.Option("--quiet/--loud", help="Less output.")]
+
+
+def mini_app() -> typer.Typer:
+    """A small Typer app with value kinds atlas's own commands do not have (yet)."""
+    mini = typer.Typer()
+
+    @mini.command()
+    def go(src: typer.FileText, dst: str, color: Color = Color.red, tag: Tag = (), q: Quiet = 0):
+        """Go somewhere."""
+
+    @mini.command(hidden=True)
+    def secret():
+        """Hidden."""
+
+    @mini.command()
+    def other():
+        """Another one."""
+
+    return mini
+
+
+def test_the_table_replays_value_kinds_atlas_may_grow():
+    """Files, enum choices, repeated options, two positionals, a hidden command: the table's
+    resolution gives the items Typer's own completion gives."""
+    from typer._completion_classes import BashComplete
+
+    from atlas_cli import completion_table
+
+    command = typer.main.get_command(mini_app())
+    table = completion_table.build(command, "mini", {}, {})
+    typer_side = BashComplete(command, {}, "mini", "_MINI_COMPLETE")
+    lines = ["", "o", "s", "go ", "go notes", "go a.txt ", "go a.txt b ", "go a.txt b -"]
+    lines += ["go --color ", "go --color r", "go --color blue --c", "go --tag x --", "go -T x -"]
+    lines += ["go --quiet -", "go --loud --"]
+    for line in lines:
+        *args, incomplete = line.split(" ")
+        want = [(i.value, i.help) for i in typer_side.get_completions(args, incomplete)]
+        assert completion_cache.resolve(table["tree"], args, incomplete) == want, line
