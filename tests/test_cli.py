@@ -34,6 +34,20 @@ def test_help_does_not_import_numpy():
     assert out.stdout.strip().endswith("False")
 
 
+def test_help_imports_only_what_it_prints():
+    """`atlas --help` needs the command tree, not what the commands run: no numpy, no rich,
+    no backend or model session, no benchmark modules (their defaults live in bench.options)."""
+    heavy = ["numpy", "rich", "atlas_cli.backend", "atlas_cli.session", "atlas_cli.store.fetch"]
+    heavy += [f"atlas_cli.bench.{m}" for m in ("agentic", "throughput", "coherence", "sysinfo")]
+    code = (
+        "import sys\nfrom atlas_cli.cli import app\n"
+        "try:\n    app(['--help'])\nexcept SystemExit:\n    pass\n"
+        f"print([m for m in {heavy!r} if m in sys.modules])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().endswith("[]")
+
+
 def test_run_golden_prompt(smollm2_path):
     result = atlas("run", "--temperature", "0", "What is the capital of France?")
     assert result.exit_code == 0, result.output
