@@ -148,9 +148,11 @@ def _installed() -> Iterable[tuple[str, str]]:
 
 
 def recipes_dir():
-    from importlib import resources
+    """The recipes shipped inside the package (package data, next to this file: a plain path
+    costs a Tab less than importlib.resources)."""
+    from pathlib import Path
 
-    return resources.files("atlas_cli") / "recipes"
+    return Path(__file__).resolve().parent / "recipes"
 
 
 def _recipes() -> Iterable[tuple[str, str]]:

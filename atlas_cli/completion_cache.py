@@ -96,6 +96,9 @@ def save(table: dict, typer_file: str, path: Path | None = None) -> None:
         part = path.with_name(f"{path.name}.{os.getpid()}.part")
         part.write_text(json.dumps({**table, "stamp": stamp(typer_file)}), encoding="utf-8")
         os.replace(part, path)
+        for old in path.parent.glob("atlas-*.json"):  # other versions' tables
+            if old != path:
+                old.unlink(missing_ok=True)
     except OSError:
         pass
 

@@ -264,6 +264,8 @@ def test_a_stale_table_is_ignored(cached_home, monkeypatch, capsys):
     assert completion_cache.load() == table
     monkeypatch.setattr(completion_cache, "__version__", "99.0")  # an upgrade
     assert completion_cache.load() is None
+    completion_cache.save(table, table["stamp"]["typer"])  # the new version's table
+    assert [p.name for p in completion_cache.table_path().parent.iterdir()] == ["atlas-99.0.json"]
 
 
 def test_the_fast_path_imports_no_typer(cached_home):
