@@ -13,7 +13,7 @@ word, a value that looks like an option) returns None and the CLI answers. A tes
 two on many lines for every shell.
 
 The table is used only while it is fresh: the same atlas version, Python and table format, and
-the same files (path, size, mtime) of atlas's front end and of Typer; else the CLI rewrites it.
+the same files (path, size, mtime) of atlas and of Typer; else the CLI rewrites it.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from atlas_cli.store.paths import cache_dir
 
 TABLE_FORMAT = 1
 PACKAGE = Path(__file__).resolve().parent
-SKIPPED = {"backend", "kernels", "__pycache__", "chat", "serve"}  # no command is built there
+SKIPPED = {"kernels", "__pycache__"}  # every .py and .toml counts: a choice may live anywhere
 LIVE = {"models": complete_models}  # value kinds read live, not from the table
 ENV_KEYS = ("COMP_WORDS", "COMP_CWORD", "_TYPER_COMPLETE_ARGS")
 
@@ -46,7 +46,7 @@ def table_path() -> Path:
 
 
 def fingerprint(typer_file: str) -> str:
-    """What the table was built from: atlas's front-end sources and Typer's package file."""
+    """What the table was built from: atlas's sources (~130 stats, ~2 ms) and Typer's file."""
     seen = []
     for folder, dirs, files in os.walk(PACKAGE):
         dirs[:] = sorted(d for d in dirs if d not in SKIPPED)
