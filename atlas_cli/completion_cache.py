@@ -108,12 +108,17 @@ def complete_from_cache(instruction: str) -> tuple[str, int] | None:
     shell = instruction.partition("_")[2] if instruction.startswith("complete_") else ""
     if shell not in SHELLS:
         return None
+    if shell == "bash" and not os.environ.get("COMP_CWORD", "").isdigit():
+        return None  # not a line from the bash script: let the CLI say what is wrong
     table = load()
     if table is None:
         return None
     saved = {k: os.environ.get(k) for k in ENV_KEYS}
-    route_completion_words(lambda words: route(table["routes"], words))
-    done = _answer(table, shell)
+    try:
+        route_completion_words(lambda words: route(table["routes"], words))
+        done = _answer(table, shell)
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError):
+        done = None  # a damaged table: the CLI answers
     if done is None:  # the CLI routes the words itself
         for key, value in saved.items():
             if value is None:
@@ -133,8 +138,6 @@ def route(routes: dict[str, dict], words: list[str]) -> list[str]:
 
 
 def _answer(table: dict, shell: str) -> tuple[str, int] | None:
-    if shell == "bash" and not os.environ.get("COMP_CWORD", "").isdigit():
-        return None  # not a line from the bash script: let the CLI say what is wrong
     args, incomplete = _completion_args(shell)
     items = resolve(table["tree"], args, incomplete)
     if items is None:
