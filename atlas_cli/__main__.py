@@ -1,3 +1,3 @@
-from atlas_cli.cli import main
+from atlas_cli.entry import main
 
 main()

@@ -14,7 +14,12 @@ from typing import Annotated
 import typer
 
 from atlas_cli import __version__
-from atlas_cli.bench.cli import bench_app, route_bench_args  # typer only: keeps --help light
+from atlas_cli.bench.cli import (  # typer only: keeps --help light
+    DEFAULT_COMMAND,
+    HELP_FLAGS,
+    bench_app,
+    route_bench_args,
+)
 from atlas_cli.commands import chat, completion, models, run, serve
 from atlas_cli.commands.errors import AtlasGroup, guarded, user_errors
 from atlas_cli.completion import COMPLETE_VAR, PROG, route_completion_words
@@ -73,12 +78,29 @@ def with_default_bench_command(words: list[str]) -> list[str]:
     return words
 
 
+def write_completion_table() -> None:
+    """Store the command tree for the next Tab (atlas_cli/completion_cache.py answers from it
+    without importing this module), unless a fresh one is there."""
+    from atlas_cli import completion_cache, completion_table
+    from atlas_cli.commands.options import _complete_model
+
+    if completion_cache.load() is not None:
+        return
+    names = [command.name for command in bench_app.registered_commands]
+    routes = {"bench": {"default": DEFAULT_COMMAND, "keep": [*names, *HELP_FLAGS]}}
+    command = typer.main.get_command(app)
+    # the model completer reads the store: the fast path calls completion.complete_models live
+    table = completion_table.build(command, PROG, {_complete_model: "models"}, routes)
+    completion_cache.save(table, typer.__file__)
+
+
 def main() -> None:
     """The `atlas` program: Tab completion when the shell asks for it, else the app."""
     if os.environ.get(COMPLETE_VAR):
         from atlas_cli.completion import register
 
         register()
+        write_completion_table()
         route_completion_words(with_default_bench_command)
     with user_errors():
         app(

@@ -6,6 +6,9 @@ commands, flags and values that fit the words so far. So completion follows the 
 grows; the files in completions/ are `atlas completion SHELL` verbatim, and a test fails when
 they differ.
 
+Tab is answered from a cached table of the command tree when one is fresh
+(atlas_cli/completion_cache.py), so this module stays light: the standard library only.
+
 Model arguments complete from `NAME_SOURCES`: the embedded models, what is installed in the
 store, and the recipes shipped with atlas. Add a source by appending a function to it.
 """
@@ -14,12 +17,7 @@ from __future__ import annotations
 
 import os
 import shlex
-import tomllib
 from collections.abc import Callable, Iterable
-from importlib import resources
-from pathlib import Path
-
-from click.shell_completion import split_arg_string
 
 from atlas_cli.errors import UsageError
 
@@ -86,19 +84,34 @@ def register() -> None:
     completion_init()
 
 
+def split_words(line: str) -> list[str]:
+    """A shell line split into words as click's `split_arg_string` splits it: like
+    `shlex.split`, but an unclosed quote or a trailing backslash keeps the partial word."""
+    lex = shlex.shlex(line, posix=True)
+    lex.whitespace_split = True
+    lex.commenters = ""
+    words = []
+    try:
+        for word in lex:
+            words.append(word)
+    except ValueError:
+        words.append(lex.token)
+    return words
+
+
 def route_completion_words(route: Callable[[list[str]], list[str]]) -> None:
     """Apply `route` (the CLI's rewrite of its argument words) to the words a shell sends on
     Tab, so completion parses what the command line will. The word being typed is left out of
     the rewrite: it is what gets completed."""
     if "COMP_WORDS" in os.environ:  # bash: all words, and the index of the one being typed
-        words = split_arg_string(os.environ["COMP_WORDS"])
+        words = split_words(os.environ["COMP_WORDS"])
         cword = int(os.environ.get("COMP_CWORD", len(words)))
         done = route(words[1:cword])
         os.environ["COMP_WORDS"] = shlex.join([*words[:1], *done, *words[cword:]])
         os.environ["COMP_CWORD"] = str(1 + len(done))
     elif "_TYPER_COMPLETE_ARGS" in os.environ:  # zsh, fish: the line up to the cursor
         line = os.environ["_TYPER_COMPLETE_ARGS"]
-        words = split_arg_string(line)
+        words = split_words(line)
         typing = [] if line.endswith(" ") or len(words) < 2 else words[-1:]
         done = route(words[1 : len(words) - len(typing)])
         rewritten = shlex.join([*words[:1], *done, *typing])
@@ -135,11 +148,18 @@ def _installed() -> Iterable[tuple[str, str]]:
 
 
 def recipes_dir():
-    return resources.files("atlas_cli") / "recipes"
+    """The recipes shipped inside the package (package data, next to this file: a plain path
+    costs a Tab less than importlib.resources)."""
+    from pathlib import Path
+
+    return Path(__file__).resolve().parent / "recipes"
 
 
 def _recipes() -> Iterable[tuple[str, str]]:
     """Recipe files shipped in atlas_cli/recipes/: the `name` key, or the file's stem."""
+    import tomllib
+    from pathlib import Path
+
     folder = recipes_dir()
     if not folder.is_dir():
         return

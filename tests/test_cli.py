@@ -34,6 +34,22 @@ def test_help_does_not_import_numpy():
     assert out.stdout.strip().endswith("False")
 
 
+def test_help_imports_only_what_it_prints():
+    """`atlas --help` needs the command tree, not what the commands run: no numpy, no rich,
+    no backend or model session, no benchmark module beyond the bench group's flags and the
+    gate's tolerance (the other defaults live in bench/options.py)."""
+    heavy = ["numpy", "rich", "atlas_cli.backend", "atlas_cli.session", "atlas_cli.store.fetch"]
+    light_bench = {"atlas_cli.bench", *(f"atlas_cli.bench.{m}" for m in ("cli", "options", "gate"))}
+    code = (
+        "import sys\nfrom atlas_cli.cli import app\n"
+        "try:\n    app(['--help'])\nexcept SystemExit:\n    pass\n"
+        f"print([m for m in sys.modules if m in {heavy!r} or "
+        f"m.startswith('atlas_cli.bench') and m not in {sorted(light_bench)!r}])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip().endswith("[]")
+
+
 def test_run_golden_prompt(smollm2_path):
     result = atlas("run", "--temperature", "0", "What is the capital of France?")
     assert result.exit_code == 0, result.output

@@ -3,16 +3,20 @@ complete commands, flags and model names when the shell runs them."""
 
 from __future__ import annotations
 
+import enum
+import json
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Annotated
 
 import pytest
+import typer
 from typer.testing import CliRunner
 
-from atlas_cli import completion
+from atlas_cli import cli, completion, completion_cache, entry
 from atlas_cli.cli import app
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -144,3 +148,190 @@ def test_recipes_are_names(monkeypatch, tmp_path):
     names = completion.model_names()
     assert names["qwen3-27b"] == "Qwen3 27B" and names["llama3-8b"] == "recipe"
     assert "broken" not in names and "README" not in names
+
+
+# -- the cached table: the fast path answers as the CLI does ---------------------------------
+
+FAST_LINES = [
+    "atlas ",
+    "atlas ch",
+    "atlas --",
+    "atlas chat --",
+    "atlas chat --tem",
+    "atlas chat --think h",
+    "atlas chat --temperature 0.5 --",
+    "atlas run --device ",
+    "atlas run -t 4 smol",
+    "atlas run smollm2-135m hello -",
+    "atlas run --json --j",
+    "atlas show my",
+    "atlas completion ",
+    "atlas bench ",
+    "atlas bench smollm2-135m --thr",
+    "atlas bench agentic --tool-format ",
+    "atlas bench smollm2-135m --baseline ",
+]
+SLOW_LINES = ["atlas run -- ", "atlas run --device=c", "atlas --version ", "atlas bogus "]
+FISH_ACTIONS = {"bash": [None], "zsh": [None], "fish": ["get-args", "is-args"]}
+
+
+def tab_env(shell: str, line: str, action: str | None) -> dict[str, str]:
+    """The variables each completion script sets, for `line` with the cursor at its end."""
+    env = {"_ATLAS_COMPLETE": f"complete_{shell}"}
+    if shell == "bash":
+        words = completion.split_words(line)
+        env["COMP_WORDS"], env["COMP_CWORD"] = line, str(len(words) - (not line.endswith(" ")))
+    else:
+        env["_TYPER_COMPLETE_ARGS"] = line
+    if action:
+        env["_TYPER_COMPLETE_FISH_ACTION"] = action
+    return env
+
+
+def answer(program, env, monkeypatch, capsys) -> tuple[str, int]:
+    """What `program` (a main function) prints and exits with for one Tab."""
+    with monkeypatch.context() as m:
+        for key in (*completion_cache.ENV_KEYS, "_TYPER_COMPLETE_FISH_ACTION"):
+            m.delenv(key, raising=False)
+        for key, value in env.items():
+            m.setenv(key, value)
+        m.setattr(sys, "argv", ["atlas"])
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as done:
+            program()
+    return capsys.readouterr().out, done.value.code or 0
+
+
+@pytest.fixture
+def cached_home(monkeypatch, tmp_path):
+    monkeypatch.setenv("ATLAS_HOME", str(tmp_path))
+    (tmp_path / "models" / "my-local-model").mkdir(parents=True)
+    return tmp_path
+
+
+def test_the_first_tab_writes_the_table(cached_home, monkeypatch, capsys):
+    assert completion_cache.load() is None
+    env = tab_env("bash", "atlas ch", None)
+    assert answer(cli.main, env, monkeypatch, capsys) == ("chat\n", 0)
+    assert completion_cache.table_path().is_file() and completion_cache.load() is not None
+
+
+@pytest.mark.parametrize("shell", completion.SHELLS)
+def test_the_table_answers_as_the_cli(shell, cached_home, monkeypatch, capsys):
+    for action in FISH_ACTIONS[shell]:
+        for line in FAST_LINES + SLOW_LINES:
+            env = tab_env(shell, line, action)
+            slow = answer(cli.main, env, monkeypatch, capsys)  # writes the table first time
+            with monkeypatch.context() as m:
+                for key, value in env.items():
+                    m.setenv(key, value)
+                fast = completion_cache.complete_from_cache(env["_ATLAS_COMPLETE"])
+            if line in SLOW_LINES:
+                assert fast is None, line  # the table cannot tell: the CLI answers
+                assert answer(entry.main, env, monkeypatch, capsys) == slow, line
+            else:
+                assert fast == slow, (shell, action, line)
+    assert (
+        "smollm2-135m"
+        in answer(entry.main, tab_env(shell, "atlas run ", "get-args"), monkeypatch, capsys)[0]
+    )
+
+
+def test_installed_models_complete_live(cached_home, monkeypatch, capsys):
+    env = tab_env("bash", "atlas run my", None)
+    assert answer(cli.main, env, monkeypatch, capsys)[0] == "my-local-model\n"
+    (cached_home / "models" / "my-new-model").mkdir()
+    with monkeypatch.context() as m:
+        for key, value in env.items():
+            m.setenv(key, value)
+        fast = completion_cache.complete_from_cache("complete_bash")
+    assert fast == ("my-local-model\nmy-new-model\n", 0)
+
+
+def test_a_stale_table_is_ignored(cached_home, monkeypatch, capsys):
+    env = tab_env("zsh", "atlas ch", None)
+    slow = answer(cli.main, env, monkeypatch, capsys)
+    table = json.loads(completion_cache.table_path().read_text())
+    assert completion_cache.load() == table
+    stale = dict(table, stamp=dict(table["stamp"], version="0.0.1"))
+    completion_cache.table_path().write_text(json.dumps(stale))
+    assert completion_cache.load() is None
+    with monkeypatch.context() as m:
+        for key, value in env.items():
+            m.setenv(key, value)
+        assert completion_cache.complete_from_cache("complete_zsh") is None
+    assert answer(entry.main, env, monkeypatch, capsys) == slow  # and the CLI rewrites it
+    assert completion_cache.load() == table
+    monkeypatch.setattr(completion_cache, "__version__", "99.0")  # an upgrade
+    assert completion_cache.load() is None
+    completion_cache.save(table, table["stamp"]["typer"])  # the new version's table
+    assert [p.name for p in completion_cache.table_path().parent.iterdir()] == ["atlas-99.0.json"]
+
+
+def test_the_fast_path_imports_no_typer(cached_home):
+    code = (
+        "import atexit, sys\n"
+        "atexit.register(lambda: print(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('typer', 'click', 'rich')), file=sys.stderr))\n"
+        "from atlas_cli.entry import main\nmain()\n"
+    )
+    env = dict(os.environ, **tab_env("bash", "atlas ch", None), ATLAS_HOME=str(cached_home))
+    first = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    again = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert first.stdout == again.stdout == "chat\n"
+    assert "typer" in first.stderr and again.stderr.strip() == "[]"
+
+
+def test_words_split_as_click_splits_them():
+    from click.shell_completion import split_arg_string
+
+    for line in ["atlas run 'smol", 'atlas "a b" c', "atlas x\\", "atlas  a\tb ", ""]:
+        assert completion.split_words(line) == split_arg_string(line)
+
+
+class Color(enum.Enum):
+    red = "red"
+    rose = "rose"
+    blue = "blue"
+
+
+Tag = Annotated[list[str], typer.Option("--tag", "-T", help="Repeatable.")]
+Quiet = Annotated[bool, typer.Option("--quiet/--loud", help="Less output.")]
+
+
+def mini_app() -> typer.Typer:
+    """A small Typer app with value kinds atlas's own commands do not have (yet)."""
+    mini = typer.Typer()
+
+    @mini.command()
+    def go(src: typer.FileText, dst: str, color: Color = Color.red, tag: Tag = (), q: Quiet = 0):
+        """Go somewhere."""
+
+    @mini.command(hidden=True)
+    def secret():
+        """Hidden."""
+
+    @mini.command()
+    def other():
+        """Another one."""
+
+    return mini
+
+
+def test_the_table_replays_value_kinds_atlas_may_grow():
+    """Files, enum choices, repeated options, two positionals, a hidden command: the table's
+    resolution gives the items Typer's own completion gives."""
+    from typer._completion_classes import BashComplete
+
+    from atlas_cli import completion_table
+
+    command = typer.main.get_command(mini_app())
+    table = completion_table.build(command, "mini", {}, {})
+    typer_side = BashComplete(command, {}, "mini", "_MINI_COMPLETE")
+    lines = ["", "o", "s", "go ", "go notes", "go a.txt ", "go a.txt b ", "go a.txt b -"]
+    lines += ["go --color ", "go --color r", "go --color blue --c", "go --tag x --", "go -T x -"]
+    lines += ["go --quiet -", "go --loud --"]
+    for line in lines:
+        *args, incomplete = line.split(" ")
+        want = [(i.value, i.help) for i in typer_side.get_completions(args, incomplete)]
+        assert completion_cache.resolve(table["tree"], args, incomplete) == want, line

@@ -19,7 +19,6 @@ from atlas_cli.errors import UsageError
 
 TEMPERATURE = 0.0
 SEED = 42
-MAX_NEW_TOKENS = 1024
 TOOL_FORMATS = ("auto", "native", "text")
 OUTPUT_FORMATS = ("md", "json")
 HTTP_CHARS_PER_TOKEN = 3  # prompt-size estimate over HTTP, where we have no tokenizer

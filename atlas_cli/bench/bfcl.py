@@ -19,12 +19,12 @@ from typing import Any
 
 from atlas_cli.bench import bfcl_cases as cases
 from atlas_cli.bench.http_target import EndpointError, chat_url
+from atlas_cli.bench.options import BFCL_MAX_TOKENS, BFCL_TIMEOUT_S
 from atlas_cli.errors import UsageError
 
 OUTPUT_FORMATS = ("md", "json")
 TOOL_CHOICES = ("auto", "required")
-MAX_TOKENS = 512  # BFCL sends no limit; the longest right answers here are ~300 tokens
-TIMEOUT_S = 600  # per answer; one that takes longer is a protocol error
+MAX_TOKENS, TIMEOUT_S = BFCL_MAX_TOKENS, BFCL_TIMEOUT_S  # the flags' defaults (bench/options)
 
 
 @dataclass(frozen=True)

@@ -15,9 +15,8 @@ from pathlib import Path
 
 import typer
 
-from atlas_cli.bench import agentic, bfcl, coherence, gate, throughput
+from atlas_cli.bench import gate  # light (json, dataclasses): its TOLERANCE is a default
 from atlas_cli.bench import options as o
-from atlas_cli.bench import trajectories as traj
 from atlas_cli.commands.errors import guarded
 from atlas_cli.errors import UsageError
 from atlas_cli.store.embedded import DEFAULT_MODEL
@@ -109,6 +108,7 @@ def throughput_cmd(
     tolerance: o.Tolerance = gate.TOLERANCE,
 ):
     """Throughput as llama-bench measures it: pp (prompt), tg (generation), pp+tg, at depths."""
+    from atlas_cli.bench import throughput
 
     _check_output(output, throughput.OUTPUT_FORMATS)
     specs = throughput.specs_from_flags(n_prompt, n_gen, pg or [], n_depth, threads)
@@ -126,7 +126,7 @@ def agentic_cmd(
     limit_conversations: o.LimitConversations = None,
     limit_turns: o.LimitTurns = None,
     max_prompt_tokens: o.MaxPromptTokens = None,
-    max_tokens: o.MaxTokens = agentic.MAX_NEW_TOKENS,
+    max_tokens: o.MaxTokens = o.MAX_NEW_TOKENS,
     url: o.Url = None,
     api_key: o.ApiKey = None,
     prefix_cache: o.PrefixCache = True,
@@ -145,6 +145,8 @@ def agentic_cmd(
     """Replay agentic coding trajectories turn by turn (MLPerf Edge Agentic).
 
     Reports TTFT, TPOT, latency, lengths and prefix-cache hits per turn and as percentiles."""
+    from atlas_cli.bench import agentic
+    from atlas_cli.bench import trajectories as traj
 
     _check_output(output, agentic.OUTPUT_FORMATS)
     settings = agentic.Settings(
@@ -186,8 +188,8 @@ def bfcl_cmd(
     tool_choice: o.ToolChoice = "auto",
     categories: o.Categories = None,
     limit: o.Limit = None,
-    max_tokens: o.BfclMaxTokens = bfcl.MAX_TOKENS,
-    timeout: o.AnswerTimeout = bfcl.TIMEOUT_S,
+    max_tokens: o.BfclMaxTokens = o.BFCL_MAX_TOKENS,
+    timeout: o.AnswerTimeout = o.BFCL_TIMEOUT_S,
     output: o.ReportOutput = "md",
     output_file: o.OutputFile = None,
     threads: o.Threads = None,
@@ -202,6 +204,7 @@ def bfcl_cmd(
 
     Needs the bfcl-eval package (pip install --no-deps bfcl-eval). Without --url it asks
     atlas serve, started in this process; prints accuracy per category and overall."""
+    from atlas_cli.bench import bfcl
 
     _check_output(output, bfcl.OUTPUT_FORMATS)
     settings = bfcl.Settings(
@@ -236,6 +239,8 @@ def coherence_cmd(
     device: o.Device = "cpu",
 ):
     """Fixed prompts; exit 1 on degenerate or wrong answers."""
+    from atlas_cli.bench import coherence
+
     if probe_set not in coherence.SETS:
         raise UsageError(f"--set takes one of {', '.join(coherence.SETS)}")
     probes = coherence.SETS[probe_set]

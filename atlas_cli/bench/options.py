@@ -70,6 +70,9 @@ MaxPromptTokens = Annotated[
         "in-process: the context minus --max-tokens."
     ),
 ]
+MAX_NEW_TOKENS = 1024  # per request; the --max-tokens default
+BFCL_MAX_TOKENS = 512  # BFCL sends no limit; the longest right answers here are ~300 tokens
+BFCL_TIMEOUT_S = 600  # per answer; one that takes longer is a protocol error
 MaxTokens = Annotated[int, typer.Option(help="Most new tokens per request.")]
 Url = Annotated[
     str | None, typer.Option(help="Replay against this OpenAI-compatible server instead.")
