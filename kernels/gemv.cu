@@ -3,7 +3,8 @@
 // 32 elements at a time; nothing is written back.  Reference: numpy_ref.linear on the
 // dequantized weight.
 // One logical warp per output row, 8 warps per block: grid (ceil(rows / 8)), block 256.
-// Lanes take the row's 32-element units round robin; x is read through the cache.
+// Lanes take the row's 32-element units round robin; x is read through the cache. A plain
+// format's partial last unit (cols % 32 != 0) is read one element per lane.
 #include "quant.cuh"
 
 #define GEMV_MAX_T 8
@@ -36,6 +37,13 @@ ATLAS_DEV void gemv_body(const u8* __restrict__ W, const u8* __restrict__ S, flo
                 acc[t] = a;
             }
         }
+    }
+    int c = 32 * units + lane;  // the partial unit: plain formats only
+    if (c < cols) {
+        float wc = deq1<F>(row, c);
+#pragma unroll
+        for (int t = 0; t < GEMV_MAX_T; t++)
+            if (t < T) acc[t] = fmaf(wc, x[(long long)t * cols + c], acc[t]);
     }
 #pragma unroll
     for (int t = 0; t < GEMV_MAX_T; t++) {

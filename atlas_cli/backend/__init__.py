@@ -26,7 +26,7 @@ from atlas_cli.errors import CorruptModelError, DeviceError, UnsupportedModelErr
 
 DEVICES = ("cpu", "cpu-ref", "cuda", "hip")
 NOT_SET = SamplingOverrides()  # generate()'s default: the recipe's settings, then atlas's
-NATIVE_DEVICES = ("cuda", "hip")  # our kernels, through backend/ops/native.py
+NATIVE_DEVICES = ("cuda", "hip", "emu")  # our kernels, through backend/ops/native.py
 # The host ops modules: "cpu" computes on the GGUF blocks (numba kernels, ops/cpu_fast.py),
 # "cpu-ref" is the float32 numpy reference every other backend is tested against.
 CPU_OPS = {
