@@ -73,11 +73,14 @@ def open_device(device: str, kv_dtype: str = "bf16") -> NativeOps:
         unavailable = mod.HipUnavailable
         make = mod.HipRuntime
     elif device == "emu":
-        from atlas_cli.backend.ops.runtime_emu import EmuRuntime as make
+        from atlas_cli.backend.ops import runtime_emu
 
+        if not runtime_emu.available():  # it compiles the kernels with the host's C++ compiler
+            raise DeviceError("--device emu needs a C++ compiler: install g++ (or set CXX)")
         unavailable = RuntimeError
+        make = runtime_emu.EmuRuntime
     else:
-        raise DeviceError(f"unknown native device {device!r} (cuda, hip)")
+        raise DeviceError(f"unknown native device {device!r} (cuda, hip, emu)")
     try:
         return NativeOps(make(), kv_dtype=kv_dtype)
     except unavailable as exc:
