@@ -30,6 +30,7 @@ def _run(device: str) -> str:
     return result.output
 
 
+@pytest.mark.slow
 def test_atlas_run_on_the_emulator_writes_what_the_reference_writes(emu_home):
     """The Qwen3.5 NVFP4 fixture (MTP speculation on) from the CLI: greedy text identical to
     the numpy reference's."""
@@ -37,6 +38,7 @@ def test_atlas_run_on_the_emulator_writes_what_the_reference_writes(emu_home):
     assert text.strip() and text == _run("cpu-ref")
 
 
+@pytest.mark.slow
 def test_atlas_bench_runs_on_the_emulator(emu_home):
     args = ["bench", "throughput", str(NVFP4), "-p", "8", "-n", "2", "-r", "1", "--device", "emu"]
     result = CliRunner().invoke(app, args)

@@ -75,6 +75,7 @@ def reference():
     return get
 
 
+@pytest.mark.slow  # the emulator: about 20-90 s each on two busy cores
 @pytest.mark.parametrize(
     "name, kv_dtype, tol",
     [
@@ -129,3 +130,64 @@ def test_every_matrix_stays_on_the_device_in_its_stored_format():
     assert all(w[n].ndim == 1 or n.endswith("conv1d.weight") for n in others)
     f32 = load(FIXTURES / "qwen35-f32", device="emu", ops=ops).engine.model.w
     assert f32["model.layers.1.linear_attn.in_proj_qkv.weight"].fmt == "f32"
+
+
+@pytest.fixture(scope="module")
+def nvfp4_net():
+    """The Qwen3.5 NVFP4 fixture's network on the emulator, f32 KV (one load for the tests
+    below, each of which builds engines, and so caches, of its own)."""
+    return load(FIXTURES / "qwen35-nvfp4", device="emu", ops=emu_ops("f32")).engine.model
+
+
+@pytest.mark.slow  # the emulator: about 20-90 s each on two busy cores
+def test_prefix_reuse_on_the_device_cache_matches_a_cold_prefill(nvfp4_net):
+    """A second prompt sharing the first one's prefix restarts from the device cache's
+    checkpoint (GDN state restored on the device) and gives a cold prefill's logits."""
+    from atlas_cli.backend.engine import Engine
+
+    rng = np.random.default_rng(5)
+    first = [int(t) for t in rng.integers(3, 64, 12)]
+    # the conversation goes on: the first prompt, part of the reply, then new text
+    second = first + [5, 7] + [int(t) for t in rng.integers(3, 64, 4)]
+    warm = Engine(nvfp4_net, None, 64, draft=0)
+    warm.prefill(first)
+    for tok in (5, 7, 11):  # a reply after the first prompt, then the prompt changes
+        warm.step(tok)
+    warm.cache.checkpoint()  # as a finished turn leaves it; truncation must skip past it
+    logits, reused = warm.prefill(second)
+    # the checkpoint before the first prompt's last token: the GDN state cannot be cut later
+    assert reused == len(first) - 1, f"reused {reused} of {len(second)}"
+    cold_logits, cold_reused = Engine(nvfp4_net, None, 64, draft=0).prefill(second)
+    assert cold_reused == 0
+    assert rel_err(logits, np.asarray(cold_logits)) < 1e-5
+    steps = [np.asarray(warm.step(t)) for t in (3, 9)]
+    cold = Engine(nvfp4_net, None, 64, draft=0)
+    cold.prefill(second)
+    assert rel_err(np.stack(steps), np.stack([np.asarray(cold.step(t)) for t in (3, 9)])) < 1e-5
+
+
+@pytest.mark.slow  # the emulator: about 20-90 s each on two busy cores
+def test_speculative_greedy_is_identical_to_plain(nvfp4_net):
+    """MTP drafting on the device, K = 1..4 (verify forwards with the GDN state trail,
+    rollback of rejected drafts): the greedy tokens are those of plain decoding."""
+    from atlas_cli.backend.engine import Engine
+
+    accepted = 0
+    for k in (1, 2, 3, 4):
+        rng = np.random.default_rng(k)
+        for _ in range(2):
+            prompt = [int(t) for t in rng.integers(3, 64, int(rng.integers(2, 10)))]
+            runs = []
+            for draft in (0, k):
+                engine = Engine(nvfp4_net, None, 64, draft=draft)
+                logits, _ = engine.prefill(prompt)
+                tokens = []
+                for _ in range(10):
+                    tokens.append(int(np.argmax(np.asarray(logits))))
+                    logits = engine.step(tokens[-1])
+                runs.append(tokens)
+                if draft:
+                    accepted += engine.speculator.stats.accepted
+                    assert engine.speculator.stats.drafted > 0
+            assert runs[1] == runs[0], f"K={k}, prompt {prompt}"
+    assert accepted > 0, "no draft was ever accepted: only the rollback path was exercised"
