@@ -220,9 +220,10 @@ def detect(device: str | None = None) -> Classification:
 
 
 def hardware_class(device: str | None = None) -> str:
-    """The recipe hardware class for `device` (cpu and cpu-ref skip the probe)."""
+    """The recipe hardware class for `device` (cpu, cpu-ref and emu skip the probe: the
+    emulator runs in host memory, on whatever the CPU variant is)."""
     device = device or os.environ.get("ATLAS_DEVICE") or None
-    if device in ("cpu", "cpu-ref"):
+    if device in ("cpu", "cpu-ref", "emu"):
         return "cpu"
     return detect(device).hw_class
 

@@ -71,7 +71,8 @@ ATLAS_DEV void attn_body(const float* __restrict__ q, const void* __restrict__ k
                          const i32* start_ptr, int split_len) {
     const int KT = HD <= 128 ? 32 : 16;  // keys per tile (shared memory stays under 48 KB)
     const int LPK = ATLAS_WARP / KT;     // lanes per key in the score dot product
-    const int DPL = HD / ATLAS_WARP;     // output dims per lane
+    // output dims per lane: lane + 32 * i; heads under 32 dims leave lanes >= HD idle
+    const int DPL = HD >= ATLAS_WARP ? HD / ATLAS_WARP : 1;
     __shared__ float ks[KT][HD + 1];     // +1: lanes reading one dim of 32 keys hit 32 banks
     __shared__ float vs[KT][HD];
     __shared__ float qs[ATTN_ROWS][HD];
@@ -125,7 +126,9 @@ ATLAS_DEV void attn_body(const float* __restrict__ q, const void* __restrict__ k
         for (int jj = 0; jj < KT; jj++) {
             float pj = warp_bcast(p, jj);
 #pragma unroll
-            for (int i = 0; i < DPL; i++) o[i] = fmaf(pj, vs[jj][lane + ATLAS_WARP * i], o[i]);
+            for (int i = 0; i < DPL; i++)
+                if (HD >= ATLAS_WARP || lane < HD)
+                    o[i] = fmaf(pj, vs[jj][lane + ATLAS_WARP * i], o[i]);
         }
         m = m_new;
     }
@@ -134,11 +137,13 @@ ATLAS_DEV void attn_body(const float* __restrict__ q, const void* __restrict__ k
     if (gridDim.z == 1) {
         float inv = l > 0.0f ? 1.0f / l : 0.0f;
 #pragma unroll
-        for (int i = 0; i < DPL; i++) out[base + lane + ATLAS_WARP * i] = o[i] * inv;
+        for (int i = 0; i < DPL; i++)
+            if (HD >= ATLAS_WARP || lane < HD) out[base + lane + ATLAS_WARP * i] = o[i] * inv;
     } else {
         long long pb = (long long)blockIdx.z * T * nh * HD + base;
 #pragma unroll
-        for (int i = 0; i < DPL; i++) part_o[pb + lane + ATLAS_WARP * i] = o[i];
+        for (int i = 0; i < DPL; i++)
+            if (HD >= ATLAS_WARP || lane < HD) part_o[pb + lane + ATLAS_WARP * i] = o[i];
         if (lane == 0) {
             long long mb = ((long long)blockIdx.z * T * nh + (long long)t * nh + head) * 2;
             part_ml[mb] = m;
@@ -159,6 +164,8 @@ ATLAS_DEV void attn_body(const float* __restrict__ q, const void* __restrict__ k
     }
 #define ATTN_ENTRIES(HD) \
     ATTN_ENTRY(HD, bf16, KV_BF16) ATTN_ENTRY(HD, fp8, KV_FP8) ATTN_ENTRY(HD, f32, KV_F32)
+ATTN_ENTRIES(8)  // tiny test models
+ATTN_ENTRIES(16)
 ATTN_ENTRIES(32)
 ATTN_ENTRIES(64)
 ATTN_ENTRIES(128)

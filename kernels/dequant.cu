@@ -1,7 +1,7 @@
 // dequant_<fmt>: a whole weight to float32, exactly as the numpy reference dequantizes it.
 // Reference: loaders/quant.py `dequantize` (GGUF), the loader's NVFP4 `dequantize`.
 // W: rows x row_bytes; S: rows x srow_bytes (NVFP4 scales, else unused); out: rows x cols f32.
-// Grid (ceil(cols/32/256) , rows), block 256: one thread per 32-element unit.
+// Grid (ceil(ceil(cols/32)/256), rows), block 256: one thread per 32-element unit.
 #include "quant.cuh"
 
 template <int F>
@@ -10,12 +10,13 @@ ATLAS_DEV void dequant_body(const u8* __restrict__ W, const u8* __restrict__ S, 
                             long long srow_bytes) {
     int r = blockIdx.y;
     int u = blockIdx.x * blockDim.x + threadIdx.x;
-    if (r >= rows || u >= cols / 32) return;
+    if (r >= rows || u >= units_of(cols)) return;
     float v[32];
-    deq32<F>(W + r * row_bytes, S + r * srow_bytes, gs, u, v);
+    deq_unit<F>(W + r * row_bytes, S + r * srow_bytes, gs, u, cols, v);
     float* o = out + (long long)r * cols + 32 * u;
 #pragma unroll
-    for (int i = 0; i < 32; i++) o[i] = v[i];
+    for (int i = 0; i < 32; i++)
+        if (32 * u + i < cols) o[i] = v[i];
 }
 
 #define DEQUANT_ENTRY(name, F)                                                                  \

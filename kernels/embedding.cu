@@ -1,5 +1,5 @@
 // embedding_<fmt>: out[t, :] = dequant(table[ids[t], :]).  Reference: numpy_ref.embedding.
-// table: V rows in any weight format; ids (T,) int32; out (T, H) f32, H % 32 == 0.
+// table: V rows in any weight format; ids (T,) int32; out (T, H) f32 (H % 32 == 0 but for plain formats).
 // Grid (T), block 128: threads stride over the row's 32-element units.
 #include "quant.cuh"
 
@@ -10,11 +10,12 @@ ATLAS_DEV void embedding_body(const u8* __restrict__ W, const u8* __restrict__ S
     int t = blockIdx.x;
     long long r = ids[t];
     float* o = out + (long long)t * H;
-    for (int u = threadIdx.x; u < H / 32; u += blockDim.x) {
+    for (int u = threadIdx.x; u < units_of(H); u += blockDim.x) {
         float v[32];
-        deq32<F>(W + r * row_bytes, S + r * srow_bytes, gs, u, v);
+        deq_unit<F>(W + r * row_bytes, S + r * srow_bytes, gs, u, H, v);
 #pragma unroll
-        for (int i = 0; i < 32; i++) o[32 * u + i] = v[i];
+        for (int i = 0; i < 32; i++)
+            if (32 * u + i < H) o[32 * u + i] = v[i];
     }
 }
 

@@ -10,7 +10,8 @@
 //   (nv, dk, dv) f32 updated in place; out (T, nv, dv). Value head h uses key head
 //   h / (nv / nk). Per token: S *= exp(g); d = (v - k.S) * beta; S += k (x) d; o = (q*scale).S.
 //   Reference: numpy_ref.gated_delta_rule. Grid (nv), block 256: thread (part, j) holds rows
-//   part*R..part*R+R-1 of column j of S in registers, R = dk * dv / 256 <= 64.
+//   part*R..part*R+R-1 of column j of S in registers, np = min(256 / dv, dk) parts of
+//   R = dk / np <= 64 rows (small heads leave threads idle).
 #include "atlas_common.cuh"
 
 #define CONV_KMAX 8
@@ -61,7 +62,7 @@ extern "C" __global__ void __launch_bounds__(256)
     __shared__ float red[256];
     int h = blockIdx.x, tid = threadIdx.x;
     int hk = h / (nv / nk);
-    int np = blockDim.x / dv;  // row parts
+    int np = min((int)blockDim.x / dv, dk);  // row parts
     int R = dk / np;           // rows per thread
     int j = tid % dv, part = tid / dv;
     bool active = part < np;
@@ -83,7 +84,7 @@ extern "C" __global__ void __launch_bounds__(256)
         float kvp = 0.0f;
 #pragma unroll
         for (int r = 0; r < GDN_RMAX; r++) {
-            if (r < R) {
+            if (active && r < R) {
                 S[r] *= decay;
                 kvp = fmaf(ksh[part * R + r], S[r], kvp);
             }
@@ -96,7 +97,7 @@ extern "C" __global__ void __launch_bounds__(256)
         float op = 0.0f;
 #pragma unroll
         for (int r = 0; r < GDN_RMAX; r++) {
-            if (r < R) {
+            if (active && r < R) {
                 S[r] = fmaf(ksh[part * R + r], delta, S[r]);
                 op = fmaf(qsh[part * R + r], S[r], op);
             }

@@ -1,7 +1,7 @@
 // gemm_<fmt>: y (T, rows) = x (T, cols) @ W^T (+ bias) for many tokens (prefill). Tiled in
 // shared memory: a block computes 64 tokens x 64 rows, stepping over cols 32 at a time; the
 // weight tile is dequantized into shared memory (float32) and each thread accumulates a 4 x 4
-// register tile with fmaf.  Reference: numpy_ref.linear on the dequantized weight.
+// register tile with fmaf (a plain format's partial last unit is padded with zeros).  Reference: numpy_ref.linear on the dequantized weight.
 // Grid (ceil(rows / 64), ceil(T / 64)), block 256.
 #include "quant.cuh"
 
@@ -24,7 +24,9 @@ ATLAS_DEV void gemm_body(const u8* __restrict__ W, const u8* __restrict__ S, flo
     for (int i = 0; i < 4; i++)
 #pragma unroll
         for (int j = 0; j < 4; j++) acc[i][j] = 0.0f;
-    int units = cols / 32;
+    // only plain formats have a partial last unit; block formats keep the unguarded loads
+    const bool plain = F == FMT_F32 || F == FMT_F16 || F == FMT_BF16;
+    int units = plain ? units_of(cols) : cols / 32;
     for (int u = 0; u < units; u++) {
         // x tile: 64 tokens x 32 columns, 8 elements per thread, coalesced along columns
 #pragma unroll
@@ -32,14 +34,15 @@ ATLAS_DEV void gemm_body(const u8* __restrict__ W, const u8* __restrict__ S, flo
             int idx = tid + 256 * e;
             int m = idx / GM_BK, k = idx % GM_BK;
             int t = m0 + m;
-            xs[k][m] = t < T ? x[(long long)t * cols + 32 * u + k] : 0.0f;
+            int c = 32 * u + k;
+            xs[k][m] = t < T && (!plain || c < cols) ? x[(long long)t * cols + c] : 0.0f;
         }
         // weight tile: 64 rows, one thread dequantizes one row's unit
         if (tid < GM_BN) {
             int r = n0 + tid;
             float v[32];
             if (r < rows) {
-                deq32<F>(W + r * row_bytes, S + r * srow_bytes, gs, u, v);
+                deq_unit<F>(W + r * row_bytes, S + r * srow_bytes, gs, u, cols, v);
             } else {
 #pragma unroll
                 for (int k = 0; k < 32; k++) v[k] = 0.0f;

@@ -8,7 +8,8 @@
 // bytes. Per tile the block first issues its weight loads, then stages x for the tile in
 // shared memory (read from global memory once per block, not once per row, with 16-byte
 // loads), then every warp multiplies its row against it. A unit of x sits 36 floats apart in
-// shared memory: the 16-byte reads of 8 lanes at a time hit distinct banks.
+// shared memory: the 16-byte reads of 8 lanes at a time hit distinct banks. A plain format's
+// partial last unit (cols % 32 != 0, small models only) is read one element per lane.
 // NVFP4, bf16, f16 and f32 rows that are 16-byte aligned (the allocators align buffers, and
 // cols % 32 == 0 makes every row a multiple of 16 bytes) are read with 16-byte loads and
 // decoded without branches; NVFP4 multiplies by its block scale once per 16 elements. Other
@@ -165,6 +166,13 @@ ATLAS_DEV void gemv_body(const u8* __restrict__ W, const u8* __restrict__ S, flo
                 }
             }
         }
+    }
+    int c = 32 * units + lane;  // a plain format's partial last unit (cols % 32 != 0)
+    if (live && c < cols) {
+        float wc = deq1<F>(row, c);
+#pragma unroll
+        for (int t = 0; t < TT; t++)
+            if (TT == 1 || t < T) acc[t] = fmaf(wc, x[(long long)t * cols + c], acc[t]);
     }
     if (!live) return;
 #pragma unroll

@@ -215,4 +215,29 @@ ATLAS_DEV void e2m1x8_scaled(u32 w, float* v) {
     h2_to_f32(((w << 5) & mag) | ((w << 8) & sgn), &v[1], &v[5]);
     h2_to_f32(((w << 1) & mag) | ((w << 4) & sgn), &v[2], &v[6]);
     h2_to_f32(((w >> 3) & mag) | (w & sgn), &v[3], &v[7]);
+
+// Plain formats (one element per block: f32, f16, bf16) also take rows whose length is not a
+// multiple of 32 (tiny models' hidden sizes); their last unit is partial. Element c of a row:
+template <int F>
+ATLAS_DEV float deq1(const u8* __restrict__ row, int c) {
+    if (F == FMT_F32) return ((const float*)row)[c];
+    if (F == FMT_F16) return f16_to_f32(((const u16*)row)[c]);
+    if (F == FMT_BF16) return bf16_to_f32(((const u16*)row)[c]);
+    return 0.0f;  // block formats: rows are whole units (checked by the launchers)
+}
+
+// The units of a row of `cols` elements, the last one possibly partial.
+ATLAS_DEV int units_of(int cols) { return (cols + 31) / 32; }
+
+// Unit u of a row of `cols` elements into v[0..31]; past the row's end, zeros.
+template <int F>
+ATLAS_DEV void deq_unit(const u8* __restrict__ row, const u8* __restrict__ srow, float gs, int u,
+                        int cols, float* v) {
+    // block formats never have a partial unit: the test on F drops the element path for them
+    bool plain = F == FMT_F32 || F == FMT_F16 || F == FMT_BF16;
+    if (!plain || 32 * u + 32 <= cols) {
+        deq32<F>(row, srow, gs, u, v);
+        return;
+    }
+    for (int i = 0; i < 32; i++) v[i] = 32 * u + i < cols ? deq1<F>(row, 32 * u + i) : 0.0f;
 }

@@ -152,15 +152,18 @@ def test_unknown_device_names_only_installed_runtimes(monkeypatch):
     import importlib.util
 
     from atlas_cli import backend
+    from atlas_cli.backend.ops import runtime_emu
 
     real = importlib.util.find_spec
     monkeypatch.setattr(
         importlib.util, "find_spec", lambda n, *a: None if n in ("cupy", "hip") else real(n, *a)
     )
+    monkeypatch.setattr(runtime_emu, "available", lambda: False)  # no C++ compiler either
     line = one_line_error(atlas("run", "--device", "tpu", "hi"), code=1)
     assert line.endswith("(available here: cpu, cpu-ref)")
     monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: object())
-    assert backend.installed_devices() == ["cpu", "cpu-ref", "cuda", "hip"]
+    monkeypatch.setattr(runtime_emu, "available", lambda: True)
+    assert backend.installed_devices() == ["cpu", "cpu-ref", "cuda", "hip", "emu"]
 
 
 def test_no_advice_to_raise_the_context_at_the_model_s_limit(smollm2):

@@ -39,13 +39,14 @@ def test_kernel_matches_reference(emu_ops, name):
     checks.ALL_CHECKS[name](emu_ops, np.random.default_rng(abs(hash(name)) % 2**32))
 
 
-@pytest.mark.parametrize("model_type", ["llama", "qwen3"])
+@pytest.mark.parametrize("model_type", ["llama", "qwen3", "qwen3_5"])
 def test_tiny_model_logits_and_greedy_match_numpy(emu_ops, model_type):
     model_checks.check_model(emu_ops, model_type, np.random.default_rng(7), kv_dtype="f32")
 
 
-def test_tiny_model_bf16_kv_cache(emu_ops):
-    model_checks.check_model(emu_ops, "llama", np.random.default_rng(8), kv_dtype="bf16")
+@pytest.mark.parametrize("model_type", ["llama", "qwen3_5"])
+def test_tiny_model_bf16_kv_cache(emu_ops, model_type):
+    model_checks.check_model(emu_ops, model_type, np.random.default_rng(8), kv_dtype="bf16")
 
 
 def test_conv_all_states_and_fused_silu_match_reference(emu_ops):
@@ -89,11 +90,18 @@ def test_gdn_all_states_match_reference(emu_ops):
 
 
 def test_native_ops_hooks(emu_ops):
+    from atlas_cli.backend.ops.native_array import DeviceArray
     from atlas_cli.backend.ops.native_attention import KVCache
+    from atlas_cli.backend.ops.native_cache import HybridCache
 
     assert emu_ops.NAME == "emu" and emu_ops.fuse_decoder(object()) is None
     cache = emu_ops.device_kv_cache(2, 1, 32, 16)
     assert isinstance(cache, KVCache) and cache.truncate(5) == 0 and not cache.recording
+    hybrid = emu_ops.device_hybrid_cache(
+        ("linear_attention", "full_attention"), 1, 32, (3, 48), (2, 8, 8), 600
+    )
+    assert isinstance(hybrid, HybridCache) and hybrid.capacity == 256
+    assert isinstance(hybrid.linear[0].recurrent, DeviceArray) and list(hybrid.slot) == [1]
 
 
 def test_graph_capture_replays_launches(emu_ops):

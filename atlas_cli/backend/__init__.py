@@ -24,9 +24,10 @@ from atlas_cli.backend.defaults import RunDefaults
 from atlas_cli.backend.sample import SamplingOverrides, SamplingParams
 from atlas_cli.errors import CorruptModelError, DeviceError, UnsupportedModelError, UsageError
 
-DEVICES = ("cpu", "cpu-ref", "cuda", "hip")
+# "emu": our kernels on the CPU emulator of the GPU execution model (slow; correctness anywhere)
+DEVICES = ("cpu", "cpu-ref", "cuda", "hip", "emu")
 NOT_SET = SamplingOverrides()  # generate()'s default: the recipe's settings, then atlas's
-NATIVE_DEVICES = ("cuda", "hip")  # our kernels, through backend/ops/native.py
+NATIVE_DEVICES = ("cuda", "hip", "emu")  # our kernels, through backend/ops/native.py
 # The host ops modules: "cpu" computes on the GGUF blocks (numba kernels, ops/cpu_fast.py),
 # "cpu-ref" is the float32 numpy reference every other backend is tested against.
 CPU_OPS = {
@@ -122,10 +123,13 @@ def installed_devices() -> list[str]:
     """The devices whose runtime package is installed (a GPU may still be missing)."""
     import importlib.util
 
+    from atlas_cli.backend.ops import runtime_emu
+
     return [
         d
         for d in DEVICES
-        if d not in RUNTIME_MODULES or importlib.util.find_spec(RUNTIME_MODULES[d])
+        if (d != "emu" or runtime_emu.available())
+        and (d not in RUNTIME_MODULES or importlib.util.find_spec(RUNTIME_MODULES[d]))
     ]
 
 

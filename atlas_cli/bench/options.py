@@ -13,7 +13,9 @@ import typer
 # -- shared by the subcommands -----------------------------------------------------------------
 
 Model = Annotated[str, typer.Argument(help="Model name or path.")]
-Device = Annotated[str, typer.Option(help="cpu or cpu-ref (numpy float32 reference).")]
+Device = Annotated[
+    str, typer.Option(help="cpu, cpu-ref (numpy float32 reference), cuda, hip or emu (emulator).")
+]
 CtxSize = Annotated[int | None, typer.Option("--ctx-size", help="Context length in tokens.")]
 Threads = Annotated[int | None, typer.Option("-t", "--threads", help="CPU threads.")]
 Baseline = Annotated[

@@ -47,8 +47,9 @@ Model = Annotated[str | None, model_argument()]
 Device = Annotated[
     str | None,
     typer.Option(
-        help="cpu (on the quantized weights), cpu-ref (float32 reference), cuda or hip "
-        "(default: ATLAS_DEVICE, else this machine's GPU if atlas can use it, else cpu).",
+        help="cpu (on the quantized weights), cpu-ref (float32 reference), cuda, hip, or emu "
+        "(our GPU kernels on a CPU emulator: slow, for checking) (default: ATLAS_DEVICE, else "
+        "this machine's GPU if atlas can use it, else cpu).",
         autocompletion=_complete_device,
     ),
 ]

@@ -110,6 +110,8 @@ def rel_err(got, want) -> float:
 
 
 FORMATS = ("f32", "f16", "bf16", "q4_0", "q4_1", "q8_0", "q4_k", "q5_k", "q6_k", "nvfp4")
+PLAIN = ("f32", "f16", "bf16")  # one element per block: rows of any length (a partial unit)
+ODD_COLS = (8, 16, 48)  # tiny models' hidden sizes, not multiples of 32
 
 
 def _cols(fmt: str, base: int) -> int:
@@ -126,6 +128,11 @@ def check_dequant(ops, rng, scale: int = 1) -> None:
             w, want = random_weight(fmt, rows, cols, rng)
             got = ops.dequantize(ops.prepare_weight(w)).numpy()
             np.testing.assert_array_equal(got, want, err_msg=f"dequant {fmt} {rows}x{cols}")
+    for fmt in PLAIN:
+        for cols in ODD_COLS:
+            w, want = random_weight(fmt, 5, cols, rng)
+            got = ops.dequantize(ops.prepare_weight(w)).numpy()
+            np.testing.assert_array_equal(got, want, err_msg=f"dequant {fmt} 5x{cols}")
 
 
 def check_fp8(ops, rng, scale: int = 1) -> None:
@@ -165,6 +172,12 @@ def check_linear(ops, rng, scale: int = 1) -> None:
             )
             want = ref.linear(x, wf, bias)
             assert rel_err(got, want) < 2e-5, f"linear {fmt} T={t} {rows}x{cols}"
+    for fmt in PLAIN:  # gemv (T <= 8) and gemm over a partial last unit
+        for t, cols in ((1, 16), (3, 48), (9, 8), (70, 48)):
+            w, wf = random_weight(fmt, 37, cols, rng)
+            x = rng.standard_normal((t, cols)).astype(np.float32)
+            got = ops.linear(ops.asarray(x), ops.prepare_weight(w))
+            assert rel_err(got, ref.linear(x, wf)) < 2e-5, f"linear {fmt} T={t} 37x{cols}"
 
 
 def check_embedding(ops, rng, scale: int = 1) -> None:
@@ -173,6 +186,11 @@ def check_embedding(ops, rng, scale: int = 1) -> None:
         ids = rng.integers(0, 50, 7 * scale)
         got = ops.embedding(ops.prepare_weight(w), ids).numpy()
         np.testing.assert_array_equal(got, ref.embedding(wf, ids), err_msg=f"embedding {fmt}")
+    for fmt in PLAIN:
+        w, wf = random_weight(fmt, 50, 16, rng)
+        ids = rng.integers(0, 50, 5)
+        got = ops.embedding(ops.prepare_weight(w), ids).numpy()
+        np.testing.assert_array_equal(got, ref.embedding(wf, ids), err_msg=f"embedding {fmt} 16")
 
 
 def check_norms(ops, rng, scale: int = 1) -> None:
@@ -260,6 +278,9 @@ def check_attention(ops, rng, scale: int = 1) -> None:
         (9, 6, 3, 64, 20, "bf16", None),  # prefill after a cached prefix
         (5, 24, 4, 256, 3, "bf16", 2),  # Qwen3.5 geometry: head_dim 256, GQA 6
         (37 * scale, 9, 3, 64, 0, "fp8", None),  # SmolLM2 geometry
+        (9, 2, 2, 8, 0, "f32", None),  # tiny Qwen3.5 fixtures: heads under 32 dims
+        (1, 2, 1, 16, 70, "bf16", 3),
+        (4, 4, 2, 16, 5, "fp8", None),
     ]
     for case in cases:
         _attention_case(ops, rng, *case)
@@ -275,7 +296,8 @@ def check_conv_gdn(ops, rng, scale: int = 1) -> None:
         assert rel_err(out, want) < 1e-5 and rel_err(new_st, want_st) == 0
         out, _ = ops.causal_conv1d(ops.asarray(x), ops.asarray(w), ops.asarray(st), act=True)
         assert rel_err(out, want / (1 + np.exp(-want))) < 1e-5
-    for t, nk, nv, dk, dv in ((1, 2, 4, 16, 16), (7 * scale, 2, 4, 32, 64), (3, 1, 2, 128, 128)):
+    shapes = ((1, 2, 4, 16, 16), (7 * scale, 2, 4, 32, 64), (3, 1, 2, 128, 128), (5, 2, 4, 8, 8))
+    for t, nk, nv, dk, dv in shapes:
         q = _l2(rng.standard_normal((t, nk, dk)).astype(np.float32))
         kk = _l2(rng.standard_normal((t, nk, dk)).astype(np.float32))
         v = rng.standard_normal((t, nv, dv)).astype(np.float32)

@@ -277,19 +277,20 @@ class Qwen3_5Model(BaseModel):
 
     def new_mtp_cache(self, max_len: int) -> KVCache:
         a = self.args
-        return KVCache(1, a.num_key_value_heads, a.head_dim, max_len)
+        shape = (1, a.num_key_value_heads, a.head_dim, max_len)
+        cache = self.ops.device_kv_cache(*shape)
+        return cache if cache is not None else KVCache(*shape)
 
     def new_cache(self, max_len: int) -> HybridCache:
         a = self.args
-        return HybridCache(
+        shape = (
             a.layer_types,
             a.num_key_value_heads,
             a.head_dim,
-            conv_shape=(a.linear_conv_kernel_dim - 1, a.conv_channels),
-            recurrent_shape=(
-                a.linear_num_value_heads,
-                a.linear_key_head_dim,
-                a.linear_value_head_dim,
-            ),
-            max_len=max_len,
+            (a.linear_conv_kernel_dim - 1, a.conv_channels),  # conv state
+            (a.linear_num_value_heads, a.linear_key_head_dim, a.linear_value_head_dim),
+            max_len,
         )
+        # native ops keep the cache on the device; the host backends use cache.HybridCache
+        cache = self.ops.device_hybrid_cache(*shape)
+        return cache if cache is not None else HybridCache(*shape)

@@ -14,6 +14,7 @@ dims dk/dv. Activations are float32 arrays (on the backend's device); weights ar
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from atlas_cli.backend.cache import Cache
@@ -38,6 +39,18 @@ class Ops(Protocol):
         self, n_layers: int, n_kv_heads: int, head_dim: int, max_len: int
     ) -> Cache | None:
         """A KV cache kept where this backend computes, or None: the host `cache.KVCache`."""
+
+    def device_hybrid_cache(
+        self,
+        layer_types: Sequence[str],
+        n_kv_heads: int,
+        head_dim: int,
+        conv_shape: tuple[int, int],
+        recurrent_shape: tuple[int, int, int],
+        max_len: int,
+    ) -> Cache | None:
+        """A hybrid (attention KV + linear-attention state) cache kept where this backend
+        computes, with `cache.HybridCache`'s arguments, or None: the host `HybridCache`."""
 
     # -- dense ops ------------------------------------------------------------------------
     def embedding(self, table: Weight, ids: Array) -> Array:

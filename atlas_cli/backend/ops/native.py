@@ -8,7 +8,8 @@ inside the kernels. Every launch is preceded by asserts on dtype, shape and cont
 The launchers live by op family: native_weights.py (dequantize, embedding, linear),
 native_elementwise.py (norms, activations, RoPE, DeviceArray arithmetic), native_attention.py
 (the device KV cache, attention), native_gdn.py (Gated DeltaNet), native_sample.py (token
-selection, FP8 conversions), on the plumbing of native_array.py.
+selection, FP8 conversions), on the plumbing of native_array.py; native_cache.py holds the
+device hybrid cache of Gated DeltaNet models.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import dataclasses
 from typing import Any
 
 from atlas_cli.backend.ops.native_attention import AttentionLaunchers
+from atlas_cli.backend.ops.native_cache import HybridCache
 from atlas_cli.backend.ops.native_elementwise import ElementwiseLaunchers
 from atlas_cli.backend.ops.native_gdn import GatedDeltaNetLaunchers
 from atlas_cli.backend.ops.native_sample import SamplingLaunchers
@@ -35,6 +37,21 @@ class NativeOps(
     def fuse_decoder(self, model) -> None:
         """No fused decode step on the device yet: models run op by op."""
         return None
+
+    def device_hybrid_cache(
+        self, layer_types, n_kv_heads: int, head_dim: int, conv_shape, recurrent_shape, max_len: int
+    ) -> HybridCache:
+        """The device cache of hybrid models (contract.Ops.device_hybrid_cache)."""
+        return HybridCache(
+            self,
+            layer_types,
+            n_kv_heads,
+            head_dim,
+            conv_shape,
+            recurrent_shape,
+            max_len,
+            self.kv_dtype,
+        )
 
 
 # -- opening a device ----------------------------------------------------------------------
@@ -56,11 +73,14 @@ def open_device(device: str, kv_dtype: str = "bf16") -> NativeOps:
         unavailable = mod.HipUnavailable
         make = mod.HipRuntime
     elif device == "emu":
-        from atlas_cli.backend.ops.runtime_emu import EmuRuntime as make
+        from atlas_cli.backend.ops import runtime_emu
 
+        if not runtime_emu.available():  # it compiles the kernels with the host's C++ compiler
+            raise DeviceError("--device emu needs a C++ compiler: install g++ (or set CXX)")
         unavailable = RuntimeError
+        make = runtime_emu.EmuRuntime
     else:
-        raise DeviceError(f"unknown native device {device!r} (cuda, hip)")
+        raise DeviceError(f"unknown native device {device!r} (cuda, hip, emu)")
     try:
         return NativeOps(make(), kv_dtype=kv_dtype)
     except unavailable as exc:

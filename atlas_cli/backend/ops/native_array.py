@@ -78,6 +78,10 @@ class DeviceArray:
     def __len__(self) -> int:
         return self.shape[0]
 
+    def __iter__(self):
+        """The rows along the leading axis, as views (`zip(drafts, logits[1:])`)."""
+        return (self[i] for i in range(self.shape[0]))
+
     def __repr__(self) -> str:
         return f"DeviceArray(shape={self.shape}, dtype={self.dtype}, runtime={self.ops.NAME})"
 
@@ -117,6 +121,8 @@ class DeviceArray:
         return math.prod(self.shape[1:]) * self.dtype.itemsize
 
     def __getitem__(self, key) -> DeviceArray:
+        if key is None:  # x[None]: a new leading axis of 1
+            return self.reshape(1, *self.shape)
         if isinstance(key, int | np.integer):
             i = int(key) + (self.shape[0] if key < 0 else 0)
             assert 0 <= i < self.shape[0], f"index {key} out of range for {self.shape}"
@@ -205,11 +211,12 @@ class DeviceOpsBase:
     """What every launcher family shares: the runtime, allocation and uploads, compiled
     kernels by (file, name), and the asserts' float32 check."""
 
-    def __init__(self, runtime, kv_dtype: str = "bf16", weight_dtype: str = "bf16"):
+    def __init__(self, runtime, kv_dtype: str = "bf16", weight_dtype: str = "stored"):
         self.rt = runtime
         self.NAME = runtime.name
         self.kv_dtype = kv_dtype
-        self.weight_dtype = weight_dtype
+        assert weight_dtype in ("stored", "bf16", "f32"), f"weight dtype {weight_dtype!r}"
+        self.weight_dtype = weight_dtype  # float weights: as stored, or forced (prepare_weight)
         self.poison = False  # tests: fill every new output with NaN to catch unwritten elements
         self._fns: dict[tuple[str, str], Any] = {}
         self._uploads: dict[str, tuple[np.ndarray, DeviceArray]] = {}

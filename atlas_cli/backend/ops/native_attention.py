@@ -12,7 +12,7 @@ from atlas_cli.backend.ops.native_array import DeviceArray, DeviceOpsBase
 from atlas_cli.backend.ops.runtime import f32, i32, ptr
 
 KV_DTYPES = ("bf16", "fp8", "f32")
-ATTN_HEAD_DIMS = (32, 64, 128, 256)
+ATTN_HEAD_DIMS = (8, 16, 32, 64, 128, 256)  # attention.cu's attn_*_hd<N>
 
 
 @dataclass(frozen=True)

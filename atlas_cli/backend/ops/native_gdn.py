@@ -61,8 +61,9 @@ class GatedDeltaNetLaunchers(DeviceOpsBase):
         _, nv, dv = v.shape
         assert k.shape == q.shape and v.shape[0] == t and g.shape == (t, nv) == beta.shape
         assert st.shape == (nv, dk, dv) and nv % nk == 0
-        assert 256 % dv == 0 and dk % (256 // dv) == 0 and dk * dv <= 64 * 256 and dk <= 256, (
-            f"gdn kernel limits: dv | 256, dk*dv <= 16384 (dk {dk}, dv {dv})"
+        parts = min(256 // dv, dk) if dv <= 256 else 0  # gdn.cu: row parts of S per column
+        assert parts and 256 % dv == 0 and dk % parts == 0 and dk // parts <= 64 and dk <= 256, (
+            f"gdn kernel limits: dv | 256, min(256/dv, dk) | dk, dk*dv <= 16384 (dk {dk}, dv {dv})"
         )
         scale = scale if scale is not None else dk**-0.5
         out = self.empty((t, nv, dv))

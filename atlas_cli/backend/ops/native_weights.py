@@ -20,9 +20,10 @@ GEMV_MAX_T = 8  # gemv.cu GEMV_MAX_T
 class WeightLaunchers(DeviceOpsBase):
     def prepare_weight(self, w) -> DeviceWeight:
         """A loader's weight -> DeviceWeight: formats the kernels decode as they are stored
-        (GGUF blocks; NVFP4 codes + E4M3 scales + global scale), anything else as float32
-        dequantized on the host, uploaded as bf16 (or f32 when the ops were made with
-        weight_dtype="f32")."""
+        (GGUF blocks; NVFP4 codes + E4M3 scales + global scale) as they are; a float array in
+        the narrowest float format that holds it exactly (the loaders widen bf16 and f16 to
+        float32 losslessly, so this is the checkpoint's own format), or rounded to bf16 / kept
+        f32 when the ops were made with weight_dtype="bf16" / "f32"."""
         if isinstance(w, DeviceWeight):
             return w
         if isinstance(w, QuantizedWeight) and w.format.native:
@@ -30,15 +31,28 @@ class WeightLaunchers(DeviceOpsBase):
         a = np.asarray(w, np.float32)
         if a.ndim == 1:
             a = a.reshape(1, -1)
-        assert a.ndim == 2 and a.shape[1] % 32 == 0, f"weight {a.shape}: cols % 32 != 0"
-        if self.weight_dtype == "f32":
-            return DeviceWeight(
-                "f32", *a.shape, self._upload_bytes(a), a.shape[1] * 4, self._dummy, 0, 1.0
-            )
-        bits = f32_to_bf16_bits(a)
+        assert a.ndim == 2, f"weight {a.shape}: 2-D expected"
+        fmt = self._float_format(a)
+        if fmt == "f32":
+            data = np.ascontiguousarray(a)
+        elif fmt == "f16":
+            data = a.astype(np.float16).view(np.uint16)
+        else:
+            data = f32_to_bf16_bits(a)
         return DeviceWeight(
-            "bf16", *a.shape, self._upload_bytes(bits), a.shape[1] * 2, self._dummy, 0, 1.0
+            fmt, *a.shape, self._upload_bytes(data), a.shape[1] * data.itemsize, self._dummy, 0, 1.0
         )
+
+    def _float_format(self, a: np.ndarray) -> str:
+        """ "bf16", "f16" or "f32" for the float32 weight `a` (see prepare_weight)."""
+        if self.weight_dtype != "stored":
+            return self.weight_dtype
+        if not (np.ascontiguousarray(a).view(np.uint32) & 0xFFFF).any():
+            return "bf16"  # the low 16 bits are zero: a widened bf16
+        with np.errstate(over="ignore"):
+            if np.array_equal(a.astype(np.float16).astype(np.float32), a, equal_nan=True):
+                return "f16"
+        return "f32"
 
     def _upload_stored(self, fmt: WeightFormat, shape, s: StoredRows) -> DeviceWeight:
         rows, cols = (int(n) for n in shape)
@@ -59,7 +73,8 @@ class WeightLaunchers(DeviceOpsBase):
             )
         data = s.data if s.row_perm is None else s.data[s.row_perm]
         raw = np.ascontiguousarray(data).view(np.uint8).reshape(rows, -1)
-        assert cols % 32 == 0 and raw.shape[1] == cols // fmt.block_elems * fmt.block_bytes, (
+        whole = not fmt.quantized or cols % 32 == 0  # kernels read blocks in 32-element units
+        assert whole and raw.shape[1] == cols // fmt.block_elems * fmt.block_bytes, (
             f"{fmt.kernel} weight {shape}: {raw.shape[1]} bytes per row"
         )
         return DeviceWeight(
@@ -73,7 +88,7 @@ class WeightLaunchers(DeviceOpsBase):
         """The whole weight as float32 (rows, cols), bit-exact with the numpy dequantizers."""
         assert isinstance(w, DeviceWeight)
         out = self.empty((w.rows, w.cols))
-        units = w.cols // 32
+        units = -(-w.cols // 32)
         self._launch(
             "dequant.cu",
             f"dequant_{w.fmt}",

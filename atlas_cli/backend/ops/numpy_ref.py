@@ -28,6 +28,13 @@ def device_kv_cache(n_layers: int, n_kv_heads: int, head_dim: int, max_len: int)
     return None
 
 
+def device_hybrid_cache(
+    layer_types, n_kv_heads: int, head_dim: int, conv_shape, recurrent_shape, max_len: int
+) -> None:
+    """Host arrays: the model's cache is `cache.HybridCache`."""
+    return None
+
+
 def embedding(table: np.ndarray, ids: np.ndarray) -> np.ndarray:
     """table (V, H), ids (T,) -> (T, H) float32."""
     return np.asarray(table[ids], dtype=np.float32)

@@ -17,12 +17,13 @@ def is_matrix(name: str, value) -> bool:
 
 
 def to_device(ops, name: str, w):
-    """Matrices the kernels read in their stored format (linear layers, the embedding table);
-    everything else (norms, biases, conv and decay vectors) as float32 device arrays."""
+    """Every matrix the kernels multiply by (`is_matrix`: projections, `in_proj_*`, `out_proj`,
+    `mtp.fc`, `lm_head`) and the embedding table, which the kernels index, as `prepare_weight`
+    keeps them: in their stored format. Everything else (norms, biases, conv and decay
+    vectors) as float32 device arrays."""
     if name == "rope_freqs":  # read on the host to build RoPE frequencies
         return w
-    linear = name.endswith(("proj.weight", "embed_tokens.weight")) or name == "lm_head.weight"
-    if linear and (isinstance(w, QuantizedWeight) or _is_2d(w)):
+    if is_matrix(name, w) or (name.endswith("embed_tokens.weight") and _is_2d(w)):
         return ops.prepare_weight(w)
     return ops.asarray(w)
 
