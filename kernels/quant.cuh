@@ -215,6 +215,7 @@ ATLAS_DEV void e2m1x8_scaled(u32 w, float* v) {
     h2_to_f32(((w << 5) & mag) | ((w << 8) & sgn), &v[1], &v[5]);
     h2_to_f32(((w << 1) & mag) | ((w << 4) & sgn), &v[2], &v[6]);
     h2_to_f32(((w >> 3) & mag) | (w & sgn), &v[3], &v[7]);
+}
 
 // Plain formats (one element per block: f32, f16, bf16) also take rows whose length is not a
 // multiple of 32 (tiny models' hidden sizes); their last unit is partial. Element c of a row:
