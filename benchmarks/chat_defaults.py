@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from dataclasses import replace
 
 from atlas_cli.backend.sample import SamplingOverrides
 from atlas_cli.bench import coherence
@@ -48,8 +49,8 @@ def main() -> None:
     for seed in range(args.seeds):
         for name, given in CANDIDATES.items():
             t0 = time.perf_counter()
-            overrides = SamplingOverrides(**{**given.set_fields(), "seed": seed})
-            verdicts[name] += coherence.run(model, coherence.FIRST_CHAT, args.max_tokens, overrides)
+            seeded = replace(given, seed=seed)
+            verdicts[name] += coherence.run(model, coherence.FIRST_CHAT, args.max_tokens, seeded)
             seconds[name] += time.perf_counter() - t0
     total = len(coherence.FIRST_CHAT) * args.seeds
     print(f"{args.model} on {args.device}: {total} answers per candidate")

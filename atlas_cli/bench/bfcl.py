@@ -24,7 +24,6 @@ from atlas_cli.errors import UsageError
 
 OUTPUT_FORMATS = ("md", "json")
 TOOL_CHOICES = ("auto", "required")
-MAX_TOKENS, TIMEOUT_S = BFCL_MAX_TOKENS, BFCL_TIMEOUT_S  # the flags' defaults (bench/options)
 
 
 @dataclass(frozen=True)
@@ -34,9 +33,9 @@ class Settings:
     limit: int | None = None
     mode: str = "fc"
     tool_choice: str = "auto"
-    max_tokens: int = MAX_TOKENS
+    max_tokens: int = BFCL_MAX_TOKENS
     url: str | None = None
-    timeout_s: float = TIMEOUT_S
+    timeout_s: float = BFCL_TIMEOUT_S
 
 
 def parse_categories(text: str | None) -> tuple[str, ...]:
@@ -72,7 +71,7 @@ class ChatClient:
     """Plain (non-streamed) chat completions, as BFCL's OpenAI handler asks for them."""
 
     def __init__(
-        self, url: str, model: str, api_key: str | None = None, timeout_s: float = TIMEOUT_S
+        self, url: str, model: str, api_key: str | None = None, timeout_s: float = BFCL_TIMEOUT_S
     ):
         import httpx2
 

@@ -55,10 +55,9 @@ def _apply_threads(threads: int | None):
         return nullcontext()
     if threads < 1:
         raise UsageError(f"--threads must be at least 1, got {threads}")
-    import numpy  # noqa: F401  (loads the BLAS, so that threadpoolctl finds and limits it)
-    from threadpoolctl import threadpool_limits
+    from atlas_cli.commands.options import limit_blas
 
-    return threadpool_limits(limits=threads, user_api="blas")
+    return limit_blas(threads)
 
 
 def _load(model: str, device: str, ctx_size: int | None):

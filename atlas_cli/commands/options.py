@@ -64,10 +64,16 @@ def use_threads(threads: int | None) -> None:
     if threads is None:
         return
     os.environ["ATLAS_THREADS"] = str(threads)
+    limit_blas(threads)
+
+
+def limit_blas(threads: int):
+    """BLAS (the float32 reference's matrix products) at `threads` threads from now on; used as
+    a context manager, the returned limiter puts the previous count back on exit."""
     import numpy  # noqa: F401  (loads the BLAS, so that threadpoolctl finds and limits it)
     from threadpoolctl import threadpool_limits
 
-    threadpool_limits(limits=threads, user_api="blas")
+    return threadpool_limits(limits=threads, user_api="blas")
 
 
 # The store commands pick a recipe's variant for a device without running anything on it.
