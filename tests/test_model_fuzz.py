@@ -2,7 +2,7 @@
 
 A seeded fuzz over the fixtures (tests/model_mutations.py: GGUF metadata and tensor tables,
 safetensors headers, config.json, tokenizer files, a real model's GGUF header), each case
-loaded and run for a few tokens in-process under a time cap; then the cases that must be
+loaded and run for a few tokens in-process under a time and a memory cap; then the cases that must be
 refused (they used to load silently) one by one, with the file, field and expected value
 in the message. scripts/fuzz_models.py runs the same cases by the thousand in subprocesses.
 """
@@ -10,6 +10,7 @@ in the message. scripts/fuzz_models.py runs the same cases by the thousand in su
 from __future__ import annotations
 
 import json
+import resource
 import shutil
 import signal
 import struct
@@ -30,6 +31,7 @@ from tests.model_mutations import (
 )
 
 CASE_SECONDS = 10  # far above any case's time (the slowest take ~1 s)
+CASE_MEMORY = 2 << 30  # a case may map and allocate this much beyond the process's own
 
 
 @pytest.fixture(autouse=True)
@@ -52,13 +54,35 @@ def time_cap(seconds: int, what: str):
         signal.signal(signal.SIGALRM, old)
 
 
+def _data_bytes() -> int:
+    """The process's data segment now (VmData: heap and private mappings), what RLIMIT_DATA
+    limits."""
+    with open("/proc/self/status") as f:
+        return int(next(x for x in f if x.startswith("VmData")).split()[1]) * 1024
+
+
+@contextmanager
+def memory_cap(extra: int):
+    """Allocations past `extra` bytes beyond today's data segment fail with MemoryError (an
+    escape the test reports) instead of taking the machine down."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    cap = _data_bytes() + extra
+    if hard != resource.RLIM_INFINITY:
+        cap = min(cap, hard)
+    resource.setrlimit(resource.RLIMIT_DATA, (cap, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
+
+
 def fuzz(kind: str, cases: int, workdir: Path, real_gguf: Path | None = None) -> Counter:
     outcomes: Counter = Counter()
     escaped = []
     for seed in range(cases):
         path, what = make_case(kind, seed, workdir / f"{kind}{seed}", real_gguf=real_gguf)
         try:
-            with time_cap(CASE_SECONDS, f"{kind} #{seed} ({what})"):
+            with time_cap(CASE_SECONDS, f"{kind} #{seed} ({what})"), memory_cap(CASE_MEMORY):
                 outcomes[run_case(path)] += 1
         except Exception as exc:  # anything but an AtlasError is a failure of the validation
             escaped.append(f"{kind} #{seed} ({what}): {type(exc).__name__}: {exc}")

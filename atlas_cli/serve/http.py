@@ -31,6 +31,7 @@ from atlas_cli.backend.sample import SamplingOverrides
 from atlas_cli.errors import UsageError
 from atlas_cli.serve.body import parse_json
 from atlas_cli.serve.errors import APIError
+from atlas_cli.serve.memory import LARGE_BODY_BYTES, return_freed_memory
 from atlas_cli.serve.metrics import Metrics
 from atlas_cli.serve.prompt import Prompt, choose_parser
 from atlas_cli.serve.protocol import parse_body
@@ -181,6 +182,8 @@ def endpoint(name: str, *, style: str = "openai", auth: bool = True, model: bool
                     APIError(500, f"internal error: {exc}", type="server_error"), style
                 )
             state.metrics.requests.labels(name, str(response.status_code)).inc()
+            if getattr(request.state, "body_bytes", 0) >= LARGE_BODY_BYTES:
+                await run_in_threadpool(return_freed_memory)  # its copies are garbage now
             return response
 
         return handler
@@ -268,6 +271,7 @@ async def read_bytes(state: AppState, request: Request) -> bytearray:
                 body += chunk
                 if len(body) > limit:
                     raise too_big
+                request.state.body_bytes = len(body)
     except TimeoutError:
         raise APIError(
             408, f"the request body did not arrive within {BODY_TIMEOUT_S:g} s", code="timeout"
