@@ -2,9 +2,9 @@
 
 A seeded fuzz over the fixtures (tests/model_mutations.py: GGUF metadata and tensor tables,
 safetensors headers, config.json, tokenizer files, a real model's GGUF header), each case
-loaded and run for a few tokens in-process under a time and a memory cap; then the cases that must be
-refused (they used to load silently) one by one, with the file, field and expected value
-in the message. scripts/fuzz_models.py runs the same cases by the thousand in subprocesses.
+loaded and run for a few tokens in-process under a time and a memory cap; then the cases that
+must be refused (they used to load silently) one by one, with the file, field and expected
+value in the message. scripts/fuzz_models.py runs the same cases by the thousand in subprocesses.
 """
 
 from __future__ import annotations
