@@ -2,12 +2,14 @@
 
 import json
 import threading
+from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from atlas_cli.bench import agentic, http_target
+from atlas_cli.bench import agentic, http_target, mlperf_rules
 from atlas_cli.bench import trajectories as traj
+from atlas_cli.errors import UsageError
 from tests.bench_helpers import tiny_conversation, write_jsonl
 
 
@@ -96,7 +98,7 @@ def test_replay_over_http_sends_the_recorded_history(server, tmp_path):
     path = write_jsonl(tmp_path / "t.jsonl", tiny_conversation("a", 2) + tiny_conversation("b"))
     conversations = traj.load(path)
     settings = agentic.Settings(str(path), 1, 2, None, 16, True, False, "auto", server)
-    target = agentic.UrlTarget(server, "m", 16, None, "auto")
+    target = agentic.UrlTarget(server, "m", 16, None, "auto", settings.seed_set.model)
     seen = []
     try:
         turns, wall = agentic.replay(conversations, target, settings, lambda t, d: seen.append(t))
@@ -118,8 +120,10 @@ def test_replay_over_http_sends_the_recorded_history(server, tmp_path):
 
 def test_replay_over_http_as_text(server, tmp_path):
     path = write_jsonl(tmp_path / "t.jsonl", tiny_conversation("a", 1))
-    settings = agentic.Settings(str(path), None, None, None, 4, True, False, "text", server)
-    target = agentic.UrlTarget(server, "m", 4, None, "text")
+    settings = agentic.Settings(
+        str(path), None, None, None, 4, True, False, "text", server, min_duration_s=0
+    )
+    target = agentic.UrlTarget(server, "m", 4, None, "text", 42)
     try:
         agentic.replay(traj.load(path), target, settings)
     finally:
@@ -127,3 +131,43 @@ def test_replay_over_http_as_text(server, tmp_path):
     last = FakeOpenAI.bodies[-1]
     assert "tools" not in last
     assert "<tool_call>" in last["messages"][2]["content"]
+
+
+def test_replay_follows_the_mlperf_v61_rules(server, tmp_path):
+    """Conversations in the dataloader seed's order (turns in order within each), the model
+    seed in every request, the selection repeated until the minimum duration has passed, and
+    the result says why a short or limited run is not a valid one."""
+    names = [f"c{i}" for i in range(6)]
+    rows = [row for name in names for row in tiny_conversation(name, 2)]
+    conversations = traj.load(write_jsonl(tmp_path / "t.jsonl", rows))
+    settings = agentic.Settings(
+        str(tmp_path / "t.jsonl"), None, None, None, 4, True, False, "auto", server,
+        min_duration_s=0.3,
+    )  # fmt: skip
+    assert settings.seed_set.dataloader == 2747215439041700203
+    assert settings.seed_set.scheduler == 16159082839903944936
+    order = [names[i] for i in mlperf_rules.conversation_order(6, settings.seed_set)]
+    assert order != names and sorted(order) == names  # seeded, and every conversation once
+    target = agentic.UrlTarget(server, "m", 4, None, "auto", settings.seed_set.model)
+    FakeOpenAI.bodies.clear()
+    try:
+        turns, wall = agentic.replay(conversations, target, settings)
+    finally:
+        target.close()
+    one_pass = agentic.total_requests(conversations, settings)
+    assert wall >= 0.3 and len(turns) % one_pass == 0 and len(turns) >= one_pass
+    first = [t.conversation_id for t in turns[:one_pass]]
+    assert list(dict.fromkeys(first)) == order
+    assert all(b["seed"] == 42 for b in FakeOpenAI.bodies)
+    result = agentic.as_result(turns, wall, settings, {"device": "http"}, {"model": "m"})
+    assert result["mlperf"]["seeds"]["dataloader"] == 2747215439041700203
+    assert result["mlperf"]["valid"] is False
+    assert any("600 s minimum" in r for r in result["mlperf"]["not_valid_because"])
+    assert "Not a valid MLPerf v6.1 run" in agentic.summary_table(result)
+    # a whole-dataset run lasts the minimum by default; a limited one is a quick look
+    assert agentic.Settings("t", None, None, None, 4, True, False, "auto", None).min_duration == 600
+    assert agentic.Settings("t", 1, None, None, 4, True, False, "auto", None).min_duration == 0
+    legacy = agentic.Settings("t", None, None, None, 4, True, False, "auto", None, seeds="legacy")
+    assert legacy.seed_set.dataloader == 42
+    with pytest.raises(UsageError, match="--seeds must be one of"):
+        agentic.check_settings(replace(legacy, seeds="v5"), None)

@@ -1,5 +1,6 @@
 """Agentic replay: MLPerf Edge Agentic trajectories sent turn by turn, one request at a time,
-temperature 0, seed 42, streamed; per-turn timings and their distribution.
+temperature 0, streamed, under the v6.1 rules (bench/mlperf_rules.py: seeds, minimum
+duration); per-turn timings and their distribution.
 
 Two targets share the replay: the in-process engine (prefix reuse: the engine keeps the previous
 request's KV cache and prefills only the new suffix) and any OpenAI-compatible URL.
@@ -13,12 +14,11 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Protocol
 
 from atlas_cli import __version__
-from atlas_cli.bench import capping, progress, stats, sysinfo
+from atlas_cli.bench import capping, mlperf_rules, progress, stats, sysinfo
 from atlas_cli.bench import trajectories as traj
 from atlas_cli.errors import UsageError
 
 TEMPERATURE = 0.0
-SEED = 42
 TOOL_FORMATS = ("auto", "native", "text")
 OUTPUT_FORMATS = ("md", "json")
 HTTP_CHARS_PER_TOKEN = 3  # prompt-size estimate over HTTP, where we have no tokenizer
@@ -52,6 +52,22 @@ class Settings:
     cold_ttft: bool
     tool_format: str
     url: str | None
+    seeds: str = mlperf_rules.ROUND  # a key of mlperf_rules.SEED_SETS
+    min_duration_s: float | None = None  # None: mlperf_rules.default_min_duration
+
+    @property
+    def limited(self) -> bool:
+        return self.limit_conversations is not None or self.limit_turns is not None
+
+    @property
+    def seed_set(self) -> mlperf_rules.SeedSet:
+        return mlperf_rules.SEED_SETS[self.seeds]
+
+    @property
+    def min_duration(self) -> float:
+        if self.min_duration_s is None:
+            return mlperf_rules.default_min_duration(self.limited)
+        return self.min_duration_s
 
 
 class Target(Protocol):
@@ -77,8 +93,11 @@ def _tpot(first: float | None, last: float | None, n: int) -> float | None:
 class EngineTarget:
     """Runs requests on a loaded model, streaming in-process."""
 
-    def __init__(self, model, max_tokens: int, prefix_cache: bool, cold_ttft: bool, tools: str):
+    def __init__(
+        self, model, max_tokens: int, prefix_cache: bool, cold_ttft: bool, tools: str, seed: int
+    ):
         self.model = model
+        self.seed = seed
         self.max_tokens = max_tokens
         self.prefix_cache = prefix_cache
         self.cold_ttft = cold_ttft
@@ -107,7 +126,7 @@ class EngineTarget:
             ids,
             max_tokens=max_tokens,
             stats=stats,
-            sampling=SamplingOverrides(temperature=TEMPERATURE, seed=SEED),
+            sampling=SamplingOverrides(temperature=TEMPERATURE, seed=self.seed),
         )
         for event in events:
             if event.token >= 0:  # -1 is held-back text flushed at the end
@@ -153,10 +172,13 @@ class EngineTarget:
 class UrlTarget:
     """Runs requests against an OpenAI-compatible endpoint."""
 
-    def __init__(self, url: str, model_name: str, max_tokens: int, api_key: str | None, tools: str):
+    def __init__(
+        self, url: str, model_name: str, max_tokens: int, api_key: str | None, tools: str, seed: int
+    ):
         from atlas_cli.bench.http_target import HttpTarget
 
         self.http = HttpTarget(url, model_name, api_key)
+        self.seed = seed
         self.model_name = model_name
         self.max_tokens = max_tokens
         # auto: the server's chat template decides how tool calls render
@@ -177,7 +199,7 @@ class UrlTarget:
     def complete(self, messages: list[dict], tools: list[dict], ids=None) -> dict[str, Any]:
         if self.tool_format == "text":
             messages, tools = traj.as_text_messages(messages, tools), []
-        t = self.http.complete(messages, tools, self.max_tokens, seed=SEED)
+        t = self.http.complete(messages, tools, self.max_tokens, seed=self.seed)
         return {
             "input_tokens": t.prompt_tokens,
             "output_tokens": t.completion_tokens,
@@ -210,42 +232,58 @@ def replay(
     settings: Settings,
     on_turn: Callable[[TurnResult, list[TurnResult]], None] | None = None,
 ) -> tuple[list[TurnResult], float]:
-    """Replay every selected request in order; returns the turns and the total wall time
-    (without the extra --cold-ttft prefills)."""
-    convs = list(conversations)[: settings.limit_conversations]
+    """Replay every selected request, conversations in the dataloader seed's order, the whole
+    selection again until the minimum duration has passed; returns the turns and the total wall
+    time (without the extra --cold-ttft prefills)."""
+    convs = selected(conversations, settings)
     results: list[TurnResult] = []
     t0 = time.perf_counter()
-    for conv in convs:
-        capper = None
-        if settings.max_prompt_tokens:
-            capper = capping.PromptCapper(settings.max_prompt_tokens, target.count(conv.tools))
-        for req in traj.requests(conv, settings.limit_turns):
-            messages, dropped, cut = req.messages, 0, None
-            if capper is not None:
-                fitted = capper.fit(messages)
-                messages, dropped, cut = (
-                    fitted.messages,
-                    fitted.dropped_messages,
-                    fitted.truncated_to,
-                )
-            ids = target.render(messages, req.tools)
-            out = target.complete(messages, req.tools, ids)
-            result = TurnResult(
-                conversation_id=req.conversation_id,
-                turn=req.turn,
-                index=req.index,
-                dropped_messages=dropped,
-                truncated_to=cut,
-                **out,
+    while True:
+        for conv in convs:
+            _replay_conversation(conv, target, settings, results, on_turn)
+        wall = time.perf_counter() - t0 - target.untimed_s
+        if wall >= settings.min_duration or not convs:
+            return results, wall
+
+
+def selected(conversations: Sequence[traj.Conversation], settings: Settings) -> list:
+    """The conversations to replay, in the order the dataloader seed gives them."""
+    convs = list(conversations)
+    ordered = [convs[i] for i in mlperf_rules.conversation_order(len(convs), settings.seed_set)]
+    return ordered[: settings.limit_conversations]
+
+
+def _replay_conversation(conv, target: Target, settings: Settings, results: list, on_turn):
+    capper = None
+    if settings.max_prompt_tokens:
+        capper = capping.PromptCapper(settings.max_prompt_tokens, target.count(conv.tools))
+    for req in traj.requests(conv, settings.limit_turns):
+        messages, dropped, cut = req.messages, 0, None
+        if capper is not None:
+            fitted = capper.fit(messages)
+            messages, dropped, cut = (
+                fitted.messages,
+                fitted.dropped_messages,
+                fitted.truncated_to,
             )
-            results.append(result)
-            if on_turn:
-                on_turn(result, results)
-    return results, time.perf_counter() - t0 - target.untimed_s
+        ids = target.render(messages, req.tools)
+        out = target.complete(messages, req.tools, ids)
+        result = TurnResult(
+            conversation_id=req.conversation_id,
+            turn=req.turn,
+            index=req.index,
+            dropped_messages=dropped,
+            truncated_to=cut,
+            **out,
+        )
+        results.append(result)
+        if on_turn:
+            on_turn(result, results)
 
 
 def total_requests(conversations: Sequence[traj.Conversation], settings: Settings) -> int:
-    convs = list(conversations)[: settings.limit_conversations]
+    """Requests in one pass over the selection (a run under its minimum duration repeats)."""
+    convs = selected(conversations, settings)
     limit = settings.limit_turns
     return sum(c.n_requests if limit is None else min(limit, c.n_requests) for c in convs)
 
@@ -267,7 +305,12 @@ def engine_target(model, settings: Settings) -> tuple[EngineTarget, Settings]:
         settings = replace(settings, max_prompt_tokens=cap)
     check_settings(settings, context)
     target = EngineTarget(
-        model, settings.max_tokens, settings.prefix_cache, settings.cold_ttft, settings.tool_format
+        model,
+        settings.max_tokens,
+        settings.prefix_cache,
+        settings.cold_ttft,
+        settings.tool_format,
+        settings.seed_set.model,
     )
     return target, replace(settings, tool_format=target.tool_format)
 
@@ -341,11 +384,20 @@ def as_result(
     env: dict[str, Any],
     model_facts: dict[str, Any],
 ) -> dict[str, Any]:
+    capped = any(t.dropped_messages or t.truncated_to for t in turns)
+    why_not = mlperf_rules.validity(settings.seeds, settings.limited, capped, wall_s)
     return {
         "kind": "agentic",
         **env,
         **model_facts,
         "settings": asdict(settings),
+        "mlperf": {
+            "round": mlperf_rules.ROUND,
+            "seeds": asdict(settings.seed_set),
+            "min_duration_s": settings.min_duration,
+            "valid": not why_not,
+            "not_valid_because": why_not,
+        },
         "summary": summarize(turns, wall_s),
         "turns": [asdict(t) for t in turns],
     }
@@ -380,6 +432,14 @@ def summary_table(result: dict[str, Any]) -> str:
         f"{s['wall_s']:.1f} s; {s['output_tokens_per_s']:.2f} output tokens/s"
         + (f"; prefix-cache hit rate {hit:.1%}" if hit is not None else "")
     )
+    rules = result.get("mlperf")
+    if rules:
+        lines.append(
+            f"A valid MLPerf {rules['round']} run."
+            if rules["valid"]
+            else f"Not a valid MLPerf {rules['round']} run: "
+            + "; ".join(rules["not_valid_because"])
+        )
     return "\n".join(lines)
 
 
@@ -409,6 +469,10 @@ def check_settings(settings: Settings, context_length: int | None) -> None:
         value = getattr(settings, name)
         if value is not None and value < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+    if settings.seeds not in mlperf_rules.SEED_SETS:
+        raise UsageError(f"--seeds must be one of {', '.join(mlperf_rules.SEED_SETS)}")
+    if settings.min_duration_s is not None and not 0 <= settings.min_duration_s <= 86_400:
+        raise UsageError(f"--min-duration must be 0..86400 seconds, got {settings.min_duration_s}")
     if settings.tool_format not in TOOL_FORMATS:
         raise UsageError(f"--tool-format must be one of {', '.join(TOOL_FORMATS)}")
     if settings.url and (settings.cold_ttft or not settings.prefix_cache):

@@ -126,6 +126,8 @@ def agentic_cmd(
     limit_turns: o.LimitTurns = None,
     max_prompt_tokens: o.MaxPromptTokens = None,
     max_tokens: o.MaxTokens = o.MAX_NEW_TOKENS,
+    seed_set: o.MlperfSeeds = o.SEED_SET,
+    min_duration: o.MinDuration = None,
     url: o.Url = None,
     api_key: o.ApiKey = None,
     prefix_cache: o.PrefixCache = True,
@@ -158,13 +160,16 @@ def agentic_cmd(
         cold_ttft=cold_ttft,
         tool_format=tool_format,
         url=url,
+        seeds=seed_set,
+        min_duration_s=min_duration,
     )
     agentic.check_settings(settings, None)
     conversations = traj.load(trajectories)  # a bad file fails before a model loads
     with _apply_threads(threads):
         if url:
             key = api_key or os.environ.get("OPENAI_API_KEY")
-            target = agentic.UrlTarget(url, model, max_tokens, key, tool_format)
+            seed = settings.seed_set.model
+            target = agentic.UrlTarget(url, model, max_tokens, key, tool_format, seed)
         else:
             target, settings = agentic.engine_target(_load(model, device, ctx_size), settings)
         result = agentic.run(conversations, target, settings)

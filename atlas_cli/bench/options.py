@@ -10,6 +10,8 @@ from typing import Annotated
 
 import typer
 
+from atlas_cli.bench import mlperf_rules
+
 # -- shared by the subcommands -----------------------------------------------------------------
 
 Model = Annotated[str, typer.Argument(help="Model name or path.")]
@@ -61,6 +63,23 @@ Trajectories = Annotated[
 ]
 LimitConversations = Annotated[
     int | None, typer.Option(help="Replay only the first N conversations.")
+]
+SEED_SET = mlperf_rules.ROUND
+MlperfSeeds = Annotated[
+    str,
+    typer.Option(
+        "--seeds",
+        help="MLPerf seed set: v6.1 (request seed 42, dataloader and scheduler seeds of "
+        "mlperf.conf) or legacy (42 everywhere).",
+    ),
+]
+MinDuration = Annotated[
+    float | None,
+    typer.Option(
+        help="Repeat the replay until it has run this many seconds (MLPerf: 600). "
+        "Default: 600 for the whole dataset, 0 with --limit-*.",
+        show_default=False,
+    ),
 ]
 LimitTurns = Annotated[
     int | None, typer.Option(help="Replay only the first N requests of each conversation.")
