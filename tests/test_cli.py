@@ -36,10 +36,13 @@ def test_help_does_not_import_numpy():
 
 def test_help_imports_only_what_it_prints():
     """`atlas --help` needs the command tree, not what the commands run: no numpy, no rich,
-    no backend or model session, no benchmark module beyond the bench group's flags and the
-    gate's tolerance (the other defaults live in bench/options.py)."""
+    no backend or model session, no benchmark module beyond the bench group's flags, the
+    gate's tolerance and the MLPerf round (the other defaults live in bench/options.py)."""
     heavy = ["numpy", "rich", "atlas_cli.backend", "atlas_cli.session", "atlas_cli.store.fetch"]
-    light_bench = {"atlas_cli.bench", *(f"atlas_cli.bench.{m}" for m in ("cli", "options", "gate"))}
+    light_bench = {
+        "atlas_cli.bench",
+        *(f"atlas_cli.bench.{m}" for m in ("cli", "options", "gate", "mlperf_rules")),
+    }
     code = (
         "import sys\nfrom atlas_cli.cli import app\n"
         "try:\n    app(['--help'])\nexcept SystemExit:\n    pass\n"
