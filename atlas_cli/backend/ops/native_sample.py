@@ -8,7 +8,7 @@ reads are uploaded once; each token is then one launch and an 8-byte readback.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -35,13 +35,22 @@ class ChainSettings:
     presence_penalty: float
     repeat_last_n: int
 
+    @classmethod
+    def of(cls, params) -> ChainSettings:
+        """From a SamplingParams (the fields of the same names)."""
+        return cls(**{f.name: getattr(params, f.name) for f in fields(cls)})
+
+    def fits(self) -> bool:
+        """Whether sample_chain takes these settings: a top-k of at most SAMPLE_KMAX (0, no
+        top-k, stays on the host) unless greedy, and a ring of at least one token."""
+        return self.repeat_last_n >= 1 and (self.temperature == 0 or 1 <= self.top_k <= SAMPLE_KMAX)
+
 
 class DeviceTokenSampler:
     """One generation's sampler on the device: `__call__(logits)` -> (token, flag)."""
 
     def __init__(self, ops: Any, s: ChainSettings, history: Sequence[int], uniforms: np.ndarray):
-        assert s.repeat_last_n >= 1, "the device ring needs repeat_last_n >= 1"
-        assert s.temperature == 0 or 1 <= s.top_k <= SAMPLE_KMAX, f"top_k {s.top_k}"
+        assert s.fits(), f"sample_chain cannot take {s}"
         self.ops = ops
         cap = s.repeat_last_n
         recent = [int(t) for t in history][-cap:]

@@ -7,6 +7,9 @@ kernel launches by name, host-to-device / device-to-host / device-to-device copi
 bytes, `synchronize` calls, graph launches, and the bytes of the buffers marked as weights
 (`mark_weight`) that the launches read. benchmarks/launches.py and tests/test_launch_budget.py
 hold the decode step to its launch budget with it.
+
+`CountingRuntime(inner)` counts the same things while `inner` (the emulator, a GPU runtime)
+does the work: what a real model on a real device asks per token.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import contextlib
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 from atlas_cli.backend.ops import runtime as rt
 
@@ -64,11 +68,15 @@ class Counts:
 @dataclass(frozen=True)
 class CountFunction:
     name: str
+    inner: Any = None  # the wrapped runtime's function
 
 
+@dataclass(frozen=True)
 class CountModule:
+    inner: Any = None  # the wrapped runtime's module
+
     def function(self, name: str) -> CountFunction:
-        return CountFunction(name)
+        return CountFunction(name, self.inner.function(name) if self.inner else None)
 
 
 @dataclass(frozen=True)
@@ -78,13 +86,16 @@ class WeightBuffer:
 
 
 class _Graph:
-    def __init__(self, runtime: CountingRuntime):
+    def __init__(self, runtime: CountingRuntime, inner=None):
         self.runtime = runtime
+        self.inner = inner  # the wrapped runtime's graph
         self.calls: list[tuple] = []
 
     def replay(self) -> None:
         # one graph launch; the kernels inside it are the graph's, not launches of their own
         self.runtime.current.graph_launches += 1
+        if self.inner is not None:
+            self.inner.replay()
 
 
 class _Event:
@@ -93,10 +104,10 @@ class _Event:
 
 
 class CountingRuntime:
-    name = "count"
-    target = "count"
-
-    def __init__(self):
+    def __init__(self, inner=None):
+        self.inner = inner
+        self.name = inner.name if inner else "count"  # what the launchers may ask of it
+        self.target = inner.target if inner else "count"
         self.phases: dict[str, Counts] = {}
         self.current = self._counts("load")
         self._next = BASE_ADDRESS
@@ -122,6 +133,8 @@ class CountingRuntime:
 
     # -- memory ---------------------------------------------------------------------------
     def alloc(self, nbytes: int) -> FakeBuffer:
+        if self.inner is not None:
+            return self.inner.alloc(nbytes)
         nbytes = max(int(nbytes), 1)
         buf = FakeBuffer(self._next, nbytes)
         self._next += -(-nbytes // ALIGN) * ALIGN
@@ -130,21 +143,30 @@ class CountingRuntime:
     def h2d(self, dst: FakeBuffer, host, offset: int = 0) -> None:
         self.current.h2d += 1
         self.current.h2d_bytes += int(host.nbytes)
+        if self.inner is not None:
+            self.inner.h2d(dst, host, offset)
 
     def d2h(self, host, src: FakeBuffer, offset: int = 0) -> None:
         self.current.d2h += 1
         self.current.d2h_bytes += int(host.nbytes)
-        host.reshape(-1).view("u1")[:] = 0
+        if self.inner is not None:
+            self.inner.d2h(host, src, offset)
+        else:
+            host.reshape(-1).view("u1")[:] = 0
 
     def d2d(self, dst: FakeBuffer, dst_off: int, src: FakeBuffer, src_off: int, n: int) -> None:
         self.current.d2d += 1
         self.current.d2d_bytes += int(n)
+        if self.inner is not None:
+            self.inner.d2d(dst, dst_off, src, src_off, n)
 
     # -- compile and launch ---------------------------------------------------------------
     def compile(self, file: str, defines: dict | None = None) -> CountModule:
-        return CountModule()
+        return CountModule(self.inner.compile(file, defines) if self.inner else None)
 
     def launch(self, fn: CountFunction, grid: tuple, block: tuple, args: list[rt.Arg]) -> None:
+        if self.inner is not None:
+            self.inner.launch(fn.inner, grid, block, args)
         if self._capture is not None:
             self._capture.calls.append((fn, grid, block, list(args)))
             return
@@ -158,21 +180,25 @@ class CountingRuntime:
 
     def synchronize(self) -> None:
         self.current.syncs += 1
+        if self.inner is not None:
+            self.inner.synchronize()
 
-    def event(self) -> _Event:
-        return _Event()
+    def event(self):
+        return self.inner.event() if self.inner else _Event()
 
-    def elapsed_ms(self, start: _Event, end: _Event) -> float:
-        return 0.0
+    def elapsed_ms(self, start, end) -> float:
+        return self.inner.elapsed_ms(start, end) if self.inner else 0.0
 
     @contextlib.contextmanager
     def capture(self):
-        graph = _Graph(self)
-        self._capture = graph
-        try:
-            yield graph
-        finally:
-            self._capture = None
+        with contextlib.ExitStack() as stack:
+            inner = stack.enter_context(self.inner.capture()) if self.inner else None
+            graph = _Graph(self, inner)
+            self._capture = graph
+            try:
+                yield graph
+            finally:
+                self._capture = None
 
     def info(self) -> dict:
-        return {"runtime": self.name, "target": self.target}
+        return self.inner.info() if self.inner else {"runtime": self.name, "target": self.target}
