@@ -101,3 +101,18 @@ def test_the_token_stays_on_the_device(ops):
     logits = np.arange(10, dtype=np.float32)
     assert device(ops.asarray(logits)) == (9, 0)
     assert device.token.shape == (1,) and int(device.token.numpy()[0]) == 9
+
+
+def test_the_engine_raises_the_host_paths_error_on_device_nan_logits(ops):
+    """engine.device_picker turns the kernel's flag into check_finite's one-line error."""
+    from atlas_cli.backend import engine
+    from atlas_cli.errors import CorruptModelError
+
+    logits = np.zeros(64, np.float32)
+    logits[3] = np.nan
+    with pytest.raises(CorruptModelError) as host:
+        engine.check_finite(logits, 5)
+    pick = engine.device_picker(ops, SamplingParams(temperature=0.5, seed=1), [1], 4)
+    with pytest.raises(CorruptModelError) as device:
+        pick(ops.asarray(logits), [1], 5)
+    assert str(device.value) == str(host.value) and "\n" not in str(device.value)
