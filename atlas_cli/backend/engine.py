@@ -8,15 +8,17 @@ the longest prefix with it, so interleaved conversations each prefill only their
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from atlas_cli.backend.cache import Cache
 from atlas_cli.backend.constraint import Constraint
 from atlas_cli.backend.models.base import BaseModel
+from atlas_cli.backend.ops.native_sample import NONFINITE, ChainSettings
 from atlas_cli.backend.prefix_pool import (
     PrefixPool,
     Slot,
@@ -140,11 +142,46 @@ def check_finite(logits: np.ndarray, generated: int) -> None:
     logits = np.asarray(logits)
     if np.isfinite(logits.max()) and np.isfinite(logits.min()):
         return
-    raise CorruptModelError(
+    raise nonfinite_error(generated)
+
+
+def nonfinite_error(generated: int) -> CorruptModelError:
+    return CorruptModelError(
         f"the model produced NaN or Inf logits (after {generated} generated tokens): its weights "
         "are probably corrupt or mis-quantised; download the model again or try another "
         "quantisation"
     )
+
+
+TokenPicker = Callable[[Any, list[int], int], int]  # (logits, history, generated) -> token
+
+
+def host_picker(params: SamplingParams, constraint: Constraint | None) -> TokenPicker:
+    """The CPU Sampler on logits brought to the host, after the finite check."""
+    sampler = Sampler(params)
+
+    def pick(logits, history: list[int], generated: int) -> int:
+        check_finite(logits, generated)
+        return sampler(logits, history, constraint)
+
+    return pick
+
+
+def device_picker(ops, params: SamplingParams, prompt: list[int], draws: int) -> TokenPicker:
+    """sample.cu's whole chain on the device logits of a NativeOps model (the finite check
+    included), drawing the uniforms the CPU Sampler would draw: the same seed gives the same
+    tokens. One launch and an 8-byte readback per token."""
+    uniforms = Sampler(params).uniforms(0 if params.greedy else draws)
+    device = ops.device_sampler(ChainSettings.of(params), prompt, uniforms)
+
+    def pick(logits, history: list[int], generated: int) -> int:
+        token, flag = device(logits)
+        if flag == NONFINITE:
+            raise nonfinite_error(generated)
+        assert flag == 0, f"device sampler flag {flag}"
+        return token
+
+    return pick
 
 
 class Engine:
@@ -338,6 +375,19 @@ class Engine:
 
     # -- generation --------------------------------------------------------------------------
 
+    def _token_picker(
+        self, params: SamplingParams, prompt: list[int], max_tokens: int, constraint
+    ) -> TokenPicker:
+        """On the device when the model runs on our kernels and nothing needs the logits on
+        the host (no grammar, no speculation, settings sample.cu takes); else the CPU's."""
+        make = getattr(self.model.ops, "device_sampler", None)
+        if make is None or constraint is not None or self.speculator is not None:
+            return host_picker(params, constraint)
+        if not ChainSettings.of(params).fits():
+            return host_picker(params, constraint)
+        draws = min(max_tokens, self.context_length) + 1  # at most one per generated token
+        return device_picker(self.model.ops, params, prompt, draws)
+
     def generate(
         self,
         prompt: str | Sequence[int],
@@ -363,7 +413,7 @@ class Engine:
         if not ids:
             ids = [self.tokenizer.bos_id or 0]
         stats.prompt_tokens = len(ids)
-        sampler = Sampler(sampling or SamplingParams())
+        pick = self._token_picker(sampling or SamplingParams(), ids, max_tokens, constraint)
         decoder = IncrementalDecoder(self.tokenizer)
         stopper = StopMatcher(stop)
         pieces: list[str] = []
@@ -375,8 +425,7 @@ class Engine:
             history = list(ids)
             stats.finish_reason = "length"
             while stats.completion_tokens < max_tokens:
-                check_finite(logits, stats.completion_tokens)
-                token = sampler(logits, history, constraint)
+                token = pick(logits, history, stats.completion_tokens)
                 if t_first is None:
                     t_first = time.perf_counter()
                     stats.ttft_s = t_first - t0

@@ -128,6 +128,12 @@ class Sampler:
             token = self._draw(constraint.masked(logits))
         return token
 
+    def uniforms(self, n: int) -> np.ndarray:
+        """The uniform numbers of this sampler's next `n` draws (n float64 in [0, 1)), for a
+        device sampler that must draw what this one would: numpy's `choice` with `p` takes one
+        `random()` per draw and picks the first index whose normalised cdf exceeds it."""
+        return self.rng.random(n)
+
     def _draw(self, logits: np.ndarray) -> int:
         p = self.params
         if p.greedy:

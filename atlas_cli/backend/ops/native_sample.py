@@ -1,6 +1,15 @@
-"""Token selection on the device, and the FP8 conversions of the KV cache (exposed for tests)."""
+"""Token selection on the device, and the FP8 conversions of the KV cache (exposed for tests).
+
+`device_sampler` sets up one generation's sampling on the device (sample.cu `sample_chain`):
+its parameters, the uniforms of its draws and the ring of recent tokens the repeat penalty
+reads are uploaded once; each token is then one launch and an 8-byte readback.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from typing import Any
 
 import numpy as np
 
@@ -10,7 +19,85 @@ from atlas_cli.backend.ops.runtime import f32, i32, ptr
 SAMPLE_KMAX = 256  # sample.cu SAMPLE_KMAX
 
 
+NONFINITE, OUT_OF_UNIFORMS = 1, 2  # sample_chain's flags (out[1])
+
+
+@dataclass(frozen=True)
+class ChainSettings:
+    """backend/sample.py's SamplingParams, as sample_chain takes them (top_k 1..256 unless
+    greedy; repeat_last_n >= 1)."""
+
+    temperature: float
+    top_k: int
+    top_p: float
+    min_p: float
+    repeat_penalty: float
+    presence_penalty: float
+    repeat_last_n: int
+
+    @classmethod
+    def of(cls, params) -> ChainSettings:
+        """From a SamplingParams (the fields of the same names)."""
+        return cls(**{f.name: getattr(params, f.name) for f in fields(cls)})
+
+    def fits(self) -> bool:
+        """Whether sample_chain takes these settings: a top-k of at most SAMPLE_KMAX (0, no
+        top-k, stays on the host) unless greedy, and a ring of at least one token."""
+        return self.repeat_last_n >= 1 and (self.temperature == 0 or 1 <= self.top_k <= SAMPLE_KMAX)
+
+
+class DeviceTokenSampler:
+    """One generation's sampler on the device: `__call__(logits)` -> (token, flag)."""
+
+    def __init__(self, ops: Any, s: ChainSettings, history: Sequence[int], uniforms: np.ndarray):
+        assert s.fits(), f"sample_chain cannot take {s}"
+        self.ops = ops
+        cap = s.repeat_last_n
+        recent = [int(t) for t in history][-cap:]
+        ring = np.zeros(cap, np.int32)
+        ring[: len(recent)] = recent
+        floats = [s.temperature, s.top_p, s.min_p, s.repeat_penalty, s.presence_penalty]
+        self.dp = ops.asarray(np.array(floats, np.float64), np.float64)
+        self.ip = ops.asarray(np.array([s.top_k, cap, len(uniforms)], np.int32))
+        self.uniforms = ops.asarray(np.asarray(uniforms, np.float64).reshape(-1), np.float64)
+        head = len(recent) % cap
+        self.state = ops.asarray(np.array([0, len(recent), head, 0], np.int32))
+        self.ring = ops.asarray(ring)
+        self.out = ops.zeros((2,), np.int32)  # the token, then the flag
+        self._host = np.empty(2, np.int32)
+
+    def __call__(self, logits) -> tuple[int, int]:
+        """The next token and sample_chain's flag (0, NONFINITE or OUT_OF_UNIFORMS); the
+        repeat penalty rewrites `logits` in place."""
+        ops = self.ops
+        x = ops._f32(logits, "sample_chain logits")
+        ops._launch(
+            "sample.cu",
+            "sample_chain",
+            (1,),
+            (512,),
+            [
+                ptr(x.ptr),
+                i32(x.size),
+                *(ptr(a.ptr) for a in (self.dp, self.ip, self.uniforms)),
+                *(ptr(a.ptr) for a in (self.state, self.ring, self.out)),
+            ],
+        )
+        ops.rt.d2h(self._host, self.out.buf, self.out.offset)
+        return int(self._host[0]), int(self._host[1])
+
+    @property
+    def token(self):
+        """The last token, as a device int32 array of one (a decode step may read it there)."""
+        return self.out[:1]
+
+
 class SamplingLaunchers(DeviceOpsBase):
+    def device_sampler(
+        self, settings: ChainSettings, history: Sequence[int], uniforms: np.ndarray
+    ) -> DeviceTokenSampler:
+        return DeviceTokenSampler(self, settings, history, uniforms)
+
     def argmax(self, logits) -> int:
         x = self._f32(logits, "argmax logits")
         out = self.empty((1,), np.int32)

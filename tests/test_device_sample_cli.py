@@ -1,0 +1,71 @@
+"""`atlas run` on a native device samples on the device (engine.device_picker) when nothing
+needs the logits on the host: the same text as the CPU Sampler's path, greedy and seeded, and
+one 8-byte readback per token."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from atlas_cli import backend
+from atlas_cli.backend.ops import native_sample, runtime_emu
+from atlas_cli.backend.sample import SamplingOverrides
+from atlas_cli.cli import app
+
+pytestmark = pytest.mark.slow  # the emulator runs the kernels on the CPU
+
+NVFP4 = Path(__file__).parent / "fixtures" / "qwen" / "qwen35-nvfp4"
+
+
+@pytest.fixture
+def emu_home(tmp_path, monkeypatch):
+    if not runtime_emu.available():
+        pytest.skip("g++ not installed")
+    monkeypatch.setenv("ATLAS_HOME", str(tmp_path))
+
+
+def run_on(device: str, *flags: str) -> str:
+    args = ["run", "--device", device, str(NVFP4), "hi", "-n", "8", "--draft", "0", *flags]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def run(*flags: str) -> str:
+    return run_on("emu", *flags)
+
+
+@pytest.mark.parametrize("flags", [("--temperature", "0"), ("--temperature", "0.9", "--seed", "7")])
+def test_device_sampling_writes_what_the_host_sampler_writes(emu_home, monkeypatch, flags):
+    from atlas_cli.backend import engine
+
+    used = []
+    real = engine.device_picker
+    monkeypatch.setattr(engine, "device_picker", lambda *a: used.append(1) or real(*a))
+    on_device = run(*flags)
+    assert used, "the device path was not taken"
+    monkeypatch.setattr(native_sample.ChainSettings, "fits", lambda self: False)
+    assert on_device.strip() and on_device == run(*flags)
+    if flags[1] == "0":  # and greedy, what the numpy reference writes
+        assert on_device == run_on("cpu-ref", "--temperature", "0")
+
+
+def test_one_small_readback_per_token_on_the_emulator(emu_home):
+    from atlas_cli.backend.ops.native import NativeOps
+    from atlas_cli.backend.ops.runtime_count import CountingRuntime
+
+    rt = CountingRuntime(runtime_emu.EmuRuntime())
+    model = backend.load(NVFP4, device="emu", ops=NativeOps(rt), draft=0)
+    gen = model.generate("hi", max_tokens=6, sampling=SamplingOverrides(temperature=0.7, seed=3))
+    with rt.phase("prompt"):
+        first = next(gen)
+    with rt.phase("decode") as counts:
+        rest = list(gen)
+    tokens = [first.token] + [e.token for e in rest if e.token >= 0]
+    n = len(tokens) - 1
+    assert n >= 1 and counts.launches["sample_chain"] == n
+    assert counts.d2h == n and counts.d2h_bytes == 8 * n and counts.syncs == 0
+    assert np.all(np.array(tokens) >= 0)

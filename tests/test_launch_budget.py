@@ -1,0 +1,109 @@
+"""The decode step's launch budget (issue: one host sync per token, fewer, fatter launches),
+counted on the counting runtime for models of real shapes with placeholder weights
+(benchmarks/launches.py), and the counting itself."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from atlas_cli.backend.ops.native import NativeOps
+from atlas_cli.backend.ops.runtime_count import CountingRuntime
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import launches  # noqa: E402
+
+# One 27B-shape decode token, at most (the issue's budget; or a single graph launch).
+BUDGET = {"launches": 400, "h2d": 0, "d2h": 1, "d2h_bytes": 64, "syncs": 0}
+
+
+@pytest.fixture(scope="module")
+def decode_27b():
+    return launches.measure_decode("qwen3.6-27b", "nvfp4")
+
+
+def within_budget(c) -> bool:
+    if c["graph_launches"] == 1 and c["launches"] == 0 and c["h2d"] == 0:
+        return c["d2h"] <= 1 and c["d2h_bytes"] <= BUDGET["d2h_bytes"] and c["syncs"] == 0
+    return all(c[k] <= v for k, v in BUDGET.items())
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the op-by-op decode step issues ~1,570 launches and 50 uploads (per-call vectors, "
+    "the token id); the fused device decode step (NativeOps.fuse_decoder) is what meets it",
+)
+def test_27b_decode_token_meets_the_launch_budget(decode_27b):
+    assert within_budget(decode_27b), {k: decode_27b[k] for k in BUDGET}
+
+
+def test_27b_decode_token_counts_as_measured_today(decode_27b):
+    """Today's op-by-op numbers, pinned, so the counter and the tool are held to something:
+    a change in the decode step shows up here (update the numbers with the change)."""
+    c = decode_27b
+    assert c["launches"] == 1572
+    assert c["by_kernel"]["gemv_nvfp4"] == 496  # 48 GDN x 5 + 16 attention x 4 + 64 MLP x 3
+    assert c["by_kernel"]["sample_chain"] == 1  # sampling on the device ...
+    assert c["d2h"] == 1 and c["d2h_bytes"] == 8  # ... and only the token and its flag back
+    assert c["h2d"] == 50 and c["d2d"] == 80 and c["syncs"] == 0 and c["graph_launches"] == 0
+
+
+def test_host_sampling_reads_the_logits_back_twice():
+    """What the device sampler saves: with a grammar-free setting sample.cu does not take
+    (top-k off), the CPU Sampler's path reads the whole logits row twice per token."""
+    from atlas_cli.backend.sample import SamplingParams
+
+    c = launches.measure_decode("llama3.2-1b", "bf16", 2, SamplingParams(top_k=0, seed=1))
+    assert c["d2h"] == 2 and c["d2h_bytes"] == 2 * 128256 * 4  # check_finite, then Sampler
+    assert "sample_chain" not in c["by_kernel"]
+
+
+def test_weight_bytes_read_are_every_matrix_once_per_token():
+    """llama3.2-1b, bf16, tied embeddings: the projections and the tied table (as lm_head)
+    once each, plus one embedding row."""
+    c = launches.SHAPES["llama3.2-1b"].config
+    h, ff, nl, v = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"], c["vocab_size"]
+    q, kv = c["num_attention_heads"] * c["head_dim"], c["num_key_value_heads"] * c["head_dim"]
+    per_layer = h * (q + 2 * kv) + q * h + 3 * h * ff
+    want = 2 * (nl * per_layer + v * h + h)
+    got = launches.measure_decode("llama3.2-1b", "bf16", tokens=2)
+    assert got["weight_bytes"] == want
+    assert got["launches"] == 276 and got["by_kernel"]["gemv_bf16"] == 16 * 7 + 1
+
+
+def test_counting_runtime_counts_copies_launches_and_syncs():
+    rt = CountingRuntime()
+    ops = NativeOps(rt)
+    with rt.phase("x") as counts:
+        a = ops.asarray(np.ones(10, np.float32))  # one upload of 40 bytes
+        b = a.copy()  # one device copy
+        out = (a + b).numpy()  # one launch, one readback (zeros: nothing was computed)
+        rt.synchronize()
+        with rt.capture() as graph:
+            ops.fill(b, 1.0)  # captured: not a launch of its own
+        graph.replay()
+    assert (counts.h2d, counts.h2d_bytes, counts.d2d, counts.d2d_bytes) == (1, 40, 1, 40)
+    assert counts.launches == {"binary": 1} and (counts.d2h, counts.d2h_bytes) == (1, 40)
+    assert counts.syncs == 1 and counts.graph_launches == 1
+    assert not out.any()
+    assert rt.alloc(1).ptr != rt.alloc(1).ptr
+
+
+def test_the_script_prints_the_counts_without_materialising_the_27b_weights():
+    """From the command line; the 27B model's ~16 GB of NVFP4 weights (2.5 GB of bf16
+    embedding table alone) never exist on the host."""
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "launches.py"), "--shape", "qwen3.6-27b"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    ).stdout
+    assert "kernel launches" in out and "weight bytes read" in out
+    rss = float(out.rsplit("peak RSS", 1)[1].split()[0].replace(",", ""))
+    assert rss < 1024, out
