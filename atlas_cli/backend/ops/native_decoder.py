@@ -304,7 +304,8 @@ class DeviceDecoder:
         cache does not grow."""
         nh, nkv, hd, cap = self.nh, self.nkv, self.hd, kv.capacity
         nsplit = 1 if nh >= 256 else max(1, min(32, cap // 512))
-        split_len = -(-(-(-cap // nsplit)) // 32) * 32
+        per = -(-cap // nsplit)
+        split_len = -(-per // 32) * 32
         nsplit = -(-cap // split_len)
         out = self.attn_out
         part_o, part_ml = (self.part_o, self.part_ml) if nsplit > 1 else (out, out)
