@@ -111,6 +111,9 @@ class Qwen3_5Model(BaseModel):
     def __init__(self, args: ModelArgs, weights: dict[str, Any], ops: Ops):
         super().__init__(args, weights, ops)
         self.inv_freq = rope_inv_freq(args.head_dim, args.rope_theta, args.partial_rotary_factor)
+        # Backends may run a whole decode step in one call (a speculative verify, which
+        # records every state, keeps the op path); None: op by op.
+        self.fused = ops.fuse_decoder(self)
 
     @classmethod
     def weight_shapes(cls, a: ModelArgs, names: set[str]) -> tuple[Shapes, Shapes]:
@@ -174,10 +177,17 @@ class Qwen3_5Model(BaseModel):
     def forward(self, ids: np.ndarray, cache: HybridCache, start: int) -> np.ndarray:
         """Hidden states after the final norm, (T, H), for `ids` (T,) at positions start...;
         advances `cache` (KV of attention layers, state of linear layers) by T positions."""
+        if self.fused is not None and len(ids) == 1 and not cache.recording:
+            return self.fused.decode(int(ids[0]), cache, start)
         ops, a = self.ops, self.args
         x = ops.embedding(self.w["model.embed_tokens.weight"], ids)  # (T, H)
         x = self.layers(x, cache, start)
         return ops.rms_norm(x, self.w["model.norm.weight"], a.rms_norm_eps, unit_offset=True)
+
+    def logits(self, hidden: np.ndarray) -> np.ndarray:
+        """As BaseModel.logits; a fused decode step has computed them already."""
+        done = self.fused.logits_for(hidden) if self.fused is not None else None
+        return done if done is not None else super().logits(hidden)
 
     def layers(self, x: np.ndarray, cache: HybridCache, start: int) -> np.ndarray:
         ops, a = self.ops, self.args

@@ -19,6 +19,7 @@ from typing import Any
 
 from atlas_cli.backend.ops.native_attention import AttentionLaunchers
 from atlas_cli.backend.ops.native_cache import HybridCache
+from atlas_cli.backend.ops.native_decoder import DeviceDecoder, supports
 from atlas_cli.backend.ops.native_elementwise import ElementwiseLaunchers
 from atlas_cli.backend.ops.native_gdn import GatedDeltaNetLaunchers
 from atlas_cli.backend.ops.native_sample import SamplingLaunchers
@@ -34,9 +35,14 @@ class NativeOps(
 ):
     """The ops contract, run as our kernels on `runtime`."""
 
-    def fuse_decoder(self, model) -> None:
-        """No fused decode step on the device yet: models run op by op."""
-        return None
+    fuse_graphs = True  # the fused decode step replays a captured graph (False: direct launches)
+
+    def fuse_decoder(self, model) -> DeviceDecoder | None:
+        """The fused decode step (native_decoder.py) for a Qwen3.5 model whose weights it
+        takes; None otherwise: the model runs op by op."""
+        if not hasattr(getattr(model, "args", None), "layer_types") or not supports(model):
+            return None
+        return DeviceDecoder(self, model, graph=self.fuse_graphs)
 
     def device_hybrid_cache(
         self, layer_types, n_kv_heads: int, head_dim: int, conv_shape, recurrent_shape, max_len: int

@@ -25,6 +25,7 @@ from atlas_cli.errors import DeviceError
 
 KERNEL_FILES = (
     "attention.cu",
+    "decode.cu",
     "dequant.cu",
     "elementwise.cu",
     "embedding.cu",

@@ -1,0 +1,359 @@
+"""The fused decode step of the native backend: one token through every layer in a few fat
+launches (kernels/decode.cu), built once per model by `NativeOps.fuse_decoder`.
+
+A `DeviceDecoder` preallocates every activation buffer, reads the token id and the position
+from device int32 buffers (`token`, `pos`) and writes into the device cache the op path uses
+(native_cache.HybridCache / native_attention.KVCache), so prefix reuse, checkpoints and
+truncate keep working. Because no launch takes the position as a number, the launch list of a
+cache stays the same from step to step: it is built once, captured as a graph and replayed,
+and rebuilt (recaptured) only when the cache's buffers move (a new cache, `reserve` growing
+the KV, a state restored from a checkpoint). The per-layer launch list and why: the "Fused
+decode step" section of docs/architecture.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from atlas_cli.backend.ops.native_array import DeviceArray, DeviceWeight
+from atlas_cli.backend.ops.native_attention import ATTN_HEAD_DIMS
+from atlas_cli.backend.ops.runtime import f32, i32, i64, ptr
+
+PRO_NONE, PRO_NORM, PRO_GATE = 0, 1, 2  # decode.cu DG_NONE, DG_NORM, DG_GATE
+EPI_STORE, EPI_ADD, EPI_SWIGLU = 0, 1, 2  # decode.cu DG_STORE, DG_ADD, DG_SWIGLU
+SEGS_MAX = 4  # decode.cu DG_SEGS
+FULL = "full_attention"
+LINEAR = "linear_attention"
+
+
+@dataclass(frozen=True)
+class Launch:
+    file: str
+    name: str
+    grid: tuple
+    block: tuple
+    args: list
+
+
+@dataclass(frozen=True)
+class Group:
+    """Consecutive matrices of one format that one dgemv launch reads as stacked rows."""
+
+    fmt: str
+    table: Any  # device int64 (nseg, 6): decode.cu's segment table
+    nseg: int
+    rows: int
+    offset: int  # first output row
+
+
+class DeviceDecoder:
+    """One decoded token of a Llama-family or Qwen3.5 model per `decode` call."""
+
+    def __init__(self, ops, model, graph: bool = True):
+        a, w = model.args, model.w
+        self.ops, self.model, self.graph = ops, model, graph
+        self.types = tuple(getattr(a, "layer_types", ())) or (FULL,) * a.num_hidden_layers
+        self.unit = bool(self.types and hasattr(a, "layer_types"))  # Qwen3.5: (1 + w) norms
+        self.eps = float(a.rms_norm_eps)
+        self.h, self.hd = a.hidden_size, a.dim_per_head
+        self.nh, self.nkv = a.num_attention_heads, a.num_key_value_heads
+        self.w = {k: self._vec(v) for k, v in w.items() if not isinstance(v, DeviceWeight)}
+        self.inv_freq = ops.asarray(np.asarray(model.inv_freq, np.float32))
+        self.rot = 2 * int(model.inv_freq.shape[0])
+        self.qk_norm = self.unit or bool(getattr(model, "qk_norm", False))
+        self._alloc_buffers(a, w)
+        self._groups: dict[tuple, list[Group]] = {}
+        self._key: tuple | None = None
+        self._body: list[Launch] = []
+        self._graph = None
+        self._pos_on_device: int | None = None
+        self._slot = 0
+        self._last: tuple | None = None
+        self.final = [self._final_launch(s) for s in (0, 1)]
+
+    def _vec(self, v):
+        return v if isinstance(v, DeviceArray) else self.ops.asarray(np.asarray(v, np.float32))
+
+    def _alloc_buffers(self, a, w) -> None:
+        ops = self.ops
+        self.token = ops.zeros((1,), np.int32)  # the id to decode; device sampling writes here
+        self.pos = ops.zeros((1,), np.int32)  # its position = cache length before it
+        self.x = ops.zeros((self.h,))  # the residual stream
+        proj = 0
+        for i, kind in enumerate(self.types):
+            names = self._in_names(i, kind)
+            proj = max(proj, sum(w[n].rows for n in names))
+        self.proj = ops.zeros((proj,))
+        ff = w["model.layers.0.mlp.gate_proj.weight"].rows
+        self.act, self.gate_tmp, self.up_tmp = (ops.zeros((ff,)) for _ in range(3))
+        nq = self.nh * self.hd
+        self.q, self.gate, self.attn_out = (ops.zeros((nq,)) for _ in range(3))
+        self.part_o = ops.zeros((32, nq))  # attention split-K partials (attention.cu)
+        self.part_ml = ops.zeros((32, self.nh, 2))
+        if LINEAR in self.types:
+            self.gdn_out = ops.zeros((a.linear_num_value_heads * a.linear_value_head_dim,))
+        vocab = w["lm_head.weight"].rows
+        self.hidden = [ops.zeros((1, self.h)) for _ in range(2)]
+        self.logits = [ops.zeros((1, vocab)) for _ in range(2)]
+
+    def _in_names(self, i: int, kind: str) -> list[str]:
+        if kind == LINEAR:
+            p = f"model.layers.{i}.linear_attn."
+            return [p + f"in_proj_{n}.weight" for n in ("qkv", "z", "b", "a")]
+        p = f"model.layers.{i}.self_attn."
+        return [p + f"{n}_proj.weight" for n in ("q", "k", "v")]
+
+    # -- the step ------------------------------------------------------------------------------
+
+    def decode(self, token: int | None, cache, pos: int) -> DeviceArray:
+        """Run the token at position `pos` (an int is uploaded; None: the id already in
+        `token`, e.g. sampled on the device) through every layer, writing its K/V and state
+        into `cache`; returns the final normed hidden state (1, H). Its logits are computed in
+        the same step (`logits_for`). The position is uploaded only when it is not the one
+        after the previous step's (the device counter advances itself)."""
+        assert 0 <= pos < cache.capacity, f"reserve({pos + 1}) first (capacity {cache.capacity})"
+        rt = self.ops.rt
+        if token is not None:
+            rt.h2d(self.token.buf, np.asarray([token], np.int32))
+        if pos != self._pos_on_device:
+            rt.h2d(self.pos.buf, np.asarray([pos], np.int32))
+        self._pos_on_device = pos + 1
+        self._run_body(cache)
+        self._slot ^= 1  # two output slots: the previous step's hidden state stays valid
+        launch = self.final[self._slot]
+        self.ops._launch(launch.file, launch.name, launch.grid, launch.block, launch.args)
+        self._last = (self.hidden[self._slot], self.logits[self._slot])
+        return self._last[0]
+
+    def logits_for(self, hidden) -> DeviceArray | None:
+        """The logits computed with `hidden` when it is the last step's output, else None."""
+        if self._last is not None and hidden is self._last[0]:
+            return self._last[1]
+        return None
+
+    def _run_body(self, cache) -> None:
+        key = self._cache_key(cache)
+        if key != self._key:
+            self._body, self._key, self._graph = self._build_body(cache), key, None
+        if not self.graph:
+            for launch in self._body:
+                self.ops._launch(launch.file, launch.name, launch.grid, launch.block, launch.args)
+            return
+        if self._graph is None:
+            fns = [self.ops._fn(launch.file, launch.name) for launch in self._body]
+            with self.ops.rt.capture() as graph:
+                for fn, launch in zip(fns, self._body, strict=True):
+                    self.ops.rt.launch(fn, launch.grid, launch.block, launch.args)
+            self._graph = graph
+        self._graph.replay()
+
+    def _cache_key(self, cache) -> tuple:
+        """What the launch list depends on: the cache's buffers and capacity."""
+        kv = getattr(cache, "device_kv", cache)
+        bufs = [b.ptr for pair in kv.layers for b in pair]
+        linear = sorted(getattr(cache, "linear", {}).items())
+        states = [(s.conv.ptr, s.recurrent.ptr) for _, s in linear]
+        return (id(cache), kv.capacity, tuple(bufs), tuple(states))
+
+    def _build_body(self, cache) -> list[Launch]:
+        e = self.model.w["model.embed_tokens.weight"]
+        out = [
+            Launch(
+                "embedding.cu",
+                f"embedding_{e.fmt}",
+                (1,),
+                (128,),
+                [*self._wargs(e), ptr(self.token.ptr), ptr(self.x.ptr), i32(e.cols)]
+                + [i64(e.row_bytes), i64(e.srow_bytes)],
+            )
+        ]
+        for i, kind in enumerate(self.types):
+            out += self._gdn_layer(i, cache) if kind == LINEAR else self._attn_layer(i, cache)
+            out += self._mlp(i)
+        return out
+
+    def _wargs(self, w: DeviceWeight) -> list:
+        return [ptr(w.data.ptr), ptr(w.scales.ptr), f32(w.gscale)]
+
+    # -- the GEMV with its prologue and epilogue (decode.cu dgemv_<fmt>) -----------------------
+
+    def groups(self, names: tuple[str, ...]) -> list[Group]:
+        """The matrices `names`, stacked by rows, as runs of one format (one launch each)."""
+        if names not in self._groups:
+            mats = [self.model.w[n] for n in names]
+            assert all(m.cols == mats[0].cols for m in mats)
+            runs: list[list[DeviceWeight]] = []
+            for m in mats:
+                if runs and runs[-1][0].fmt == m.fmt and len(runs[-1]) < SEGS_MAX:
+                    runs[-1].append(m)
+                else:
+                    runs.append([m])
+            out, offset = [], 0
+            for run in runs:
+                table, end = [], 0
+                for m in run:
+                    end += m.rows
+                    gs = int(np.array(m.gscale, np.float32).view(np.int32))
+                    table.append([m.data.ptr, m.scales.ptr, m.row_bytes, m.srow_bytes, end, gs])
+                dev = self.ops.asarray(np.asarray(table, np.int64), np.int64)
+                out.append(Group(run[0].fmt, dev, len(run), end, offset))
+                offset += end
+            self._groups[names] = out
+        return self._groups[names]
+
+    def gemv(
+        self,
+        names: tuple[str, ...],
+        x: DeviceArray,
+        y: DeviceArray,
+        pro: int = PRO_NONE,
+        pw: DeviceArray | None = None,
+        epi: int = EPI_STORE,
+        conv: tuple | None = None,
+        xn: DeviceArray | None = None,
+        bump: DeviceArray | None = None,
+    ) -> list[Launch]:
+        """y = W x (rows of the matrices `names` stacked) with the prologue `pro` (weight or
+        gate `pw`) and epilogue `epi`; `conv` = (weight (C, K), state (K-1, C)) runs the
+        Gated DeltaNet conv on the first C rows."""
+        groups = self.groups(names)
+        cols = self.model.w[names[0]].cols
+        out = []
+        for g in groups:
+            rows = g.rows if epi != EPI_SWIGLU else self.model.w[names[0]].rows
+            cw, cs = conv if conv is not None and g.offset == 0 else (None, None)
+            crows = cs.shape[1] if cs is not None else 0
+            assert crows <= rows and (cs is None or cw.shape[1] - 1 == cs.shape[0])
+            args = [ptr(g.table.ptr), i32(g.nseg), ptr(x.ptr), ptr(pw.ptr if pw is not None else 0)]
+            args += [i32(pro), i32(int(self.unit)), f32(self.eps), i32(epi)]
+            args += [ptr(y.ptr + 4 * g.offset), i32(rows), i32(cols)]
+            args += [ptr(xn.ptr if xn is not None else 0), ptr(bump.ptr if bump is not None else 0)]
+            args += [
+                ptr(cw.ptr if cw is not None else 0),
+                ptr(cs.ptr if cs is not None else 0),
+                i32(crows),
+            ]
+            args += [i32(cw.shape[1] if cw is not None else 0)]
+            out.append(Launch("decode.cu", f"dgemv_{g.fmt}", (-(-rows // 8),), (256,), args))
+        return out
+
+    def _mlp(self, i: int) -> list[Launch]:
+        p = f"model.layers.{i}."
+        norm = self.w[p + "post_attention_layernorm.weight"]
+        gate, up, down = (p + f"mlp.{n}_proj.weight" for n in ("gate", "up", "down"))
+        out = []
+        if len(self.groups((gate, up))) == 1:  # one format: silu(gate) * up in the epilogue
+            out += self.gemv((gate, up), self.x, self.act, PRO_NORM, norm, EPI_SWIGLU)
+        else:
+            out += self.gemv((gate,), self.x, self.gate_tmp, PRO_NORM, norm)
+            out += self.gemv((up,), self.x, self.up_tmp, PRO_NORM, norm)
+            n = self.act.size
+            args = [ptr(self.gate_tmp.ptr), ptr(self.up_tmp.ptr), ptr(self.act.ptr), i64(n)]
+            out.append(Launch("elementwise.cu", "silu_mul", (-(-n // 256),), (256,), args))
+        return out + self.gemv((down,), self.act, self.x, epi=EPI_ADD)
+
+    # -- the mixers ---------------------------------------------------------------------------
+
+    def _gdn_layer(self, i: int, cache) -> list[Launch]:
+        a, p = self.model.args, f"model.layers.{i}.linear_attn."
+        nk, dk = a.linear_num_key_heads, a.linear_key_head_dim
+        nv, dv = a.linear_num_value_heads, a.linear_value_head_dim
+        state = cache.linear[i]
+        norm = self.w[f"model.layers.{i}.input_layernorm.weight"]
+        conv = (self.w[p + "conv1d.weight"], state.conv)
+        out = self.gemv(
+            tuple(self._in_names(i, LINEAR)), self.x, self.proj, PRO_NORM, norm, conv=conv
+        )
+        args = [ptr(self.proj.ptr), ptr(self.w[p + "A"].ptr), ptr(self.w[p + "dt_bias"].ptr)]
+        args += [ptr(state.recurrent.ptr), ptr(self.w[p + "norm.weight"].ptr)]
+        args += [ptr(self.gdn_out.ptr), i32(nk), i32(nv), i32(dk), i32(dv)]
+        args += [f32(dk**-0.5), f32(self.eps)]
+        out.append(Launch("decode.cu", "gdn_decode", (nv,), (256,), args))
+        return out + self.gemv((p + "out_proj.weight",), self.gdn_out, self.x, epi=EPI_ADD)
+
+    def _attn_layer(self, i: int, cache) -> list[Launch]:
+        p = f"model.layers.{i}.self_attn."
+        nh, nkv, hd = self.nh, self.nkv, self.hd
+        kv = getattr(cache, "device_kv", cache)
+        kb, vb = kv.layers[cache.slot[i] if hasattr(cache, "slot") else i]
+        gated = self.model.w[p + "q_proj.weight"].rows == 2 * nh * hd
+        norm = self.w[f"model.layers.{i}.input_layernorm.weight"]
+        out = self.gemv(tuple(self._in_names(i, FULL)), self.x, self.proj, PRO_NORM, norm)
+        qn = self.w.get(p + "q_norm.weight") if self.qk_norm else None
+        kn = self.w.get(p + "k_norm.weight") if self.qk_norm else None
+        args = [
+            ptr(self.proj.ptr),
+            ptr(qn.ptr if qn is not None else 0),
+            ptr(kn.ptr if kn is not None else 0),
+        ]
+        args += [i32(int(self.unit)), f32(self.eps), ptr(self.inv_freq.ptr), i32(self.rot)]
+        args += [ptr(self.pos.ptr), ptr(self.q.ptr), ptr(self.gate.ptr)]
+        args += [ptr(kb.ptr), ptr(vb.ptr), f32(kv.k_scale), f32(kv.v_scale)]
+        args += [i32(nh), i32(nkv), i32(hd), i32(kv.capacity), i32(int(gated))]
+        out.append(Launch("decode.cu", f"qk_rope_kv_{kv.dtype}", (nh + 2 * nkv,), (128,), args))
+        out += self._attention(kv, kb, vb)
+        gate = (PRO_GATE, self.gate) if gated else (PRO_NONE, None)
+        return out + self.gemv((p + "o_proj.weight",), self.attn_out, self.x, *gate, EPI_ADD)
+
+    def _attention(self, kv, kb, vb) -> list[Launch]:
+        """attention.cu's decode attention, its length read from `pos`; split-K chosen from
+        the capacity (a split past the length does no work), so the list holds while the
+        cache does not grow."""
+        nh, nkv, hd, cap = self.nh, self.nkv, self.hd, kv.capacity
+        nsplit = 1 if nh >= 256 else max(1, min(32, cap // 512))
+        per = -(-cap // nsplit)
+        split_len = -(-per // 32) * 32
+        nsplit = -(-cap // split_len)
+        out = self.attn_out
+        part_o, part_ml = (self.part_o, self.part_ml) if nsplit > 1 else (out, out)
+        args = [ptr(self.q.ptr), ptr(kb.ptr), ptr(vb.ptr), f32(kv.k_scale), f32(kv.v_scale)]
+        args += [ptr(out.ptr), ptr(part_o.ptr), ptr(part_ml.ptr), i32(1), i32(nh), i32(nkv)]
+        args += [i32(cap), i32(0), ptr(self.pos.ptr), i32(split_len)]
+        g = nh // nkv
+        grid = (-(-g // 4), nkv, nsplit)
+        launches = [Launch("attention.cu", f"attn_{kv.dtype}_hd{hd}", grid, (128,), args)]
+        if nsplit > 1:
+            args = [ptr(part_o.ptr), ptr(part_ml.ptr), ptr(out.ptr), i32(nsplit), i32(nh)]
+            launches.append(Launch("attention.cu", "attn_combine", (nh,), (128,), [*args, i32(hd)]))
+        return launches
+
+    def _final_launch(self, slot: int) -> Launch:
+        """The final norm fused into the lm_head GEMV, which also writes the normed hidden
+        state and advances the position counter."""
+        (launch,) = self.gemv(
+            ("lm_head.weight",),
+            self.x,
+            self.logits[slot],
+            PRO_NORM,
+            self.w["model.norm.weight"],
+            xn=self.hidden[slot],
+            bump=self.pos,
+        )
+        return launch
+
+
+def supports(model) -> bool:
+    """Whether `DeviceDecoder` runs `model` (its matrices on the device, shapes the kernels
+    take); otherwise the model runs op by op."""
+    a, w = model.args, model.w
+    if any(n.endswith(".bias") for n in w) or not hasattr(model, "inv_freq"):
+        return False
+    mats = [v for n, v in w.items() if n.endswith("_proj.weight") or n == "lm_head.weight"]
+    if not mats or not all(isinstance(m, DeviceWeight) for m in mats):
+        return False
+    if not isinstance(w.get("model.embed_tokens.weight"), DeviceWeight):
+        return False
+    hd = a.dim_per_head
+    if hd not in ATTN_HEAD_DIMS or hd > 256:
+        return False
+    if hasattr(a, "layer_types") and "linear_attention" in a.layer_types:
+        dk, dv = a.linear_key_head_dim, a.linear_value_head_dim
+        parts = min(256 // dv, dk) if dv <= 256 else 0
+        if not (parts and 256 % dv == 0 and dk % parts == 0 and dk // parts <= 64 and dk <= 256):
+            return False
+        if a.linear_conv_kernel_dim > 8:
+            return False
+    return True
