@@ -150,8 +150,9 @@ def shape_weight(rt: CountingRuntime, fmt: F.WeightFormat, rows: int, cols: int)
     return DeviceWeight(fmt.kernel, rows, cols, data, row_bytes, scales, srow_bytes, 1.0)
 
 
-def build(shape: str, fmt: str = "nvfp4", seed: int = 0):
-    """(model, ops, runtime) for `shape` with placeholder weights on a CountingRuntime."""
+def build(shape: str, fmt: str = "nvfp4", seed: int = 0, graph: bool = True):
+    """(model, ops, runtime) for `shape` with placeholder weights on a CountingRuntime;
+    `graph`: whether the fused decode step replays a captured graph."""
     spec = SHAPES[shape]
     module_name, cls_name = MODEL_CLASSES[spec.config["model_type"]]
     module = importlib.import_module(module_name)
@@ -159,6 +160,7 @@ def build(shape: str, fmt: str = "nvfp4", seed: int = 0):
     args = module.ModelArgs.from_config(spec.config)
     rt = CountingRuntime()
     ops = NativeOps(rt, kv_dtype="bf16")
+    ops.fuse_graphs = graph
     proj, table = FORMATS[fmt]
     names = {"mtp.fc.weight"} if getattr(args, "mtp_num_hidden_layers", 0) else set()
     required, _ = cls.weight_shapes(args, names)
@@ -180,10 +182,16 @@ def per(counts: Counts, n: int) -> dict[str, float]:
     return {k: v / n for k, v in counts.summary().items()}
 
 
-def measure_decode(shape: str, fmt: str = "nvfp4", tokens: int = DECODE_TOKENS, sampling=None):
+def measure_decode(
+    shape: str,
+    fmt: str = "nvfp4",
+    tokens: int = DECODE_TOKENS,
+    sampling=None,
+    graph: bool = True,
+):
     """Counts per decode token, through Engine.generate, MTP drafting off; with the by-kernel
-    launch counts of one token under "by_kernel"."""
-    model, _, rt = build(shape, fmt)
+    launch counts of one token under "by_kernel" (launches outside graphs)."""
+    model, _, rt = build(shape, fmt, graph=graph)
     engine = Engine(model, PlaceholderTokenizer(), 64, draft=0, cache_bytes=0)
     gen = engine.generate(
         [1, 2, 3, 4], max_tokens=1 + tokens, sampling=sampling or SamplingParams(temperature=0)
@@ -224,6 +232,7 @@ ROWS = (
     ("d2d_bytes", "  bytes"),
     ("syncs", "synchronize calls"),
     ("graph_launches", "graph launches"),
+    ("graph_kernels", "  kernels inside them"),
     ("weight_bytes", "weight bytes read"),
 )
 
@@ -233,8 +242,11 @@ def main(argv=None) -> int:
     parser.add_argument("--shape", choices=sorted(SHAPES), default="qwen3.6-27b")
     parser.add_argument("--format", choices=sorted(FORMATS), default="nvfp4")
     parser.add_argument("--by-kernel", action="store_true", help="decode launches per kernel")
+    parser.add_argument(
+        "--no-graph", action="store_true", help="the fused decode step as direct launches"
+    )
     opts = parser.parse_args(argv)
-    decode = measure_decode(opts.shape, opts.format)
+    decode = measure_decode(opts.shape, opts.format, graph=not opts.no_graph)
     prefill = measure_prefill(opts.shape, opts.format)
     print(f"{opts.shape} ({SHAPES[opts.shape].source}), {opts.format} weights")
     print(f"{'':24}{'per decode token':>20}{f'per {PREFILL}-token prefill':>26}")

@@ -167,18 +167,24 @@ def host_picker(params: SamplingParams, constraint: Constraint | None) -> TokenP
     return pick
 
 
-def device_picker(ops, params: SamplingParams, prompt: list[int], draws: int) -> TokenPicker:
+def device_picker(
+    ops, params: SamplingParams, prompt: list[int], draws: int, decoder=None
+) -> TokenPicker:
     """sample.cu's whole chain on the device logits of a NativeOps model (the finite check
     included), drawing the uniforms the CPU Sampler would draw: the same seed gives the same
-    tokens. One launch and an 8-byte readback per token."""
+    tokens. One launch and an 8-byte readback per token. With a fused device `decoder` the
+    token is also copied into its input on the device, so the next step uploads nothing."""
     uniforms = Sampler(params).uniforms(0 if params.greedy else draws)
-    device = ops.device_sampler(ChainSettings.of(params), prompt, uniforms)
+    target = decoder.token if decoder is not None else None
+    device = ops.device_sampler(ChainSettings.of(params), prompt, uniforms, target)
 
     def pick(logits, history: list[int], generated: int) -> int:
         token, flag = device(logits)
         if flag == NONFINITE:
             raise nonfinite_error(generated)
         assert flag == 0, f"device sampler flag {flag}"
+        if decoder is not None:
+            decoder.token_from_device(token)
         return token
 
     return pick
@@ -386,7 +392,9 @@ class Engine:
         if not ChainSettings.of(params).fits():
             return host_picker(params, constraint)
         draws = min(max_tokens, self.context_length) + 1  # at most one per generated token
-        return device_picker(self.model.ops, params, prompt, draws)
+        fused = getattr(self.model, "fused", None)
+        decoder = fused if hasattr(fused, "token_from_device") else None
+        return device_picker(self.model.ops, params, prompt, draws, decoder)
 
     def generate(
         self,

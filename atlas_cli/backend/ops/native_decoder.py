@@ -70,6 +70,7 @@ class DeviceDecoder:
         self._body: list[Launch] = []
         self._graph = None
         self._pos_on_device: int | None = None
+        self._token_on_device: int | None = None  # the id `token` holds, when known
         self._slot = 0
         self._last: tuple | None = None
         self.final = [self._final_launch(s) for s in (0, 1)]
@@ -116,8 +117,9 @@ class DeviceDecoder:
         after the previous step's (the device counter advances itself)."""
         assert 0 <= pos < cache.capacity, f"reserve({pos + 1}) first (capacity {cache.capacity})"
         rt = self.ops.rt
-        if token is not None:
+        if token is not None and token != self._token_on_device:
             rt.h2d(self.token.buf, np.asarray([token], np.int32))
+            self._token_on_device = token
         if pos != self._pos_on_device:
             rt.h2d(self.pos.buf, np.asarray([pos], np.int32))
         self._pos_on_device = pos + 1
@@ -127,6 +129,11 @@ class DeviceDecoder:
         self.ops._launch(launch.file, launch.name, launch.grid, launch.block, launch.args)
         self._last = (self.hidden[self._slot], self.logits[self._slot])
         return self._last[0]
+
+    def token_from_device(self, token: int) -> None:
+        """The device sampler has copied `token` into `self.token`: the next decode of it needs
+        no upload."""
+        self._token_on_device = token
 
     def logits_for(self, hidden) -> DeviceArray | None:
         """The logits computed with `hidden` when it is the last step's output, else None."""

@@ -49,9 +49,19 @@ class ChainSettings:
 class DeviceTokenSampler:
     """One generation's sampler on the device: `__call__(logits)` -> (token, flag)."""
 
-    def __init__(self, ops: Any, s: ChainSettings, history: Sequence[int], uniforms: np.ndarray):
+    def __init__(
+        self,
+        ops: Any,
+        s: ChainSettings,
+        history: Sequence[int],
+        uniforms: np.ndarray,
+        forward_to=None,
+    ):
+        """`forward_to`: a device int32 the token is also copied to (device to device), the
+        input of the next decode step."""
         assert s.fits(), f"sample_chain cannot take {s}"
         self.ops = ops
+        self.forward_to = forward_to
         cap = s.repeat_last_n
         recent = [int(t) for t in history][-cap:]
         ring = np.zeros(cap, np.int32)
@@ -83,6 +93,10 @@ class DeviceTokenSampler:
                 *(ptr(a.ptr) for a in (self.state, self.ring, self.out)),
             ],
         )
+        if self.forward_to is not None:
+            ops.rt.d2d(
+                self.forward_to.buf, self.forward_to.offset, self.out.buf, self.out.offset, 4
+            )
         ops.rt.d2h(self._host, self.out.buf, self.out.offset)
         return int(self._host[0]), int(self._host[1])
 
@@ -94,9 +108,13 @@ class DeviceTokenSampler:
 
 class SamplingLaunchers(DeviceOpsBase):
     def device_sampler(
-        self, settings: ChainSettings, history: Sequence[int], uniforms: np.ndarray
+        self,
+        settings: ChainSettings,
+        history: Sequence[int],
+        uniforms: np.ndarray,
+        forward_to=None,
     ) -> DeviceTokenSampler:
-        return DeviceTokenSampler(self, settings, history, uniforms)
+        return DeviceTokenSampler(self, settings, history, uniforms, forward_to)
 
     def argmax(self, logits) -> int:
         x = self._f32(logits, "argmax logits")

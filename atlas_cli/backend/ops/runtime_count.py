@@ -19,6 +19,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from atlas_cli.backend.ops import runtime as rt
 
 BASE_ADDRESS = 1 << 40  # fake device addresses start here (never 0: a null pointer means "none")
@@ -44,7 +46,8 @@ class Counts:
     d2d_bytes: int = 0
     syncs: int = 0
     graph_launches: int = 0
-    weight_bytes: int = 0  # bytes of marked weight buffers the launches read
+    graph_kernels: int = 0  # kernels run by those graph launches (not launches of their own)
+    weight_bytes: int = 0  # bytes of marked weight buffers the kernels read, in graphs too
 
     @property
     def kernel_launches(self) -> int:
@@ -61,6 +64,7 @@ class Counts:
             "d2d_bytes": self.d2d_bytes,
             "syncs": self.syncs,
             "graph_launches": self.graph_launches,
+            "graph_kernels": self.graph_kernels,
             "weight_bytes": self.weight_bytes,
         }
 
@@ -93,7 +97,11 @@ class _Graph:
 
     def replay(self) -> None:
         # one graph launch; the kernels inside it are the graph's, not launches of their own
-        self.runtime.current.graph_launches += 1
+        counts = self.runtime.current
+        counts.graph_launches += 1
+        counts.graph_kernels += len(self.calls)
+        for fn, grid, _, args in self.calls:
+            self.runtime.count_weights(counts, fn, grid, args)
         if self.inner is not None:
             self.inner.replay()
 
@@ -112,6 +120,7 @@ class CountingRuntime:
         self.current = self._counts("load")
         self._next = BASE_ADDRESS
         self._weights: dict[int, WeightBuffer] = {}
+        self._tables: dict[int, set[int]] = {}  # device address -> the weights a table names
         self._capture: _Graph | None = None
 
     # -- phases ---------------------------------------------------------------------------
@@ -143,6 +152,10 @@ class CountingRuntime:
     def h2d(self, dst: FakeBuffer, host, offset: int = 0) -> None:
         self.current.h2d += 1
         self.current.h2d_bytes += int(host.nbytes)
+        if getattr(host, "dtype", None) == np.int64:  # a table of pointers a kernel follows
+            named = {int(v) for v in np.asarray(host).reshape(-1)} & self._weights.keys()
+            if named:
+                self._tables[dst.ptr + offset] = named
         if self.inner is not None:
             self.inner.h2d(dst, host, offset)
 
@@ -172,7 +185,14 @@ class CountingRuntime:
             return
         counts = self.current
         counts.launches[fn.name] += 1
-        seen = {a.value for a in args if a.kind == "p" and a.value in self._weights}
+        self.count_weights(counts, fn, grid, args)
+
+    def count_weights(self, counts: Counts, fn: CountFunction, grid: tuple, args: list) -> None:
+        """The marked weight bytes one kernel reads (an embedding: only its rows)."""
+        pointers = [a.value for a in args if a.kind == "p"]
+        seen = {p for p in pointers if p in self._weights}
+        for p in pointers:  # the weights a launch reads through a device pointer table
+            seen |= self._tables.get(p, set())
         for address in seen:
             w = self._weights[address]
             rows = rt.dims3(grid)[0] if fn.name.startswith("embedding") else None
