@@ -61,7 +61,13 @@ def run_defaults(name: str, *, device: str = "cpu") -> RunDefaults:
     return RunDefaults.from_recipe(locate.run_defaults(name, device=device))
 
 
-def load(resolved: Resolved, *, ctx_size: int | None = None, draft: int | None = None):
+def load(
+    resolved: Resolved,
+    *,
+    ctx_size: int | None = None,
+    draft: int | None = None,
+    kv_dtype: str | None = None,
+):
     """Load a resolved model on its device, refusing it (ModelTooLargeError, with smaller
     choices) before its weights are materialized when it does not fit."""
     from atlas_cli import backend, fit
@@ -81,6 +87,7 @@ def load(resolved: Resolved, *, ctx_size: int | None = None, draft: int | None =
         draft=draft,
         defaults=resolved.defaults,
         fit_check=fit_check,
+        kv_dtype=kv_dtype,
     )
     name = recipe_name(resolved)
     if name is not None:  # a file's own name ("Smollm2 135M 8k Lc100K Mix1 Ep2") says less
@@ -114,8 +121,13 @@ def open_model(
     draft: int | None = None,
     offline: bool | None = None,
     progress=None,
+    kv_dtype: str | None = None,
 ):
     """`resolve` then `load`: the Python API's one call. The API runs on the CPU unless told;
-    the commands pass the user's `--device` or None (`default_device()`)."""
+    the commands pass the user's `--device` or None (`default_device()`). `kv_dtype`: the KV
+    cache of a native device (bf16, fp8, f32; default the recipe's)."""
+    from atlas_cli import backend
+
+    backend.check_kv_type(kv_dtype)  # before anything is downloaded or loaded
     resolved = resolve(name, device=device, offline=offline, progress=progress)
-    return load(resolved, ctx_size=ctx_size, draft=draft)
+    return load(resolved, ctx_size=ctx_size, draft=draft, kv_dtype=kv_dtype)

@@ -157,15 +157,18 @@ def load(
     draft: int | None = None,
     defaults: RunDefaults | None = None,
     fit_check: FitCheck | None = None,
+    kv_dtype: str | None = None,
 ) -> Model:
     """Load the model at `path` (a GGUF file or a Hugging Face directory) onto `device`.
 
-    `ops`: the device already opened by `open_device` (opened here when None). `ctx_size` and
-    `draft` (tokens drafted per step by an MTP head; 0: off) fall back to `defaults`, then to
-    the model's own. `fit_check` may refuse the model before its weights are materialized."""
+    `ops`: the device already opened by `open_device` (opened here when None). `ctx_size`,
+    `draft` (tokens drafted per step by an MTP head; 0: off) and `kv_dtype` (the KV cache of a
+    native device: bf16, fp8 or f32) fall back to `defaults`, then to the model's own.
+    `fit_check` may refuse the model before its weights are materialized."""
     defaults = defaults or RunDefaults()
     ops = ops if ops is not None else open_device(device)
     native = device in NATIVE_DEVICES
+    ops = _with_kv_dtype(ops, native, kv_dtype, defaults.kv_dtype)
     t0 = time.perf_counter()
     # the fast CPU path keeps GGUF blocks too, with llama.cpp's Q/K row order undone lazily
     fast = getattr(ops, "KEEP_QUANTIZED", False)
@@ -205,6 +208,31 @@ def load(
 
     engine = Engine(net, tokenizer, context, draft=draft if draft is not None else defaults.draft)
     return Model(info, engine, device, time.perf_counter() - t0, defaults)
+
+
+def check_kv_type(kv_dtype: str | None) -> None:
+    """A --kv-type value, checked before anything loads."""
+    from atlas_cli.backend.ops.native_attention import KV_DTYPES
+
+    if kv_dtype is not None and kv_dtype not in KV_DTYPES:
+        raise UsageError(f"--kv-type must be one of {', '.join(KV_DTYPES)}, got {kv_dtype!r}")
+
+
+def _with_kv_dtype(ops, native: bool, given: str | None, recipe: str | None):
+    """The ops making this model's KV caches: the given type, else the recipe's, else bf16 on
+    a native device; the CPU paths keep theirs in float32."""
+    check_kv_type(given)
+    if not native:
+        if given not in (None, "f32"):
+            raise UsageError(
+                f"--kv-type {given}: the CPU keeps its KV cache in float32; bf16 and fp8 are "
+                "for --device cuda, hip or emu"
+            )
+        return ops
+    from atlas_cli.backend.ops.native_attention import KV_DTYPES
+
+    chosen = given or (recipe if recipe in KV_DTYPES else None) or "bf16"
+    return ops.with_kv_dtype(chosen)
 
 
 def _is_matrix(name: str, value) -> bool:

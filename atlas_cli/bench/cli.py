@@ -60,10 +60,10 @@ def _apply_threads(threads: int | None):
     return limit_blas(threads)
 
 
-def _load(model: str, device: str, ctx_size: int | None):
+def _load(model: str, device: str, ctx_size: int | None, kv_type: str | None = None):
     from atlas_cli.session import open_model
 
-    return open_model(model, device=device, ctx_size=ctx_size)
+    return open_model(model, device=device, ctx_size=ctx_size, kv_dtype=kv_type)
 
 
 def _gate(
@@ -102,6 +102,7 @@ def throughput_cmd(
     warmup: o.Warmup = True,
     device: o.Device = "cpu",
     ctx_size: o.CtxSize = None,
+    kv_type: o.KvType = None,
     baseline: o.Baseline = None,
     save_baseline: o.SaveBaseline = None,
     tolerance: o.Tolerance = gate.TOLERANCE,
@@ -111,7 +112,7 @@ def throughput_cmd(
 
     _check_output(output, throughput.OUTPUT_FORMATS)
     specs = throughput.specs_from_flags(n_prompt, n_gen, pg or [], n_depth, threads)
-    loaded = _load(model, device, ctx_size)
+    loaded = _load(model, device, ctx_size, kv_type)
     records = throughput.run_with_progress(loaded, specs, repetitions, warmup)
     typer.echo(throughput.render(records, output))
     _gate(throughput.as_result(records), baseline, save_baseline, tolerance)
@@ -139,6 +140,7 @@ def agentic_cmd(
     threads: o.Threads = None,
     device: o.Device = "cpu",
     ctx_size: o.CtxSize = None,
+    kv_type: o.KvType = None,
     baseline: o.Baseline = None,
     save_baseline: o.SaveBaseline = None,
     tolerance: o.Tolerance = gate.TOLERANCE,
@@ -171,7 +173,9 @@ def agentic_cmd(
             seed = settings.seed_set.model
             target = agentic.UrlTarget(url, model, max_tokens, key, tool_format, seed)
         else:
-            target, settings = agentic.engine_target(_load(model, device, ctx_size), settings)
+            target, settings = agentic.engine_target(
+                _load(model, device, ctx_size, kv_type), settings
+            )
         result = agentic.run(conversations, target, settings)
     if output_file:
         gate.save(output_file, result)  # the same document a baseline is

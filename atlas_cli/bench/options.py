@@ -19,6 +19,12 @@ Device = Annotated[
     str, typer.Option(help="cpu, cpu-ref (numpy float32 reference), cuda, hip or emu (emulator).")
 ]
 CtxSize = Annotated[int | None, typer.Option("--ctx-size", help="Context length in tokens.")]
+KvType = Annotated[
+    str | None,
+    typer.Option(
+        "--kv-type", help="KV cache on cuda, hip, emu: bf16, fp8 or f32.", show_default=False
+    ),
+]
 Threads = Annotated[int | None, typer.Option("-t", "--threads", help="CPU threads.")]
 Baseline = Annotated[
     Path | None,

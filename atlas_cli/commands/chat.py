@@ -9,6 +9,7 @@ import typer
 from atlas_cli.commands.options import (
     CtxSize,
     Device,
+    KvType,
     MaxTokens,
     MinP,
     Model,
@@ -49,6 +50,7 @@ def chat(
     device: Device = None,
     threads: Threads = None,
     ctx_size: CtxSize = None,
+    kv_type: KvType = None,
     offline: Offline = False,
     think: Think = "on",
     markdown: Markdown = False,
@@ -56,10 +58,11 @@ def chat(
 ):
     """Chat with a model in an interactive session (/help inside lists the commands)."""
     use_threads(threads)
-    from atlas_cli import recipes, session
+    from atlas_cli import backend, recipes, session
     from atlas_cli.chat import ChatOptions, ChatSettings, run_chat
 
     recipes.parse_ref(model or DEFAULT_MODEL)  # a misspelt name fails now, before any output
+    backend.check_kv_type(kv_type)
 
     given = given_sampling(temperature, top_k, top_p, min_p, repeat_penalty).set_fields()
     settings = ChatSettings(
@@ -80,6 +83,8 @@ def chat(
     )
 
     def load(name: str, *, device: str, ctx_size: int | None):  # also for /load inside the chat
-        return session.open_model(name, device=device, ctx_size=ctx_size, offline=offline or None)
+        return session.open_model(
+            name, device=device, ctx_size=ctx_size, offline=offline or None, kv_dtype=kv_type
+        )
 
     run_chat(model or DEFAULT_MODEL, settings.validate(), options, load_model=load)

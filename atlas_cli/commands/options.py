@@ -90,6 +90,15 @@ Draft = Annotated[
     int | None,
     typer.Option("--draft", min=0, help="Tokens to draft per step with the model's MTP head."),
 ]
+KvType = Annotated[
+    str | None,
+    typer.Option(
+        "--kv-type",
+        help="KV cache on cuda, hip and emu: bf16, fp8 (E4M3) or f32 (default: the recipe's, "
+        "bf16). The CPU keeps float32.",
+        show_default=False,
+    ),
+]
 NoSpeculative = Annotated[
     bool, typer.Option("--no-speculative", help="Turn speculative decoding off.")
 ]

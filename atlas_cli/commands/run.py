@@ -15,6 +15,7 @@ from atlas_cli.commands.options import (
     Device,
     Draft,
     Json,
+    KvType,
     MaxTokens,
     MinP,
     Model,
@@ -61,6 +62,7 @@ def run(
     threads: Threads = None,
     ctx_size: CtxSize = None,
     draft: Draft = None,
+    kv_type: KvType = None,
     no_speculative: NoSpeculative = False,
     offline: Offline = False,
     think: Think = "on",
@@ -80,7 +82,12 @@ def run(
     draft = 0 if no_speculative else draft
     t0 = time.perf_counter()
     loaded = session.open_model(
-        model_name, device=device, ctx_size=ctx_size, draft=draft, offline=offline or None
+        model_name,
+        device=device,
+        ctx_size=ctx_size,
+        draft=draft,
+        offline=offline or None,
+        kv_dtype=kv_type,
     )
     if draft and loaded.engine.speculator is None:
         raise UsageError(

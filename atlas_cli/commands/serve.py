@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from atlas_cli.commands.options import CtxSize, Device, Model, Threads, use_threads
+from atlas_cli.commands.options import CtxSize, Device, KvType, Model, Threads, use_threads
 from atlas_cli.store.embedded import DEFAULT_MODEL
 
 Host = Annotated[str, typer.Option(help="Address to listen on.")]
@@ -50,6 +50,7 @@ def serve(
     tool_parser: ToolParser = None,
     cache_size: CacheSize = None,
     device: Device = None,
+    kv_type: KvType = None,
     threads: Threads = None,
 ):
     """Serve a model over an OpenAI-compatible HTTP API (and Anthropic's /v1/messages)."""
@@ -65,6 +66,7 @@ def serve(
         api_key=api_key,
         ctx_size=ctx_size,
         device=device,
+        kv_dtype=kv_type,
         template_kwargs=parse_template_kwargs(chat_template_kwargs),
         tool_parser=tool_parser,
         cache_bytes=parse_size(cache_size, "--cache-size"),

@@ -54,6 +54,7 @@ class ServeConfig:
     api_key: str | None = None
     ctx_size: int | None = None
     device: str = "cpu"
+    kv_dtype: str | None = None  # a native device's KV cache (--kv-type); None: the recipe's
     max_body_bytes: int = DEFAULT_MAX_BODY
     # "hermes" | "qwen3_coder" | "none": overrides the parser chosen from the chat template
     tool_parser: str | None = None
@@ -96,10 +97,15 @@ class AppState:
         config = self.config
         try:
             if config.resolved is not None:  # the recipe's run defaults come with it
-                model = session.load(config.resolved, ctx_size=config.ctx_size)
+                model = session.load(
+                    config.resolved, ctx_size=config.ctx_size, kv_dtype=config.kv_dtype
+                )
             else:
                 model = session.open_model(
-                    config.model, device=config.device, ctx_size=config.ctx_size
+                    config.model,
+                    device=config.device,
+                    ctx_size=config.ctx_size,
+                    kv_dtype=config.kv_dtype,
                 )
         except AtlasError as exc:
             self.load_error = str(exc)

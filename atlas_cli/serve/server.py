@@ -157,6 +157,7 @@ def serve(
     api_key: str | None = None,
     ctx_size: int | None = None,
     device: str | None = None,
+    kv_dtype: str | None = None,
     log_level: str = "info",
     accept_any_model: bool = False,
     template_kwargs: dict | None = None,
@@ -165,8 +166,9 @@ def serve(
 ) -> None:
     import uvicorn
 
-    from atlas_cli import session
+    from atlas_cli import backend, session
 
+    backend.check_kv_type(kv_dtype)
     if not 0 <= port <= 65535:
         raise UsageError(f"--port must be 0..65535, got {port}")
     if ctx_size is not None and ctx_size < 16:
@@ -187,6 +189,7 @@ def serve(
         api_key=api_key,
         ctx_size=ctx_size,
         device=resolved.device,
+        kv_dtype=kv_dtype,
         accept_any_model=accept_any_model,
         template_kwargs=template_kwargs,
         tool_parser=tool_parser,

@@ -10,6 +10,7 @@ of the `NativeOps` that owns it.
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -221,6 +222,15 @@ class DeviceOpsBase:
         self._fns: dict[tuple[str, str], Any] = {}
         self._uploads: dict[str, tuple[np.ndarray, DeviceArray]] = {}
         self._dummy = runtime.alloc(16)
+
+    def with_kv_dtype(self, kv_dtype: str):
+        """These ops (same runtime, same compiled kernels) making caches of `kv_dtype`: a model
+        loaded with its own --kv-type leaves other models' caches as they were."""
+        if kv_dtype == self.kv_dtype:
+            return self
+        other = copy.copy(self)
+        other.kv_dtype = kv_dtype
+        return other
 
     def _fn(self, file: str, name: str):
         key = (file, name)
