@@ -378,17 +378,15 @@ class HybridCache:
 
     @property
     def nbytes(self) -> int:
-        kv = sum(layer.k.nbytes + layer.v.nbytes for layer in self.kv.values())
         states = [*self.linear.values(), *(s for c in self.checkpoints for s in c.states.values())]
-        return kv + sum(s.conv.nbytes + s.recurrent.nbytes for s in states)
+        return self._kv_nbytes() + sum(s.conv.nbytes + s.recurrent.nbytes for s in states)
 
     def clone(self, length: int) -> HybridCache:
         """A new cache at `reusable(length)` positions; the checkpoints up to there are shared
         (a snapshot is never written to: `restore` copies it)."""
         n = self.reusable(length)
-        new = HybridCache(*self._shape, self.max_len, self.max_checkpoints)
-        new.reserve(n)
-        _copy_kv(self.kv, new.kv, n)
+        new = self._empty()
+        self._kv_copy(new, n)
         at = self.snapshot() if n == self.length else self._best(n)
         if at is not None:
             new.linear = {i: state.copy() for i, state in at.states.items()}
@@ -397,7 +395,7 @@ class HybridCache:
         return new
 
     def export(self) -> dict[str, np.ndarray]:
-        out = {"length": np.asarray(self.length), **_export_kv(self.kv, self.length)}
+        out = {"length": np.asarray(self.length), **self._kv_export()}
         out |= _export_states(self.linear, "")
         out["checkpoints"] = np.asarray([c.length for c in self.checkpoints], np.int64)
         for j, c in enumerate(self.checkpoints):
@@ -406,17 +404,41 @@ class HybridCache:
 
     def load(self, arrays: dict[str, np.ndarray]) -> None:
         n = saved_length(arrays, self.max_len)
-        self.reserve(n)
-        _load_kv(self.kv, arrays, n)
-        self.linear = _load_states(self.linear, arrays, "")
+        self._kv_load(arrays, n)
+        self.linear = _load_states(self.linear, arrays, "", self._linear_state)
         lengths = [int(x) for x in np.asarray(arrays.get("checkpoints", []), np.int64)]
         if any(not 0 < m <= n for m in lengths) or len(lengths) > self.max_checkpoints:
             raise ValueError(f"saved checkpoints {lengths} do not fit {n} positions")
         self.checkpoints = [
-            CacheSnapshot(m, _load_states(self.linear, arrays, f"c{j}."))
+            CacheSnapshot(m, _load_states(self.linear, arrays, f"c{j}.", self._linear_state))
             for j, m in enumerate(lengths)
         ]
         self.length = n
+
+    # -- where the storage lives: host arrays here; ops/native_cache.py puts it on a device --
+
+    def _empty(self) -> HybridCache:
+        """An empty cache of this one's shape and kind."""
+        return HybridCache(*self._shape, self.max_len, self.max_checkpoints)
+
+    def _kv_nbytes(self) -> int:
+        return sum(layer.k.nbytes + layer.v.nbytes for layer in self.kv.values())
+
+    def _kv_copy(self, new: HybridCache, n: int) -> None:
+        """The first `n` positions of every attention layer into `new` (empty)."""
+        new.reserve(n)
+        _copy_kv(self.kv, new.kv, n)
+
+    def _kv_export(self) -> dict[str, np.ndarray]:
+        return _export_kv(self.kv, self.length)
+
+    def _kv_load(self, arrays: dict[str, np.ndarray], n: int) -> None:
+        self.reserve(n)
+        _load_kv(self.kv, arrays, n)
+
+    def _linear_state(self, conv: np.ndarray, recurrent: np.ndarray) -> LinearState:
+        """A state of this cache's kind from saved host arrays."""
+        return LinearState(np.array(conv), np.array(recurrent))
 
 
 def _export_states(states: dict[int, LinearState], prefix: str) -> dict[str, np.ndarray]:
@@ -428,13 +450,13 @@ def _export_states(states: dict[int, LinearState], prefix: str) -> dict[str, np.
 
 
 def _load_states(
-    like: dict[int, LinearState], arrays: dict[str, np.ndarray], prefix: str
+    like: dict[int, LinearState], arrays: dict[str, np.ndarray], prefix: str, make
 ) -> dict[int, LinearState]:
-    """Saved linear states shaped like `like` (the cache's own)."""
+    """Saved linear states shaped like `like` (the cache's own), each made by `make`."""
     out = {}
     for i, s in like.items():
         conv, rec = f"{prefix}conv{i}", f"{prefix}rec{i}"
         check_saved(arrays, conv, s.conv.shape)
         check_saved(arrays, rec, s.recurrent.shape)
-        out[i] = LinearState(np.array(arrays[conv]), np.array(arrays[rec]))
+        out[i] = make(arrays[conv], arrays[rec])
     return out

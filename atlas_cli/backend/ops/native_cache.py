@@ -3,14 +3,20 @@ device `KVCache` (bf16, FP8 E4M3 or f32), each Gated DeltaNet layer's conv and r
 as float32 device arrays.
 
 It is `cache.HybridCache` with its storage moved to the device: checkpoints, the speculative
-trail, snapshot / restore and truncate are the host class's own code. That code only copies
-`LinearState`s (a `DeviceArray.copy` is a device-to-device copy), swaps them and zero-fills
-them, so none of it reads a state back to the host.
+trail, snapshot / restore, truncate, clone, export and load are the host class's own code, on
+the storage hooks this class overrides (`_empty`, `_kv_*`, `_linear_state`). That code only
+copies `LinearState`s (a `DeviceArray.copy` is a device-to-device copy), swaps them and
+zero-fills them, so only `export` (a slot saved to disk) reads a state back to the host.
+
+Saved slots keep the K/V as the device stores it (raw bf16 / FP8 / f32 bytes, named by model
+layer): a slot restores into a cache of the same KV type.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+import numpy as np
 
 from atlas_cli.backend import cache
 from atlas_cli.backend.cache import LinearState
@@ -43,6 +49,7 @@ class HybridCache(cache.HybridCache):
         self.kv = {}  # the attention layers live in `device_kv`, by their slot in it
         self.slot = {layer: n for n, layer in enumerate(attention)}
         self.device_kv = KVCache(ops, len(attention), n_kv_heads, head_dim, max_len, kv_dtype)
+        self.ops = ops
 
     @property
     def capacity(self) -> int:
@@ -55,3 +62,37 @@ class HybridCache(cache.HybridCache):
     def update(self, layer: int, start: int, k, v):
         """As `KVCache.update`, for a full-attention layer: KVViews of the filled cache."""
         return self.device_kv.update(self.slot[layer], start, k, v)
+
+    # -- the storage hooks of cache.HybridCache's clone / export / load ----------------------
+
+    def _synced_kv(self) -> KVCache:
+        """`device_kv` with its length set to the cache's (the models advance `length` only)."""
+        self.device_kv.length = self.length
+        return self.device_kv
+
+    def _empty(self) -> HybridCache:
+        kind = self._shape
+        return HybridCache(self.ops, *kind, self.max_len, self.device_kv.dtype)
+
+    def _kv_nbytes(self) -> int:
+        return self.device_kv.nbytes
+
+    def _kv_copy(self, new: cache.HybridCache, n: int) -> None:
+        new.device_kv = self._synced_kv().clone(n)  # device-to-device, per head
+
+    def _kv_export(self) -> dict[str, np.ndarray]:
+        raw = self._synced_kv().export()
+        return {
+            f"{kv}{layer}": raw[f"{kv}{slot}"] for layer, slot in self.slot.items() for kv in "kv"
+        }
+
+    def _kv_load(self, arrays: dict[str, np.ndarray], n: int) -> None:
+        by_slot = {"length": np.asarray(n)}
+        for layer, slot in self.slot.items():
+            for kv in "kv":
+                if f"{kv}{layer}" in arrays:
+                    by_slot[f"{kv}{slot}"] = arrays[f"{kv}{layer}"]
+        self.device_kv.load(by_slot)  # checks each array's shape and dtype
+
+    def _linear_state(self, conv: np.ndarray, recurrent: np.ndarray) -> LinearState:
+        return LinearState(self.ops.asarray(conv), self.ops.asarray(recurrent))
