@@ -356,3 +356,104 @@ def test_kernels_still_run_after_releasing_compiler_pages(rng):
     x = rng.standard_normal((1, 64)).astype(np.float32)
     want = x @ quant.dequantize(blocks, 3, (16, 64)).T
     assert rel_err(cpu_fast.linear(x, w), want) < 1e-5
+
+
+# ---------------------------------------------------------------------------------------------
+# Column-permuted blocks (qwen35's out_proj) and the one thread pool
+
+
+@pytest.mark.parametrize("n_tok", [1, 8])
+def test_column_permuted_blocks_match_their_dequantized_weight(n_tok, rng):
+    """A QuantizedTensor with `col_perm` stays in its blocks; products gather the input."""
+    rows, cols = 8, 256
+    blocks = random_blocks(8, rows, cols, rng)  # Q8_0
+    col_perm = rng.permutation(cols)
+    qt = gguf.QuantizedTensor(8, (rows, cols), blocks, col_perm=col_perm)
+    w = cpu_fast.prepare_weight(qt)
+    assert isinstance(w, cpu_fast.PackedMatrix) and w.in_perm is not None
+    dense = qt.dequantize()
+    plain = gguf.QuantizedTensor(8, (rows, cols), blocks).dequantize()
+    np.testing.assert_array_equal(dense, plain[:, col_perm])
+    np.testing.assert_array_equal(w.dequantize(), dense)
+    np.testing.assert_array_equal(cpu_fast.embedding(w, np.array([3, 0])), dense[[3, 0]])
+    x = rng.standard_normal((n_tok, cols)).astype(np.float32)
+    assert rel_err(cpu_fast.linear(x, w), numpy_ref.linear(x, dense)) < 1e-5
+
+
+QWEN35_GGUF = Path(__file__).parent / "fixtures" / "qwen" / "qwen35-gguf"
+
+
+@pytest.mark.slow
+def test_qwen35_out_proj_stays_quantized_and_matches_transformers():
+    """The fixture has two value heads per key head, so out_proj's columns are in llama.cpp's
+    tiled order: the fast path keeps its Q8_0 blocks (no float32 copy) and still matches."""
+    from atlas_cli.session import open_model
+
+    model = open_model(str(QWEN35_GGUF / "model.gguf"), device="cpu")
+    w = model.engine.model.w["model.layers.0.linear_attn.out_proj.weight"]
+    assert isinstance(w, cpu_fast.PackedMatrix) and w.in_perm is not None
+    ref = np.load(QWEN35_GGUF / "reference.npz")
+    t = len(ref["prompt"])
+    assert rel_err(model.engine.logits(ref["prompt"]), ref["logits"][:t]) < 1e-3
+    steps = np.stack([model.engine.step(int(tok)) for tok in ref["decode"]])
+    assert rel_err(steps, ref["logits"][t:]) < 1e-3
+
+
+def test_out_proj_in_hf_order_is_kept_quantized_everywhere():
+    """One value head per key head (Qwen3.5-0.8B): the stored order is HF's, so every backend
+    that keeps blocks gets them, with no column permutation."""
+    raw = random_blocks(8, 4, 64, np.random.default_rng(1))
+    info = gguf.TensorInfo("blk.0.ssm_out.weight", 8, (4, 64), 0, raw.nbytes)
+    w = gguf._qwen35_out_proj(raw, info, (2, 1, 32), keep=True, lazy=False)
+    assert isinstance(w, gguf.QuantizedTensor) and w.col_perm is None
+    tiled = gguf._qwen35_out_proj(raw, info, (2, 2, 16), keep=True, lazy=False)
+    assert isinstance(tiled, np.ndarray)  # a backend without column permutations: float32
+    np.testing.assert_array_equal(
+        gguf._qwen35_out_proj(raw, info, (2, 2, 16), keep=True, lazy=True).dequantize(), tiled
+    )
+
+
+BLAS_PROBE = """
+import json, sys
+from threadpoolctl import threadpool_info
+from atlas_cli.commands.options import use_threads
+use_threads(2)
+from atlas_cli.backend.ops import numpy_ref
+seen = []
+def blas():
+    return [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+def spy(name):
+    real = getattr(numpy_ref, name)
+    def wrapped(*a, **k):
+        seen.append([name, blas()])
+        return real(*a, **k)
+    setattr(numpy_ref, name, wrapped)
+spy("gated_delta_rule_chunked"); spy("linear")
+from atlas_cli.session import open_model
+m = open_model(sys.argv[1], device="cpu")
+m.engine.prefill(list(range(3, 40)))
+import numba
+print(json.dumps({"seen": seen, "outside": blas(), "numba": numba.get_num_threads()}))
+"""
+
+
+@pytest.mark.slow
+def test_blas_runs_on_one_thread_inside_the_fast_path(tmp_path):
+    """`-t 2` gives numba two threads and BLAS two; while the fast path runs a numpy op (the
+    chunked Gated DeltaNet, a float32 matrix) BLAS is on one thread, and gets its two back."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "ATLAS_HOME": str(tmp_path), "NUMBA_NUM_THREADS": "2"}
+    env.pop("ATLAS_THREADS", None)
+    cmd = [sys.executable, "-c", BLAS_PROBE, str(QWEN35_GGUF / "model.gguf")]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    if out["outside"] != [2]:
+        pytest.skip(f"BLAS here cannot run 2 threads ({out['outside']})")
+    assert out["numba"] == 2
+    names = {name for name, _ in out["seen"]}
+    assert "gated_delta_rule_chunked" in names, out
+    assert all(counts == [1] for _, counts in out["seen"]), out

@@ -108,12 +108,14 @@ def ggml_type_name(type_id: int) -> str:
 class StoredRows:
     """A weight as the kernels read it (kernels/quant.cuh): `data` (rows, row_bytes) uint8 of
     whole blocks per row; NVFP4 adds `scales` (rows, cols/16) uint8 E4M3 codes and the float32
-    `global_scale`. With `row_perm`, logical row i is stored row `row_perm[i]`."""
+    `global_scale`. With `row_perm`, logical row i is stored row `row_perm[i]`; with
+    `col_perm` (the fast CPU path only), logical column c is stored column `col_perm[c]`."""
 
     data: np.ndarray
     scales: np.ndarray | None = None
     global_scale: float = 1.0
     row_perm: np.ndarray | None = None
+    col_perm: np.ndarray | None = None
 
 
 class QuantizedWeight(ABC):

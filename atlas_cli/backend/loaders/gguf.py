@@ -95,6 +95,7 @@ class QuantizedTensor(QuantizedWeight):
     shape: tuple[int, int]
     blocks: np.ndarray
     row_perm: np.ndarray | None = None
+    col_perm: np.ndarray | None = None  # logical column c is stored column col_perm[c]
 
     @property
     def format(self) -> WeightFormat:
@@ -102,10 +103,11 @@ class QuantizedTensor(QuantizedWeight):
 
     def dequantize(self) -> np.ndarray:
         blocks = self.blocks if self.row_perm is None else self.blocks[self.row_perm]
-        return quant.dequantize(blocks, self.type_id, self.shape)
+        w = quant.dequantize(blocks, self.type_id, self.shape)
+        return w if self.col_perm is None else np.ascontiguousarray(w[:, self.col_perm])
 
     def stored(self) -> StoredRows:
-        return StoredRows(self.blocks, row_perm=self.row_perm)
+        return StoredRows(self.blocks, row_perm=self.row_perm, col_perm=self.col_perm)
 
 
 class GGUFFile:
@@ -372,7 +374,8 @@ def load_weights(
     llama.cpp's layout changes are undone here: the llama Q/K row permutation, and for qwen35
     the `w + 1` norms, `-exp(A_log)`, the squeezed conv and the tiled value heads. With
     `lazy_unpermute`, permuted Q/K QuantizedTensors keep the file's row order and carry
-    `row_perm` instead of a reordered copy, so every block stays in the memory map."""
+    `row_perm` instead of a reordered copy, and qwen35's `out_proj` keeps its column order and
+    carries `col_perm`, so every block stays in the memory map."""
     arch = gf.architecture
     permute = arch in PERMUTED_QK_ARCHS
     n_layers = config["num_hidden_layers"] if arch == "qwen35" else None
@@ -387,7 +390,9 @@ def load_weights(
             n_head = config["num_attention_heads" if "q_proj" in target else "num_key_value_heads"]
             perm = unpermute_index(raw.shape[0], n_head)
         if arch == "qwen35":
-            weights[target] = _qwen35_tensor(target, raw, info, config, keep_quantized)
+            weights[target] = _qwen35_tensor(
+                target, raw, info, config, keep_quantized, lazy_unpermute
+            )
             continue
         quantized = quant.GGML_TYPES[info.type_id].quantized
         if keep_quantized and quantized and len(info.shape) == 2:
@@ -409,7 +414,9 @@ def unpermute_index(n_rows: int, n_head: int) -> np.ndarray:
     return rows.reshape(n_head, head_dim // 2, 2).swapaxes(1, 2).reshape(-1)
 
 
-def _qwen35_tensor(target: str, raw: np.ndarray, info: TensorInfo, config, keep_quantized: bool):
+def _qwen35_tensor(
+    target: str, raw: np.ndarray, info: TensorInfo, config, keep_quantized: bool, lazy: bool
+):
     """Undo llama.cpp's qwen35 conversion (convert_hf_to_gguf.py `Qwen3_5TextModel`, mirrored
     by transformers' gguf_conversion_mapping.py `_qwen35`) for one tensor."""
     nk, nv = config["linear_num_key_heads"], config["linear_num_value_heads"]
@@ -425,11 +432,10 @@ def _qwen35_tensor(target: str, raw: np.ndarray, info: TensorInfo, config, keep_
         elif leaf in ("in_proj_a.weight", "in_proj_b.weight"):
             raw = grouped_rows(raw, nk, r, 1)
     quantized = quant.GGML_TYPES[info.type_id].quantized
+    keep = keep_quantized and quantized and len(info.shape) == 2
     if target.endswith("linear_attn.out_proj.weight"):
-        # the value heads run along the columns, across quantization blocks: dequantize
-        w = quant.dequantize(raw, info.type_id, info.shape)
-        return np.ascontiguousarray(grouped_rows(w.T, nk, r, dv).T)
-    if keep_quantized and quantized and len(info.shape) == 2:
+        return _qwen35_out_proj(raw, info, (nk, r, dv), keep, lazy)
+    if keep:
         return QuantizedTensor(info.type_id, info.shape, np.ascontiguousarray(raw))
     w = quant.dequantize(raw, info.type_id, info.shape)
     if target.endswith(("linear_attn.A_log", "linear_attn.dt_bias")):
@@ -441,6 +447,22 @@ def _qwen35_tensor(target: str, raw: np.ndarray, info: TensorInfo, config, keep_
     elif _is_offset_norm(target):
         w = w - np.float32(1.0)  # zero-centred (1 + w) norms are stored as w + 1
     return np.ascontiguousarray(w, dtype=np.float32)
+
+
+def _qwen35_out_proj(raw: np.ndarray, info: TensorInfo, heads, keep: bool, lazy: bool):
+    """out_proj, whose value heads run along the columns, across quantization blocks: kept in
+    its blocks where the order is already HF's (one value head per key head) or the backend
+    takes a column permutation (`lazy`, the fast CPU path); else dequantized and reordered."""
+    cols = info.shape[1]
+    perm = grouped_rows(np.arange(cols, dtype=np.int64).reshape(-1, 1), *heads).reshape(-1)
+    identity = bool(np.array_equal(perm, np.arange(cols)))
+    if keep and (identity or lazy):
+        blocks = np.ascontiguousarray(raw)
+        return QuantizedTensor(
+            info.type_id, info.shape, blocks, col_perm=None if identity else perm
+        )
+    w = quant.dequantize(raw, info.type_id, info.shape)
+    return w if identity else np.ascontiguousarray(w[:, perm])
 
 
 def _is_offset_norm(target: str) -> bool:

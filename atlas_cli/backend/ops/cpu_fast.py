@@ -15,8 +15,11 @@ which removes the Python overhead of ~15 ops per layer. Design notes: docs/archi
 
 from __future__ import annotations
 
+import contextlib
+import functools
 from dataclasses import dataclass
 
+import numba
 import numpy as np
 
 import atlas_cli.backend.formats as formats
@@ -37,7 +40,9 @@ GEMV_MAX_TOKENS = 4  # up to this many tokens, products dot each row's blocks di
 @dataclass(frozen=True)
 class PackedMatrix(QuantizedWeight):
     """A (rows, cols) weight as GGUF blocks inside a flat uint8 buffer (usually the memory map
-    of the whole file): logical row r is stored at byte `offset + perm[r] * row_bytes`."""
+    of the whole file): logical row r is stored at byte `offset + perm[r] * row_bytes`. With
+    `in_perm`, the stored columns are a permutation of the logical ones (qwen35's out_proj):
+    products gather the input, `x[..., in_perm]`, instead of reordering any block."""
 
     type_id: int
     shape: tuple[int, int]
@@ -45,6 +50,7 @@ class PackedMatrix(QuantizedWeight):
     offset: int
     row_bytes: int
     perm: np.ndarray  # (rows,) int64
+    in_perm: np.ndarray | None = None  # (cols,) int64: stored column j is logical in_perm[j]
 
     @property
     def format(self) -> WeightFormat:
@@ -62,7 +68,14 @@ class PackedMatrix(QuantizedWeight):
     def dequantize(self) -> np.ndarray:
         out = np.empty(self.shape, np.float32)
         _k.dequant_rows(*self.kernel_args, self.perm, 0, out)
-        return out
+        return out if self.in_perm is None else _logical_columns(out, self.in_perm)
+
+
+def _logical_columns(stored: np.ndarray, in_perm: np.ndarray) -> np.ndarray:
+    """(..., cols) in stored column order -> logical order."""
+    out = np.empty_like(stored)
+    out[..., in_perm] = stored
+    return out
 
 
 def _root(a: np.ndarray) -> np.ndarray:
@@ -89,7 +102,8 @@ def pack(qt: QuantizedWeight) -> PackedMatrix | None:
     offset = blocks.__array_interface__["data"][0] - buf.__array_interface__["data"][0]
     perm = stored.row_perm
     perm = np.arange(rows, dtype=np.int64) if perm is None else np.asarray(perm, np.int64)
-    return PackedMatrix(type_id, (rows, cols), buf, int(offset), blocks.shape[1], perm)
+    in_perm = None if stored.col_perm is None else np.argsort(stored.col_perm).astype(np.int64)
+    return PackedMatrix(type_id, (rows, cols), buf, int(offset), blocks.shape[1], perm, in_perm)
 
 
 def prepare_weight(w):
@@ -109,15 +123,18 @@ def embedding(table, ids: np.ndarray) -> np.ndarray:
         return _ref.embedding(table, ids)
     out = np.empty((len(ids), table.shape[1]), np.float32)
     _k.gather_rows(*table.kernel_args, table.perm[np.asarray(ids, dtype=np.int64)], out)
-    return out
+    return out if table.in_perm is None else _logical_columns(out, table.in_perm)
 
 
 def linear(x: np.ndarray, w, bias: np.ndarray | None = None) -> np.ndarray:
     """x (..., in) @ w (out, in)^T -> (..., out)."""
     if not isinstance(w, PackedMatrix):
-        return _ref.linear(x, w, bias)
+        with single_blas_thread():
+            return _ref.linear(x, w, bias)
     rows, cols = w.shape
     x2 = np.ascontiguousarray(x, dtype=np.float32).reshape(-1, cols)  # (T, in)
+    if w.in_perm is not None:  # the input in the stored column order
+        x2 = np.ascontiguousarray(x2[:, w.in_perm])
     out = np.empty((x2.shape[0], rows), np.float32)
     kernel = _k.gemv_batch if x2.shape[0] <= GEMV_MAX_TOKENS else _k.gemm
     kernel(*w.kernel_args, w.perm, x2, out)
@@ -139,6 +156,45 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int, nsplit=No
         out,
     )
     return out
+
+
+def gated_delta_rule_chunked(q, k, v, g, beta, state, scale: float | None = None, chunk=64):
+    """numpy_ref's chunked gated delta rule (its matmuls are BLAS calls), on one BLAS thread."""
+    with single_blas_thread():
+        return _ref.gated_delta_rule_chunked(q, k, v, g, beta, state, scale, chunk)
+
+
+# ---------------------------------------------------------------------------------------------
+# One thread pool: numba's. The numpy ops this path still calls (float32 weights, the chunked
+# Gated DeltaNet) run BLAS on one thread while numba's pool has more: two pools of N threads
+# on N cores preempt each other (issue: pp512 9.8 tok/s on 2 threads, 67.9 with one BLAS
+# thread). With one numba thread, BLAS keeps whatever the user gave it (`-t`).
+
+
+@functools.cache
+def _blas_libraries() -> tuple:
+    """threadpoolctl's handles on the BLAS libraries numpy loaded (found once: the search walks
+    every loaded library); setting a count through one is a plain C call."""
+    from threadpoolctl import ThreadpoolController
+
+    return tuple(ThreadpoolController().select(user_api="blas").lib_controllers)
+
+
+@contextlib.contextmanager
+def single_blas_thread():
+    """BLAS on one thread inside the block, while numba's pool runs more than one."""
+    if numba.get_num_threads() <= 1:
+        yield
+        return
+    libs = _blas_libraries()
+    before = [lib.num_threads for lib in libs]
+    for lib in libs:
+        lib.set_num_threads(1)
+    try:
+        yield
+    finally:
+        for lib, n in zip(libs, before, strict=True):
+            lib.set_num_threads(n)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -269,7 +325,7 @@ def fuse_decoder(model) -> FusedDecoder | None:
     names = [_proj_key(i, n) for i in range(a.num_hidden_layers) for n in _PROJ]
     names.append("model.embed_tokens.weight")
     packed = {n: w.get(n) for n in names}
-    if not all(isinstance(m, PackedMatrix) for m in packed.values()):
+    if not all(isinstance(m, PackedMatrix) and m.in_perm is None for m in packed.values()):
         return None
     buf = packed[names[0]].buf
     addr = buf.__array_interface__["data"][0]
