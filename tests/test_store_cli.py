@@ -165,22 +165,27 @@ def fake_cuda_kernels(monkeypatch):
 
 
 def test_hw_reports_kernel_compilation_for_a_usable_gpu_backend(fake_cuda_kernels):
+    from atlas_cli.backend.ops import runtime as rt
+
     r = atlas("hw")
     assert r.exit_code == 0, r.output
     assert fake_cuda_kernels == ["cuda"]  # hip's runtime cannot start: not compiled for
     lines = r.stdout.splitlines()
     head = lines.index("kernels cuda (sm_90, NVIDIA H200, nvrtc 12.8):")
-    rt_files = [line.split()[0] for line in lines[head + 1 : head + 11]]
-    assert rt_files[0] == "attention.cu" and len(rt_files) == 10
+    n = len(rt.KERNEL_FILES)
+    rt_files = [line.split()[0] for line in lines[head + 1 : head + 1 + n]]
+    assert rt_files == list(rt.KERNEL_FILES) and rt_files[0] == "attention.cu"
     assert lines[head + 1].endswith("compiled in 2.50 s")
-    assert all(line.endswith("cache hit") for line in lines[head + 2 : head + 11])
-    assert lines[head + 11].strip() == "10 files: 1 compiled in 2.54 s, 9 from the cache"
+    assert all(line.endswith("cache hit") for line in lines[head + 2 : head + 1 + n])
+    total = 2.5 + 0.004 * (n - 1)
+    summary = f"{n} files: 1 compiled in {total:.2f} s, {n - 1} from the cache"
+    assert lines[head + 1 + n].strip() == summary
     assert not any(line.startswith("kernels hip") for line in lines)
 
     data = json.loads(atlas("hw", "--json").stdout)
     assert list(data["kernels"]) == ["cuda"]
     k = data["kernels"]["cuda"]
-    assert (k["target"], k["compiled"], k["cache_hits"]) == ("sm_90", 1, 9)
+    assert (k["target"], k["compiled"], k["cache_hits"]) == ("sm_90", 1, n - 1)
     assert k["kernels"]["attention.cu"] == {"seconds": 2.5, "cache_hit": False, "target": "sm_90"}
     assert k["kernels"]["sample.cu"]["cache_hit"] is True
 
