@@ -29,6 +29,7 @@
 //   the cache at *pos; q (and the output gate of gated attention) copied out contiguous.
 //   qkv: [q (nh * hd, or nh * 2hd with each head's gate after it) | k (nkv*hd) | v (nkv*hd)].
 //   Reference: numpy_ref.rms_norm, rope, cache.KVCache.update. Grid (nh + 2 * nkv), block 128.
+#include "gdn.cuh"
 #include "gemv.cuh"
 
 #define DG_NONE 0
@@ -255,27 +256,13 @@ extern "C" __global__ void __launch_bounds__(256)
     float S[GDN_DEC_RMAX];
     float* st = state + (long long)h * dk * dv;
     __syncthreads();  // q, k, v staged
-    float kvp = 0.0f;
 #pragma unroll
-    for (int r = 0; r < GDN_DEC_RMAX; r++) {
+    for (int r = 0; r < GDN_DEC_RMAX; r++)
         S[r] = (active && r < R) ? st[(long long)(part * R + r) * dv + j] * decay : 0.0f;
-        if (active && r < R) kvp = fmaf(ksh[part * R + r], S[r], kvp);
-    }
-    if (active) red[tid] = kvp;
-    __syncthreads();
-    float kv = 0.0f;
-    for (int p = 0; p < np; p++) kv += red[p * dv + j];
-    float delta = active ? (vsh[j] - kv) * b : 0.0f;
-    float op = 0.0f;
+    float op = gdn_delta_update(S, ksh, qsh, vsh, red, b, part, R, j, dv, np, tid, active);
 #pragma unroll
-    for (int r = 0; r < GDN_DEC_RMAX; r++) {
-        if (active && r < R) {
-            S[r] = fmaf(ksh[part * R + r], delta, S[r]);
-            op = fmaf(qsh[part * R + r], S[r], op);
-            st[(long long)(part * R + r) * dv + j] = S[r];
-        }
-    }
-    __syncthreads();  // every thread has read red for kv
+    for (int r = 0; r < GDN_DEC_RMAX; r++)
+        if (active && r < R) st[(long long)(part * R + r) * dv + j] = S[r];
     if (active) red[tid] = op;
     __syncthreads();
     float o = 0.0f;

@@ -13,6 +13,7 @@
 //   part*R..part*R+R-1 of column j of S in registers, np = min(256 / dv, dk) parts of
 //   R = dk / np <= 64 rows (small heads leave threads idle).
 #include "atlas_common.cuh"
+#include "gdn.cuh"
 
 #define CONV_KMAX 8
 #define GDN_RMAX 64
@@ -81,28 +82,9 @@ extern "C" __global__ void __launch_bounds__(256)
         __syncthreads();
         float decay = expf(g[(long long)t * nv + h]);
         float b = beta[(long long)t * nv + h];
-        float kvp = 0.0f;
 #pragma unroll
-        for (int r = 0; r < GDN_RMAX; r++) {
-            if (active && r < R) {
-                S[r] *= decay;
-                kvp = fmaf(ksh[part * R + r], S[r], kvp);
-            }
-        }
-        if (active) red[tid] = kvp;
-        __syncthreads();
-        float kv = 0.0f;
-        for (int p = 0; p < np; p++) kv += red[p * dv + j];
-        float delta = active ? (vsh[j] - kv) * b : 0.0f;
-        float op = 0.0f;
-#pragma unroll
-        for (int r = 0; r < GDN_RMAX; r++) {
-            if (active && r < R) {
-                S[r] = fmaf(ksh[part * R + r], delta, S[r]);
-                op = fmaf(qsh[part * R + r], S[r], op);
-            }
-        }
-        __syncthreads();  // every thread has read red for kv
+        for (int r = 0; r < GDN_RMAX; r++) S[r] *= decay;
+        float op = gdn_delta_update(S, ksh, qsh, vsh, red, b, part, R, j, dv, np, tid, active);
         if (active) red[tid] = op;
         __syncthreads();
         if (active && part == 0) {

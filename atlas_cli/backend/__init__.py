@@ -219,8 +219,8 @@ def check_kv_type(kv_dtype: str | None) -> None:
 
 
 def _with_kv_dtype(ops, native: bool, given: str | None, recipe: str | None):
-    """The ops making this model's KV caches: the given type, else the recipe's, else bf16 on
-    a native device; the CPU paths keep theirs in float32."""
+    """The ops making this model's KV caches: the given type, else the recipe's, else the
+    ops' own (bf16 as `open_device` makes them); the CPU paths keep theirs in float32."""
     check_kv_type(given)
     if not native:
         if given not in (None, "f32"):
@@ -231,7 +231,7 @@ def _with_kv_dtype(ops, native: bool, given: str | None, recipe: str | None):
         return ops
     from atlas_cli.backend.ops.native_attention import KV_DTYPES
 
-    chosen = given or (recipe if recipe in KV_DTYPES else None) or "bf16"
+    chosen = given or (recipe if recipe in KV_DTYPES else None) or ops.kv_dtype
     return ops.with_kv_dtype(chosen)
 
 
