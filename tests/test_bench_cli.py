@@ -24,7 +24,7 @@ def invoke(args: list[str]):
 @pytest.fixture()
 def shared_model(monkeypatch, smollm2):
     """Reuse the session's loaded model instead of loading it per command."""
-    monkeypatch.setattr(bench_cli, "_load", lambda name, device, ctx: smollm2)
+    monkeypatch.setattr(bench_cli, "_load", lambda name, device, ctx, kv_type=None: smollm2)
     yield smollm2
     smollm2.engine.reset()
 
