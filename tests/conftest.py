@@ -97,3 +97,14 @@ def smollm2(smollm2_path):
     from atlas_cli.session import open_model
 
     return open_model(str(smollm2_path), device="cpu-ref")
+
+
+@pytest.fixture
+def emu_home(tmp_path, monkeypatch):
+    """A test on `--device emu`: skipped without g++; its own ATLAS_HOME, where the compiled
+    kernels go."""
+    from atlas_cli.backend.ops import runtime_emu
+
+    if not runtime_emu.available():
+        pytest.skip("g++ not installed")
+    monkeypatch.setenv("ATLAS_HOME", str(tmp_path))

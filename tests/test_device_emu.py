@@ -16,13 +16,6 @@ from atlas_cli.errors import DeviceError
 NVFP4 = Path(__file__).parent / "fixtures" / "qwen" / "qwen35-nvfp4"
 
 
-@pytest.fixture
-def emu_home(tmp_path, monkeypatch):
-    if not runtime_emu.available():
-        pytest.skip("g++ not installed")
-    monkeypatch.setenv("ATLAS_HOME", str(tmp_path))  # the compiled kernels go to its cache
-
-
 def _run(device: str) -> str:
     args = ["run", "--device", device, str(NVFP4), "hi", "-n", "8", "--temperature", "0"]
     result = CliRunner().invoke(app, args)

@@ -20,13 +20,6 @@ pytestmark = pytest.mark.slow  # the emulator runs the kernels on the CPU
 NVFP4 = Path(__file__).parent / "fixtures" / "qwen" / "qwen35-nvfp4"
 
 
-@pytest.fixture
-def emu_home(tmp_path, monkeypatch):
-    if not runtime_emu.available():
-        pytest.skip("g++ not installed")
-    monkeypatch.setenv("ATLAS_HOME", str(tmp_path))
-
-
 def run_on(device: str, *flags: str) -> str:
     args = ["run", "--device", device, str(NVFP4), "hi", "-n", "8", "--draft", "0", *flags]
     result = CliRunner().invoke(app, args)

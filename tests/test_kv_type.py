@@ -8,19 +8,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from atlas_cli.backend.ops import runtime_emu
 from atlas_cli.cli import app
 from atlas_cli.errors import UsageError
 from atlas_cli.session import open_model
 
 NVFP4 = Path(__file__).parent / "fixtures" / "qwen" / "qwen35-nvfp4"
-
-
-@pytest.fixture
-def emu_home(tmp_path, monkeypatch):
-    if not runtime_emu.available():
-        pytest.skip("g++ not installed")
-    monkeypatch.setenv("ATLAS_HOME", str(tmp_path))
 
 
 def kv_of(model) -> str:
