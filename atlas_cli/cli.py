@@ -20,7 +20,7 @@ from atlas_cli.bench.cli import (  # typer only: keeps --help light
     bench_app,
     route_bench_args,
 )
-from atlas_cli.commands import chat, completion, models, run, serve
+from atlas_cli.commands import chat, completion, loaded, models, run, serve
 from atlas_cli.commands.errors import AtlasGroup, guarded, user_errors
 from atlas_cli.completion import COMPLETE_VAR, PROG, route_completion_words
 
@@ -64,6 +64,8 @@ COMMANDS = {
     "show": models.show,
     "rm": models.rm,
     "hw": models.hw,
+    "ps": loaded.ps,
+    "stop": loaded.stop,
 }
 for name, command in COMMANDS.items():
     app.command(name)(guarded(command))

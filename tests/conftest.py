@@ -21,6 +21,8 @@ SUITE_CACHE = Path(
 )
 os.environ["ATLAS_HOME"] = str(SUITE_CACHE / "home")
 os.environ["HF_HOME"] = str(SUITE_CACHE / "huggingface")
+# `atlas run` keeps its model loaded in a background process; a test that wants one says so
+os.environ["ATLAS_KEEP_ALIVE"] = "0"
 for _var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "ATLAS_DEVICE"):
     os.environ.pop(_var, None)
 

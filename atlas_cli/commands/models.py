@@ -113,6 +113,9 @@ def rm(name: RmName, yes: Yes = False):
     if not yes and not typer.confirm(f"remove {listing}?", default=False):
         typer.echo("nothing removed", err=True)
         raise typer.Exit(1)
+    from atlas_cli.keepalive import registry
+
+    registry.stop_for_paths([e.path for e in entries])  # a kept-alive worker holds the file
     for entry in entries:
         freed = inventory.remove(entry)
         typer.echo(f"removed {entry.tag} ({size_text(freed)} freed)")

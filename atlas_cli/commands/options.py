@@ -106,6 +106,15 @@ Offline = Annotated[
     bool, typer.Option("--offline", help="Use only the local caches (also HF_HUB_OFFLINE=1).")
 ]
 Json = Annotated[bool, typer.Option("--json", help="Print JSON.")]
+KeepAlive = Annotated[
+    str | None,
+    typer.Option(
+        "--keep-alive",
+        metavar="DURATION",
+        help="Keep the model loaded this long after the run (30s, 5m, 1h; 0: no). "
+        "Default ATLAS_KEEP_ALIVE, else 5m.",
+    ),
+]
 
 # -- generation --------------------------------------------------------------------------------
 

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from types import SimpleNamespace
 from typing import Annotated, Any
 
 import typer
@@ -15,6 +18,7 @@ from atlas_cli.commands.options import (
     Device,
     Draft,
     Json,
+    KeepAlive,
     KvType,
     MaxTokens,
     MinP,
@@ -35,7 +39,9 @@ from atlas_cli.commands.options import (
     use_threads,
 )
 from atlas_cli.errors import UsageError
+from atlas_cli.keepalive import client, keep_alive_seconds, registry
 from atlas_cli.store.embedded import DEFAULT_MODEL
+from atlas_cli.store.paths import existing_path
 
 Prompt = Annotated[str | None, typer.Argument(help="The prompt; read from stdin if piped.")]
 Raw = Annotated[
@@ -66,11 +72,12 @@ def run(
     no_speculative: NoSpeculative = False,
     offline: Offline = False,
     think: Think = "on",
+    keep_alive: KeepAlive = None,
 ):
-    """Generate a reply to one prompt, streamed as it is produced."""
-    use_threads(threads)
-    from atlas_cli import session
+    """Generate a reply to one prompt, streamed as it is produced.
 
+    The model stays loaded for --keep-alive (default 5m) in a background process, so the next
+    run with the same model and options starts at once (`atlas ps`, `atlas stop`)."""
     model_name, prompt_text = split_model_and_prompt(model, prompt)
     if prompt_text is None and not sys.stdin.isatty():
         prompt_text = sys.stdin.read()
@@ -78,30 +85,120 @@ def run(
         raise typer.BadParameter("give a prompt as an argument or on stdin")
     if think not in ("on", "off"):
         raise typer.BadParameter("run takes --think on or off (hidden is chat's)")
-    sampling = given_sampling(temperature, top_k, top_p, min_p, repeat_penalty, seed)
-    draft = 0 if no_speculative else draft
-    t0 = time.perf_counter()
-    loaded = session.open_model(
-        model_name,
-        device=device,
-        ctx_size=ctx_size,
-        draft=draft,
-        offline=offline or None,
-        kv_dtype=kv_type,
+    hold_s = keep_alive_seconds(keep_alive)
+    sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
+    sampling.update(repeat_penalty=repeat_penalty, seed=seed)
+    request = RunRequest(
+        prompt_text, system, raw, think, max_tokens, list(stop or []), sampling, not json_output
     )
-    if draft and loaded.engine.speculator is None:
-        raise UsageError(
-            f"--draft: {loaded.info.name} has no multi-token-prediction head to draft with; "
-            "drop --draft"
-        )
-    load_s = time.perf_counter() - t0
-    ids = prompt_ids(loaded, prompt_text, system=system, raw=raw, think=think)
-    stats = generate(loaded, ids, max_tokens, stop or [], sampling, stream=not json_output)
+    spec = LoadSpec(model_name, device, ctx_size, 0 if no_speculative else draft, kv_type,
+                    offline or None, threads)  # fmt: skip
+    t0 = time.perf_counter()
+    key = registry.key_of(spec.key_fields()) if hold_s and registry.supported() else None
+    record = client.run(key, asdict(request), write_out) if key else None
+    if record is not None:  # a kept-alive worker answered: nothing was loaded here
+        stats, load_s = SimpleNamespace(**record), record["accepted_s"]
+    else:
+        use_threads(threads)
+        request.overrides()  # bad sampling values fail before the model loads
+        loaded, _ = spec.open()
+        load_s = time.perf_counter() - t0
+        stats = reply(loaded, request, write_out)
+        if key:
+            registry.start(spec.__dict__, hold_s, key)
     result = RunResult(model_name, stats, load_s, time.perf_counter() - t0)
     if json_output:
         typer.echo(json.dumps(result.as_json(), ensure_ascii=False))
     elif verbose:
         typer.echo(result.stats_block(), err=True)
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    """What decides which model a run loads and how: one keep-alive worker per distinct spec."""
+
+    model: str
+    device: str | None
+    ctx_size: int | None
+    draft: int | None
+    kv_type: str | None
+    offline: bool | None
+    threads: int | None
+
+    def key_fields(self) -> dict[str, Any]:
+        """The spec as the worker key sees it: a path made absolute, and the environment
+        variables that pick the device and the thread count."""
+        fields = dict(self.__dict__)
+        if existing_path(self.model) is not None:
+            fields["model"] = os.path.abspath(self.model)
+        fields["env"] = {k: os.environ.get(k) for k in ("ATLAS_DEVICE", "ATLAS_THREADS")}
+        return fields
+
+    def open(self):
+        """Resolve (or pull) and load the model: (model, session.Resolved)."""
+        from atlas_cli import backend, session
+
+        backend.check_kv_type(self.kv_type)  # before anything is downloaded or loaded
+        resolved = session.resolve(self.model, device=self.device, offline=self.offline)
+        loaded = session.load(
+            resolved, ctx_size=self.ctx_size, draft=self.draft, kv_dtype=self.kv_type
+        )
+        if self.draft and loaded.engine.speculator is None:
+            raise UsageError(
+                f"--draft: {loaded.info.name} has no multi-token-prediction head to draft "
+                "with; drop --draft"
+            )
+        return loaded, resolved
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """One prompt and how to answer it (what a keep-alive worker is sent)."""
+
+    prompt: str
+    system: str | None
+    raw: bool
+    think: str
+    max_tokens: int
+    stop: list[str]
+    sampling: dict[str, Any]  # the sampling flags as given, None where not set
+    stream: bool  # write the text as it comes (else only the stats, for --json)
+
+    def overrides(self):
+        return given_sampling(**self.sampling)
+
+
+def reply(loaded, request: RunRequest, write: Callable[[str], None]):
+    """Answer `request` with a loaded model (here or in a keep-alive worker): its stats."""
+    sampling = request.overrides()
+    ids = prompt_ids(
+        loaded, request.prompt, system=request.system, raw=request.raw, think=request.think
+    )
+    return generate(
+        loaded,
+        ids,
+        request.max_tokens,
+        request.stop,
+        sampling,
+        write=write if request.stream else None,
+    )
+
+
+def write_out(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+def stats_record(stats) -> dict[str, Any]:
+    """The GenerationStats fields RunResult reads, as plain values (sent by a worker)."""
+    return {name: getattr(stats, name) for name in STATS_FIELDS}
+
+
+STATS_FIELDS = (
+    "text", "finish_reason", "prompt_tokens", "completion_tokens", "prompt_s", "ttft_s",
+    "eval_s", "prompt_rate", "eval_rate", "draft_rounds", "draft_tokens", "accepted_tokens",
+    "mean_accepted_length",
+)  # fmt: skip
 
 
 def split_model_and_prompt(model: str | None, prompt: str | None) -> tuple[str, str | None]:
@@ -117,7 +214,6 @@ def split_model_and_prompt(model: str | None, prompt: str | None) -> tuple[str, 
 def looks_like_model(text: str) -> bool:
     from atlas_cli import recipes
     from atlas_cli.store.embedded import EMBEDDED
-    from atlas_cli.store.locate import existing_path
 
     if text.lower() in EMBEDDED or existing_path(text):
         return True
@@ -136,7 +232,8 @@ TYPO_CUTOFF_WITH_DIGIT = 0.6
 
 def near_model_names(word: str) -> list[str]:
     """Known model names (recipes and their aliases, embedded, installed) that `word` is
-    nearly: its likely meaning when it is a typo. Empty for anything that is not one word."""
+    nearly: its likely meaning when it is a typo. Empty for anything that is not one word.
+    Reads the recipe files without their schema: this runs before a kept-alive model answers."""
     import difflib
 
     from atlas_cli import recipes
@@ -144,11 +241,12 @@ def near_model_names(word: str) -> list[str]:
 
     if not word or any(c.isspace() for c in word):
         return []
-    names = list(dict.fromkeys([*model_names(), *recipes.known_names()]))
+    aliases = recipes.recipe_names()
+    names = list(dict.fromkeys([*model_names(), *aliases]))
     cutoff = TYPO_CUTOFF_WITH_DIGIT if any(c.isdigit() for c in word) else TYPO_CUTOFF
     close = difflib.get_close_matches(word.lower(), names, n=3, cutoff=cutoff)
     # an alias stands for its recipe: name the recipe, once
-    return list(dict.fromkeys(r.name if (r := recipes.get(c)) else c for c in close))[:2]
+    return list(dict.fromkeys(aliases.get(c, c) for c in close))[:2]
 
 
 def refuse_near_model_name(word: str) -> None:
@@ -173,23 +271,21 @@ def prompt_ids(model, prompt: str, *, system: str | None, raw: bool, think: str 
     return model.chat_prompt(messages, **({"enable_thinking": False} if think == "off" else {}))
 
 
-def generate(model, ids, max_tokens: int, stop: list[str], sampling, *, stream: bool):
-    """Generate, writing the text to stdout as it comes when `stream`; the run's stats."""
+def generate(model, ids, max_tokens: int, stop: list[str], sampling, *, write=None):
+    """Generate, handing the text to `write` as it comes (None: keep it in the stats only);
+    the run's stats."""
     from atlas_cli.backend.engine import GenerationStats
 
     stats = GenerationStats()
-    out = sys.stdout
     events = model.generate(ids, max_tokens=max_tokens, stop=stop, stats=stats, sampling=sampling)
     try:
         for event in events:
-            if stream and event.text:
-                out.write(event.text)
-                out.flush()
+            if write and event.text:
+                write(event.text)
     finally:
         events.close()
-        if stream and stats.completion_tokens:
-            out.write("\n")
-            out.flush()
+        if write and stats.completion_tokens:
+            write("\n")
     return stats
 
 

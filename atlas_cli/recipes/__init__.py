@@ -202,13 +202,18 @@ def is_model_name(text: str) -> bool:
     if key in names:
         return True
     name, sep, tag = key.rpartition(":")
-    return bool(sep) and tag in names.get(name, ())
+    return bool(sep) and name in names and tag in names[name][1]
+
+
+def recipe_names() -> dict[str, str]:
+    """name or alias (lowercase) -> the recipe's name, read without the schema."""
+    return {key: name for key, (name, _) in _name_index().items()}
 
 
 @functools.cache
-def _name_index() -> dict[str, frozenset[str]]:
-    """name or alias -> its variant keys and quantizations (lowercase)."""
-    index: dict[str, frozenset[str]] = {}
+def _name_index() -> dict[str, tuple[str, frozenset[str]]]:
+    """name or alias -> the recipe's name and its variant keys and quantizations (lowercase)."""
+    index: dict[str, tuple[str, frozenset[str]]] = {}
     for path in RECIPE_DIR.glob("*.toml"):
         try:
             data = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -217,7 +222,7 @@ def _name_index() -> dict[str, frozenset[str]]:
                 str(v.get("quantization", "")).lower() for v in variants.values()
             }
             for name in [data["name"], *data.get("aliases", [])]:
-                index[str(name).lower()] = tags
+                index[str(name).lower()] = (str(data["name"]), tags)
         except (OSError, tomllib.TOMLDecodeError, KeyError, AttributeError, TypeError):
             continue  # a broken recipe is reported when it is used
     return index

@@ -17,16 +17,8 @@ from atlas_cli.hardware import hardware_class
 from atlas_cli.store import inventory
 from atlas_cli.store.embedded import EMBEDDED
 from atlas_cli.store.fetch import ensure_embedded
+from atlas_cli.store.paths import existing_path
 from atlas_cli.store.pull import pull
-
-
-def existing_path(text: str) -> Path | None:
-    """`text` as a path when it names an existing file or directory."""
-    try:
-        path = Path(text).expanduser()
-        return path if path.exists() else None
-    except (OSError, ValueError):  # names too long for the filesystem, NUL bytes
-        return None
 
 
 def resolve(

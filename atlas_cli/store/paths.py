@@ -7,6 +7,8 @@ A leaf: it imports only the standard library, platformdirs and atlas_cli.errors,
   Hugging Face cache instead, see store.hub);
 - `$ATLAS_HOME/manifests/<name>/<variant>.json`: one record per pull (see store.manifest);
 - `$ATLAS_HOME/locks/<name>.lock`: taken while a model is pulled (see store.lock);
+- `$ATLAS_HOME/run/`: the sockets and records of models kept loaded after `atlas run`
+  (see atlas_cli.keepalive);
 - the cache directory: derived data (parsed GGUF headers, compiled kernels, saved prefix-cache
   slots under `slots/`), safe to delete.
 
@@ -38,6 +40,15 @@ def home() -> Path:
     return Path(platformdirs.user_data_dir("atlas", appauthor=False))
 
 
+def existing_path(text: str) -> Path | None:
+    """`text` as a path when it names an existing file or directory."""
+    try:
+        path = Path(text).expanduser()
+        return path if path.exists() else None
+    except (OSError, ValueError):  # names too long for the filesystem, NUL bytes
+        return None
+
+
 def models_dir() -> Path:
     return home() / "models"
 
@@ -48,6 +59,11 @@ def manifests_dir() -> Path:
 
 def locks_dir() -> Path:
     return home() / "locks"
+
+
+def run_dir() -> Path:
+    """Sockets and records of the keep-alive workers (atlas_cli.keepalive)."""
+    return home() / "run"
 
 
 def cache_dir() -> Path:

@@ -1,0 +1,105 @@
+"""One `atlas run` request to a keep-alive worker: the prompt goes over the worker's socket,
+the reply comes back as JSON lines and is written as it arrives.
+
+Protocol (one JSON object per line): the client sends {"op": "run", "request": {...}}; the
+worker answers {"accepted": true} at once, or {"busy": true} (another run holds it, or it is
+still loading) or {"stale": true} (its model file changed) and the client runs in-process
+instead; then {"text": ...} per streamed piece and {"done": {stats}} or {"error": message,
+"type": AtlasError subclass}. {"op": "ping"} is answered with {"pong": pid}.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+from atlas_cli import errors
+from atlas_cli.keepalive import registry
+
+CONNECT_TIMEOUT_S = 2.0  # a worker answers within milliseconds unless it is wedged
+
+
+def run(key: str, request: dict[str, Any], write: Callable[[str], None]) -> dict | None:
+    """The stats record of the reply (its text written through `write` as it came; plus
+    `accepted_s`, the time until the worker took the request), or None when no worker for
+    `key` can take the request now: the caller runs in-process."""
+    t0 = time.perf_counter()
+    sock = _connect(key)
+    if sock is None:
+        return None
+    with sock, sock.makefile("r", encoding="utf-8") as lines:
+        sock.sendall((json.dumps({"op": "run", "request": request}) + "\n").encode())
+        answer = _read(lines)
+        if answer is None or not answer.get("accepted"):
+            return None  # busy, loading or stale
+        accepted_s = time.perf_counter() - t0
+        sock.settimeout(None)  # a long prompt may take minutes before its first piece
+        wrote = False
+        while (message := _read(lines)) is not None:
+            if "text" in message:
+                write(message["text"])
+                wrote = True
+            elif "done" in message:
+                return {**message["done"], "accepted_s": accepted_s}
+            elif "error" in message:
+                raise _error(message)
+    if not wrote:
+        return None
+    raise errors.AtlasError(
+        "the kept-alive model stopped in the middle of the reply; run the command again"
+    )
+
+
+def ping(key: str) -> int | None:
+    """The pid of the worker for `key` if one answers on its socket."""
+    sock = _connect(key)
+    if sock is None:
+        return None
+    with sock, sock.makefile("r", encoding="utf-8") as lines:
+        sock.sendall(b'{"op": "ping"}\n')
+        answer = _read(lines)
+    return answer.get("pong") if answer else None
+
+
+def _connect(key: str) -> socket.socket | None:
+    path = registry.socket_path(key)
+    if path is None or not path.exists():
+        return None
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(CONNECT_TIMEOUT_S)
+    try:
+        sock.connect(str(path))
+    except ConnectionRefusedError:  # a socket file left by a worker that was killed
+        sock.close()
+        registry.forget(key)
+        return None
+    except OSError:
+        sock.close()
+        return None
+    return sock
+
+
+def _read(lines) -> dict | None:
+    try:
+        line = lines.readline()
+    except (OSError, ValueError):  # timed out, reset
+        return None
+    if not line:
+        return None
+    with contextlib.suppress(ValueError):
+        message = json.loads(line)
+        if isinstance(message, dict):
+            return message
+    return None
+
+
+def _error(message: dict) -> errors.AtlasError:
+    """The worker's error as the same AtlasError subclass (so the exit code is the same)."""
+    kind = getattr(errors, str(message.get("type")), errors.AtlasError)
+    if not (isinstance(kind, type) and issubclass(kind, errors.AtlasError)):
+        kind = errors.AtlasError
+    return kind(str(message["error"]))

@@ -1,0 +1,176 @@
+"""Where keep-alive workers live and how to find, list and stop them (standard library only:
+`atlas run` reads this before anything heavy is imported).
+
+A worker for load options `spec` listens on `$ATLAS_HOME/run/<key>.sock`, `key` a hash of the
+spec, atlas's version and the Python running it, and describes itself in `<key>.json` (pid,
+model, device, path, when it expires). A record whose process is gone is stale and removed by
+whoever finds it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from atlas_cli import __version__
+from atlas_cli.store.paths import run_dir
+
+# AF_UNIX paths are limited to 108 bytes on Linux (104 on macOS): past this, no keep-alive
+MAX_SOCKET_PATH = 100
+WORKER_MODULE = "atlas_cli.keepalive.worker"
+
+
+def supported() -> bool:
+    return hasattr(socket, "AF_UNIX")
+
+
+def key_of(spec: dict[str, Any]) -> str:
+    """The worker key of a set of load options: the same options, the same worker."""
+    # the environment (a venv's prefix), not the interpreter's name: `python` and `python3`
+    # are the same worker
+    python = [sys.prefix, os.path.realpath(sys.executable)]
+    text = json.dumps({"spec": spec, "atlas": __version__, "python": python}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+def socket_path(key: str) -> Path | None:
+    """The worker's socket, or None where the path would be too long for a Unix socket."""
+    path = run_dir() / f"{key}.sock"
+    return path if len(os.fsencode(path)) <= MAX_SOCKET_PATH else None
+
+
+def record_path(key: str) -> Path:
+    return run_dir() / f"{key}.json"
+
+
+def log_path(key: str) -> Path:
+    return run_dir() / f"{key}.log"
+
+
+@dataclass(frozen=True)
+class Worker:
+    key: str
+    pid: int
+    model: str  # as the user named it
+    path: str  # the loaded file or directory
+    device: str
+    expires_at: float  # wall-clock time; renewed by every request
+
+    def memory_bytes(self) -> int | None:
+        """The worker's resident memory (Linux /proc), None where that cannot be read."""
+        try:
+            status = Path(f"/proc/{self.pid}/status").read_text()
+        except OSError:
+            return None
+        for line in status.splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        return None
+
+
+def write_record(worker: Worker) -> None:
+    """The record, replaced atomically (a reader never sees half of it)."""
+    path = record_path(worker.key)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(worker.__dict__))
+    os.replace(tmp, path)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc: fall back to whether the pid exists at all
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    return WORKER_MODULE.encode() in cmdline  # a recycled pid is not our worker
+
+
+def forget(key: str) -> None:
+    """Remove a worker's socket and record (its log stays: it says why a worker ended)."""
+    for path in (record_path(key), socket_path(key)):
+        if path is not None:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+
+
+def workers() -> list[Worker]:
+    """The live workers, oldest first; stale records (their process gone) are removed."""
+    found = []
+    directory = run_dir()
+    if not directory.is_dir():
+        return []
+    for path in sorted(directory.glob("*.json")):
+        try:
+            worker = Worker(**json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError):
+            continue  # being written, or not ours
+        if _alive(worker.pid):
+            found.append(worker)
+        else:
+            forget(worker.key)
+    return found
+
+
+def stop(worker: Worker, timeout: float = 5.0) -> None:
+    """End a worker (SIGTERM: it removes its socket and record on the way out) and wait."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(worker.pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while _alive(worker.pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    forget(worker.key)
+
+
+def matching(name: str | None) -> list[Worker]:
+    """The workers of model `name` (as named at `atlas run`, or its loaded path); all of them
+    for None."""
+    if name is None:
+        return workers()
+    wanted = os.path.abspath(name) if os.path.exists(name) else None
+    return [w for w in workers() if w.model.lower() == name.lower() or wanted in (w.path, w.model)]
+
+
+def stop_for_paths(paths: list[Path]) -> None:
+    """Stop the workers that hold a model under any of `paths` (before `atlas rm` deletes it)."""
+    roots = [os.path.abspath(p) for p in paths]
+    for worker in workers():
+        if any(worker.path == r or worker.path.startswith(r + os.sep) for r in roots):
+            stop(worker)
+
+
+def start(spec: dict[str, Any], hold_s: float, key: str) -> None:
+    """Start a detached worker for `spec` unless one is there (or starting: it binds its socket
+    before it loads). It outlives this process; its errors go to its log, never to the user's
+    terminal."""
+    import subprocess
+
+    path = socket_path(key)
+    if path is None or path.exists():
+        return
+    directory = run_dir()
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with open(log_path(key), "wb") as log:
+        subprocess.Popen(
+            [sys.executable, "-m", WORKER_MODULE, json.dumps(spec), repr(hold_s), key],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+            start_new_session=True,  # Ctrl-C in the terminal is not for it
+            close_fds=True,
+        )

@@ -1,0 +1,179 @@
+"""The keep-alive worker: `python -m atlas_cli.keepalive.worker SPEC HOLD_S KEY`, started by
+`registry.start` after an in-process `atlas run`. It binds its socket first (so a second run
+sees it and does not start another), loads the model as `atlas run` does, then answers one run
+at a time until it has been idle for HOLD_S seconds, gets SIGTERM (`atlas stop`, `atlas rm`) or
+finds its model file changed. Protocol: keepalive/client.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+
+from atlas_cli.commands.run import LoadSpec, RunRequest, reply, stats_record
+from atlas_cli.errors import AtlasError
+from atlas_cli.keepalive import client, registry
+from atlas_cli.store.paths import run_dir
+
+
+def fingerprint(path: Path) -> tuple:
+    """What changes when a model file is replaced (re-pulled, edited, deleted)."""
+    files = sorted(p for p in path.iterdir() if p.is_file()) if path.is_dir() else [path]
+    try:
+        return tuple((p.name, *_stat(p)) for p in files)
+    except OSError:
+        return ()
+
+
+def _stat(p: Path) -> tuple[int, int, int]:
+    st = p.stat()
+    return st.st_size, st.st_mtime_ns, st.st_ino
+
+
+class Worker:
+    def __init__(self, spec: LoadSpec, hold_s: float, key: str):
+        self.spec, self.hold_s, self.key = spec, hold_s, key
+        self.model = None
+        self.path: Path | None = None
+        self.device = spec.device or "cpu"
+        self.identity: tuple = ()
+        self.lock = threading.Lock()  # one run at a time; a second gets "busy"
+        self.stopping = threading.Event()
+        self.deadline = time.monotonic() + hold_s
+
+    # -- the connection side (one thread per connection) ----------------------------------
+
+    def serve(self, server: socket.socket) -> None:
+        while not self.stopping.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return  # closed on the way out
+            threading.Thread(target=self.handle, args=(conn,), daemon=True).start()
+
+    def handle(self, conn: socket.socket) -> None:
+        with conn, conn.makefile("r", encoding="utf-8") as lines:
+            try:
+                message = json.loads(lines.readline() or "{}")
+                if message.get("op") == "ping":
+                    send(conn, {"pong": os.getpid()})
+                elif message.get("op") == "run":
+                    self.run(conn, RunRequest(**message["request"]))
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the client went away (Ctrl-C): the generation has stopped
+            except (ValueError, TypeError, KeyError):
+                send(conn, {"error": "malformed keep-alive request", "type": "AtlasError"})
+
+    def run(self, conn: socket.socket, request: RunRequest) -> None:
+        if self.model is None or not self.lock.acquire(blocking=False):
+            send(conn, {"busy": True})
+            return
+        try:
+            if fingerprint(self.path) != self.identity:
+                send(conn, {"stale": True})
+                self.stopping.set()
+                return
+            send(conn, {"accepted": True})
+            try:
+                stats = reply(self.model, request, lambda text: send(conn, {"text": text}))
+            except AtlasError as exc:
+                send(conn, {"error": str(exc), "type": type(exc).__name__})
+                return
+            except (BrokenPipeError, ConnectionResetError):
+                raise
+            except Exception as exc:  # a bug: say so in one line, log it, and stop serving
+                traceback.print_exc()
+                self.stopping.set()
+                send(conn, {"error": f"the kept-alive model failed: {exc}", "type": "AtlasError"})
+                return
+            send(conn, {"done": stats_record(stats)})
+        finally:
+            self.renew()
+            self.lock.release()
+
+    def renew(self) -> None:
+        self.deadline = time.monotonic() + self.hold_s
+        registry.write_record(
+            registry.Worker(
+                key=self.key,
+                pid=os.getpid(),
+                model=self.spec.model,
+                path=str(self.path),
+                device=self.device,
+                expires_at=time.time() + self.hold_s,
+            )
+        )
+
+    # -- the main thread ------------------------------------------------------------------
+
+    def wait_until_idle(self) -> None:
+        while not self.stopping.wait(0.25):
+            if time.monotonic() > self.deadline and not self.lock.locked():
+                return
+
+
+def send(conn: socket.socket, message: dict) -> None:
+    conn.sendall((json.dumps(message) + "\n").encode())
+
+
+def bind(key: str) -> socket.socket | None:
+    """The worker's listening socket; None when another worker for `key` answers on it."""
+    path = registry.socket_path(key)
+    if path is None:
+        return None
+    if path.exists():
+        if client.ping(key) is not None:
+            return None
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()  # left by a worker that was killed
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        server.bind(str(path))
+    except OSError:  # another worker bound it first
+        server.close()
+        return None
+    server.listen(8)
+    return server
+
+
+def main(argv: list[str]) -> int:
+    spec, hold_s, key = LoadSpec(**json.loads(argv[0])), float(argv[1]), argv[2]
+    os.umask(0o077)  # the socket and record: this user's only
+    run_dir().mkdir(parents=True, exist_ok=True, mode=0o700)
+    server = bind(key)
+    if server is None:
+        return 0
+    worker = Worker(spec, hold_s, key)
+
+    def on_term(*_):
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the terminal's Ctrl-C is the run's, not ours
+    try:
+        threading.Thread(target=worker.serve, args=(server,), daemon=True).start()
+        worker.model, resolved = spec.open()
+        worker.path, worker.device = resolved.path, resolved.device
+        worker.identity = fingerprint(worker.path)
+        worker.renew()
+        worker.wait_until_idle()
+    except AtlasError as exc:
+        print(f"atlas keep-alive: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        worker.stopping.set()
+        server.close()
+        registry.forget(key)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
