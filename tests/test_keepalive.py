@@ -84,6 +84,13 @@ def test_stale_records_are_dropped(tmp_path, monkeypatch):
     assert list((tmp_path / "run").iterdir()) == []
 
 
+def test_no_worker_and_no_error_where_the_run_folder_cannot_be_made(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATLAS_HOME", str(tmp_path))
+    (tmp_path / "run").write_text("a file where the folder should be")  # as a read-only home
+    registry.start({"model": "m"}, 60.0, "k" * 20)  # the run has answered: nothing to say
+    assert (tmp_path / "run").is_file() and registry.workers() == []
+
+
 # ---- a real worker ---------------------------------------------------------------------------
 
 

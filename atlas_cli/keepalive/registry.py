@@ -163,9 +163,12 @@ def start(spec: dict[str, Any], hold_s: float, key: str) -> None:
     path = socket_path(key)
     if path is None or path.exists():
         return
-    directory = run_dir()
-    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-    with open(log_path(key), "wb") as log:
+    try:
+        run_dir().mkdir(parents=True, exist_ok=True, mode=0o700)
+        log = open(log_path(key), "wb")  # noqa: SIM115  (the child keeps it)
+    except OSError:  # a read-only or full home: the run has answered; no worker, no error
+        return
+    with log:
         subprocess.Popen(
             [sys.executable, "-m", WORKER_MODULE, json.dumps(spec), repr(hold_s), key],
             stdin=subprocess.DEVNULL,

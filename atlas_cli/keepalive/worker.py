@@ -18,6 +18,7 @@ import time
 import traceback
 from pathlib import Path
 
+from atlas_cli.commands.options import use_threads
 from atlas_cli.commands.run import LoadSpec, RunRequest, reply, stats_record
 from atlas_cli.errors import AtlasError
 from atlas_cli.keepalive import client, registry
@@ -101,6 +102,10 @@ class Worker:
 
     def renew(self) -> None:
         self.deadline = time.monotonic() + self.hold_s
+        with contextlib.suppress(OSError):  # the record is for `atlas ps`; serving goes on
+            self._write_record()
+
+    def _write_record(self) -> None:
         registry.write_record(
             registry.Worker(
                 key=self.key,
@@ -160,6 +165,7 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the terminal's Ctrl-C is the run's, not ours
     try:
         threading.Thread(target=worker.serve, args=(server,), daemon=True).start()
+        use_threads(spec.threads)
         worker.model, resolved = spec.open()
         worker.path, worker.device = resolved.path, resolved.device
         worker.identity = fingerprint(worker.path)
