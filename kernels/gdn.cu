@@ -128,7 +128,7 @@ extern "C" __global__ void __launch_bounds__(256)
     __shared__ float big[2 * GDN_C * (GDN_TK + 1)];  // Gram tiles of k and q, then T
     float(*ksh)[GDN_TK + 1] = (float(*)[GDN_TK + 1])big;
     float(*qsh)[GDN_TK + 1] = (float(*)[GDN_TK + 1])(big + GDN_C * (GDN_TK + 1));
-    float(*tsh)[GDN_C] = (float(*)[GDN_C])big;
+    float(*tsh)[GDN_C + 1] = (float(*)[GDN_C + 1])big;
     int c = blockIdx.x, h = blockIdx.y, tid = threadIdx.x, nch = gridDim.x;
     int hk = h / (nv / nk), c0 = c * GDN_C, n = min(GDN_C, T - c0);
     long long blk = (long long)h * nch + c;  // (head, chunk) index into the scratch
@@ -140,7 +140,7 @@ extern "C" __global__ void __launch_bounds__(256)
     if (tid == 0)  // sequential, as numpy's cumsum
         for (int t = 1; t < GDN_C; t++) cs[t] += cs[t - 1];
     __syncthreads();
-    if (tid < GDN_C) ecs[tid] = expf(cs[tid]);
+    if (tid < GDN_C) ecs[tid] = expf(cs[tid]);  // read after the Gram phase's barriers
     // Gram matrices k k^T and q k^T: thread (ty, tx) owns rows ty + 16a, columns tx + 16b
     int ty = tid / 16, tx = tid % 16;
     float kk[4][4], qk[4][4];
@@ -198,26 +198,49 @@ extern "C" __global__ void __launch_bounds__(256)
         if (quarter == 0) tsh[i][col] = col < i ? -acc : (col == i ? 1.0f : 0.0f);
         __syncthreads();
     }
-    // U = T (v beta), W = T (k beta e^cum): one right-hand column per thread, held in registers
-    for (int x = tid; x < dv + dk; x += blockDim.x) {
-        bool isv = x < dv;
-        const float* src = isv ? v + ((long long)c0 * nv + h) * dv + x
-                               : k + ((long long)c0 * nk + hk) * dk + (x - dv);
-        long long step = isv ? (long long)nv * dv : (long long)nk * dk;  // one token
-        float rhs[GDN_C];
-#pragma unroll
-        for (int t = 0; t < GDN_C; t++) {
-            float val = t < n ? src[t * step] * bs[t] : 0.0f;
-            rhs[t] = isv ? val : val * ecs[t];
+    // U = T (v beta), W = T (k beta e^cum): 64 right-hand columns at a time staged in ash (A
+    // is dead), the thread's 4 x 4 outputs as in the Gram phase; columns x < dv are U's
+    float(*rsh)[GDN_C + 1] = ash;
+    for (int x0 = 0; x0 < dv + dk; x0 += GDN_C) {
+        __syncthreads();  // T complete / the previous tile is consumed
+        for (int e = tid; e < GDN_C * GDN_C; e += blockDim.x) {
+            int t = e / GDN_C, x = x0 + e % GDN_C;
+            float val = 0.0f;
+            if (t < n && x < dv)
+                val = v[((long long)(c0 + t) * nv + h) * dv + x] * bs[t];
+            else if (t < n && x < dv + dk)
+                val = k[((long long)(c0 + t) * nk + hk) * dk + x - dv] * bs[t] * ecs[t];
+            rsh[t][e % GDN_C] = val;
         }
-        float* dst = isv ? ubuf + blk * GDN_C * dv + x : wbuf + blk * GDN_C * dk + (x - dv);
-        int stride = isv ? dv : dk;
-#pragma unroll 1
-        for (int i = 0; i < GDN_C; i++) {
-            float acc = 0.0f;
+        __syncthreads();
+        float acc[4][4];
 #pragma unroll
-            for (int t = 0; t < GDN_C; t++) acc = fmaf(tsh[i][t], rhs[t], acc);
-            dst[(long long)i * stride] = acc;
+        for (int a = 0; a < 4; a++)
+#pragma unroll
+            for (int b = 0; b < 4; b++) acc[a][b] = 0.0f;
+#pragma unroll 4
+        for (int t = 0; t < GDN_C; t++) {
+            float rt[4];
+#pragma unroll
+            for (int b = 0; b < 4; b++) rt[b] = rsh[t][tx + 16 * b];
+#pragma unroll
+            for (int a = 0; a < 4; a++) {
+                float ti = tsh[ty + 16 * a][t];
+#pragma unroll
+                for (int b = 0; b < 4; b++) acc[a][b] = fmaf(ti, rt[b], acc[a][b]);
+            }
+        }
+#pragma unroll
+        for (int b = 0; b < 4; b++) {
+            int x = x0 + tx + 16 * b;
+#pragma unroll
+            for (int a = 0; a < 4; a++) {
+                int i = ty + 16 * a;
+                if (x < dv)
+                    ubuf[(blk * GDN_C + i) * dv + x] = acc[a][b];
+                else if (x < dv + dk)
+                    wbuf[(blk * GDN_C + i) * dk + x - dv] = acc[a][b];
+            }
         }
     }
     if (tid < GDN_C) cbuf[blk * GDN_C + tid] = cs[tid];
