@@ -7,11 +7,11 @@
 //   Grid (ceil(C / 256)), block 256: one thread per channel, K <= 8.
 // gdn_recurrent: the gated delta rule token by token (short runs; the chunked kernels below
 //   take prefills from native_gdn.CHUNKED_MIN_T tokens). q, k (T, nk, dk) L2-normalised;
-//   v (T, nv, dv); g, beta (T, nv); state (nv, dk, dv) f32 updated in place; out (T, nv, dv). Value head h uses key head
-//   h / (nv / nk). Per token: S *= exp(g); d = (v - k.S) * beta; S += k (x) d; o = (q*scale).S.
-//   Reference: numpy_ref.gated_delta_rule. Grid (nv), block 256: thread (part, j) holds rows
-//   part*R..part*R+R-1 of column j of S in registers, np = min(256 / dv, dk) parts of
-//   R = dk / np <= 64 rows (small heads leave threads idle).
+//   v (T, nv, dv); g, beta (T, nv); state (nv, dk, dv) f32 updated in place; out (T, nv, dv).
+//   Value head h uses key head h / (nv / nk). Per token: S *= exp(g); d = (v - k.S) * beta;
+//   S += k (x) d; o = (q*scale).S. Reference: numpy_ref.gated_delta_rule. Grid (nv), block
+//   256: thread (part, j) holds rows part*R..part*R+R-1 of column j of S in registers,
+//   np = min(256 / dv, dk) parts of R = dk / np <= 64 rows (small heads leave threads idle).
 #include "atlas_common.cuh"
 #include "gdn.cuh"
 
