@@ -5,6 +5,15 @@ from __future__ import annotations
 from atlas_cli.backend.ops.native_array import DeviceArray, DeviceOpsBase
 from atlas_cli.backend.ops.runtime import f32, i32, ptr
 
+CHUNK = 64  # gdn.cu GDN_C: tokens per chunk of the chunked kernels
+CHUNK_MAX_DK = 128  # gdn.cu GDN_CDK: the state slab's rows in shared memory
+# The chunked form costs two launches and a 64-token chunk's worth of work even for a few
+# tokens; below this the recurrent kernel (serial in T, no scratch) is the cheaper one.
+CHUNKED_MIN_T = 32
+# Tokens per prep + scan launch pair: bounds the scratch (W, U, P, cum: dk + dv + 65 floats
+# per token and value head, 126 MB for 2048 tokens of the 27B's 48 heads of 128 x 128).
+CHUNK_SEGMENT = 2048
+
 
 class GatedDeltaNetLaunchers(DeviceOpsBase):
     def causal_conv1d(self, x, weight, state, all_states: bool = False, act: bool = False):
@@ -104,6 +113,54 @@ class GatedDeltaNetLaunchers(DeviceOpsBase):
         )
 
     def gated_delta_rule_chunked(self, q, k, v, g, beta, state, scale=None, chunk: int = 64):
-        """Same result as gated_delta_rule. The chunked (UT-transform) prefill kernel is not
-        written yet: this runs the recurrent kernel over all T tokens in one launch."""
-        return self.gated_delta_rule(q, k, v, g, beta, state, scale)
+        """Same result as gated_delta_rule, by gdn.cu's chunked (UT-transform) prefill kernels
+        for T >= CHUNKED_MIN_T and dk <= 128; shorter runs (and wider key heads) take the
+        recurrent kernel. `chunk` is fixed at 64 by the kernel (the argument is the contract's)."""
+        q, k, v = (self._f32(a, "gdn q/k/v") for a in (q, k, v))
+        t, nk, dk = q.shape
+        _, nv, dv = v.shape
+        if t < CHUNKED_MIN_T or dk > CHUNK_MAX_DK:
+            return self.gated_delta_rule(q, k, v, g, beta, state, scale)
+        g, beta = self._f32(g, "gdn g"), self._f32(beta, "gdn beta")
+        st = self._f32(state, "gdn state").copy()
+        assert k.shape == q.shape and v.shape[0] == t and g.shape == (t, nv) == beta.shape
+        assert st.shape == (nv, dk, dv) and nv % nk == 0
+        scale = scale if scale is not None else dk**-0.5
+        out = self.empty((t, nv, dv))
+        nch = -(-min(t, CHUNK_SEGMENT) // CHUNK)
+        scratch = (  # W, U, P, cum per (head, chunk), reused by every segment
+            self.empty((nv, nch, CHUNK, dk)),
+            self.empty((nv, nch, CHUNK, dv)),
+            self.empty((nv, nch, CHUNK, CHUNK)),
+            self.empty((nv, nch, CHUNK)),
+        )
+        for t0 in range(0, t, CHUNK_SEGMENT):  # bounded scratch: the state carries over
+            seg = slice(t0, min(t, t0 + CHUNK_SEGMENT))
+            self._gdn_chunked(
+                q[seg], k[seg], v[seg], g[seg], beta[seg], st, out[seg], scratch, scale
+            )
+        return out, st
+
+    def _gdn_chunked(self, q, k, v, g, beta, st, out, scratch, scale: float) -> None:
+        """gdn_chunk_prep over every chunk of q's T tokens, then gdn_chunk_scan, which updates
+        `st` in place."""
+        t, nk, dk = q.shape
+        _, nv, dv = v.shape
+        nch = -(-t // CHUNK)
+        wbuf, ubuf, pbuf, cbuf = (ptr(a.ptr) for a in scratch)
+        dims = [i32(t), i32(nk), i32(nv), i32(dk), i32(dv), f32(scale)]
+        self._launch(
+            "gdn.cu",
+            "gdn_chunk_prep",
+            (nch, nv),
+            (256,),
+            [ptr(q.ptr), ptr(k.ptr), ptr(v.ptr), ptr(g.ptr), ptr(beta.ptr), wbuf, ubuf, pbuf, cbuf]
+            + dims,
+        )
+        self._launch(
+            "gdn.cu",
+            "gdn_chunk_scan",
+            (nv, -(-dv // 32)),
+            (256,),
+            [ptr(q.ptr), ptr(k.ptr), wbuf, ubuf, pbuf, cbuf, ptr(st.ptr), ptr(out.ptr)] + dims,
+        )
