@@ -230,3 +230,93 @@ def test_misaligned_rows_take_the_fallback(emu_ops, t):
         got = emu_ops.linear(emu_ops.asarray(x), type(dw)(**{**vars(dw), **moved})).numpy()
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5, err_msg=fmt)
         np.testing.assert_allclose(got, x @ wf.T, rtol=2e-4, atol=2e-4, err_msg=fmt)
+
+
+# ---- the prefill GEMM (kernels/gemm.cu): tensor cores, no spills ----------------------------
+
+# per k-step of 64 columns, per warp: 4 k16 slices x 4 (m16 x n8) tiles x 3 split-bf16 terms
+# (x_hi w_hi, x_lo w_hi, x_hi w_lo); 2 terms where bf16 holds the weights exactly
+GEMM_FORMATS = ("f32", "f16", "bf16", "q4_0", "q4_1", "q8_0", "q4_k", "q5_k", "q6_k", "nvfp4")
+EXACT_IN_BF16 = ("bf16", "nvfp4")
+
+
+def _disassemble(cubin: bytes) -> dict[str, collections.Counter]:
+    """Entry point -> its SASS opcodes (with modifiers), counted."""
+    tool = _cuobjdump()
+    if tool is None:
+        pytest.skip("cuobjdump/nvdisasm not installed (the [test] extra has them)")
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "k.cubin"
+        path.write_bytes(cubin)
+        env = dict(os.environ, PATH=f"{Path(tool).parent}{os.pathsep}{os.environ['PATH']}")
+        text = subprocess.run(
+            [tool, "-sass", str(path)], check=True, capture_output=True, text=True, env=env
+        ).stdout
+    fns: dict[str, collections.Counter] = {}
+    name = None
+    for line in text.splitlines():
+        if m := re.search(r"Function : (\S+)", line):
+            name = m.group(1)
+            fns[name] = collections.Counter()
+        elif name and (m := SASS_LINE.search(line)):
+            fns[name][re.sub(r"^@!?U?P\w+\s+", "", m.group(2)).split()[0]] += 1
+    return fns
+
+
+@pytest.fixture(scope="module", params=["sm_90", "sm_121"])
+def gemm_build(request) -> tuple[str, str, dict[str, collections.Counter]]:
+    """gemm.cu for one target, through NVRTC (what atlas compiles with at run time): the
+    target, ptxas's verbose log and each entry point's SASS."""
+    if not nvrtc.available():
+        pytest.skip("NVRTC not installed (pip install nvidia-cuda-nvrtc)")
+    arch = request.param
+    out = nvrtc.compile_source(
+        rt.expand_source("gemm.cu"), "gemm.cu", arch, extra_options=["--ptxas-options=-v"]
+    )
+    return arch, out.log, _disassemble(out.binary)
+
+
+def test_gemm_uses_tensor_cores(gemm_build):
+    arch, _, fns = gemm_build
+    for fmt in GEMM_FORMATS:
+        c = fns[f"gemm_{fmt}"]
+        want = 32 if fmt in EXACT_IN_BF16 else 48
+        assert c["HMMA.16816.F32.BF16"] == want, f"{arch} gemm_{fmt}: {c}"
+        assert not c["FFMA"] or c["FFMA"] < 8, f"{arch} gemm_{fmt}: an FMA inner loop is left"
+
+
+def test_gemm_has_no_spills(gemm_build):
+    arch, log, fns = gemm_build
+    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
+    assert len(spills) == len(GEMM_FORMATS), log
+    assert all(s == ("0", "0") for s in spills), f"{arch}: {log}"
+    for name, c in fns.items():
+        assert not any(op.startswith(("LDL", "STL")) for op in c), f"{arch} {name}: {c}"
+
+
+def test_gemm_portable_build_has_no_tensor_core_instruction():
+    """ATLAS_PORTABLE builds the fallback the first-use check compares against (and that runs
+    after a mismatch): plain FMAs on the same tiles."""
+    if not nvrtc.available():
+        pytest.skip("NVRTC not installed (pip install nvidia-cuda-nvrtc)")
+    src = rt.expand_source("gemm.cu")
+    out = nvrtc.compile_source(src, "gemm.cu", "sm_90", defines={"ATLAS_PORTABLE": 1})
+    for name, c in _disassemble(out.binary).items():
+        assert not any(op.startswith("HMMA") for op in c) and c["FFMA"] >= 64, f"{name}: {c}"
+
+
+def test_gfx1151_gemm_uses_wmma_without_scratch(tmp_path):
+    clang = _clang()
+    if clang is None or not Path("/usr/include/hip/hip_runtime.h").exists():
+        pytest.skip("clang-19 and the HIP headers not installed")
+    out = tmp_path / "gemm.s"
+    cmd = [clang, "-x", "hip", "--offload-arch=gfx1151", "-nogpulib", "--cuda-device-only"]
+    cmd += ["-S", "-O3", f"-I{KERNELS}", "-o", str(out), str(KERNELS / "gemm.cu")]
+    subprocess.run(cmd, check=True, capture_output=True)
+    asm = out.read_text()
+    for fmt in GEMM_FORMATS:
+        start = asm.index(f"gemm_{fmt}:")
+        body = asm[start : asm.index(".Lfunc_end", start)]
+        want = 16 if fmt in EXACT_IN_BF16 else 24  # 4 k16 x 2 tiles x 2 or 3 terms
+        assert body.count("v_wmma_f32_16x16x16_bf16") == want, fmt
+        assert "scratch_" not in body, f"gemm_{fmt} spills to scratch"
