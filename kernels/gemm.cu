@@ -1,29 +1,36 @@
 // gemm_<fmt>: y (T, rows) = x (T, cols) @ W^T (+ bias) for many tokens (prefill), on tensor
 // cores. A block computes 64 tokens x 64 weight rows, stepping over cols 64 at a time (two
 // 32-element units). Each step every thread stages once: threads 0..127 dequantize one weight
-// unit each (16-byte loads where the format and alignment allow, else quant.cuh's deq_unit),
+// unit each (16-byte loads where the format and alignment allow, else quant.cuh's deq32),
 // threads 128..255 load 32 x values as float4s; the next step's values are fetched into
 // registers while the tensor cores work on the current tile.
 //
-// Precision: shared memory holds bf16 tiles, but every value is split into a bf16 high part and
-// a bf16 low part (v = hi + lo to 16 significant bits), and the product is accumulated in
-// float32 as x_hi*w_hi + x_lo*w_hi + x_hi*w_lo: within ~2^-17 of float32, so the GEMM matches
-// numpy_ref.linear at the same tolerance as the float32 kernels. Formats whose dequantized
-// values are exact in bf16 (bf16; NVFP4's E2M1 x E4M3, the float32 global scale applied at the
-// end) skip the w_lo term: two MMAs per tile instead of three.
+// Precision (bf16x3, like 3xTF32): every x value is split into three bf16 parts by truncation,
+// x = x0 + x1 + x2 exactly (8 + 8 + 8 of float32's 24 significant bits), and every weight
+// value into as many parts as its dequantized values need: one for bf16 and for NVFP4 (E2M1 x
+// E4M3 has at most 6 significant bits; the float32 global scale is applied in the epilogue),
+// two for f16 (11 bits) and Q4_0 (f16 scale x 4-bit code, 14 bits), three for the rest
+// (f32; Q8_0's 18 bits; Q4_1 and the K-quants, whose scale x code - min is a rounded float32).
+// Every product x_i w_j with i + j <= 2 is accumulated in float32, the smallest first: 3, 5
+// or 6 MMAs per tile. What is left out (i + j >= 3) is below 2^-24 of |x w|, so the GEMM is
+// float32 GEMM up to summation order and matches numpy_ref.linear like the float32 kernels.
+// Each step's MMAs sum into a fresh accumulator that is then added to the running one with a
+// float32 add: a tensor core's own accumulation rounding spans at most 64 columns.
 //
 // Paths: sm_80+ `mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32` (8 warps as 2 x 4, each
 // 32 tokens x 16 rows); gfx11 `__builtin_amdgcn_wmma_f32_16x16x16_bf16_w32` (8 waves as 4 x 2,
-// each 16 tokens x 32 rows); elsewhere, and with -DATLAS_PORTABLE, the same tiles multiplied
-// with fmaf (4 x 4 outputs per thread): the CPU emulator runs that one, and on a device it is
-// the reference the tensor-core kernel is checked against at first use (ops/gemm_check.py).
+// each 16 tokens x 32 rows); elsewhere, and with -DATLAS_PORTABLE, the same splits, the same
+// products in the same order and the same per-step sums with fmaf (4 x 4 outputs per thread):
+// the CPU emulator runs that one, and on a device it is the reference the tensor-core kernel
+// is checked against at first use (ops/gemm_check.py).
 // Grid (ceil(rows / 64), ceil(T / 64)), block 256. Reference: numpy_ref.linear.
 #include "quant.cuh"
 
-#define GM_BM 64           // tokens per tile
-#define GM_BN 64           // weight rows per tile
-#define GM_BK 64           // columns per step (two units)
-#define GM_LD (GM_BK + 8)  // row pitch in bf16: 144 bytes, 16-byte aligned, conflict-free reads
+#define GM_BM 64  // tokens per tile
+#define GM_BN 64  // weight rows per tile
+#define GM_BK 64  // columns per step (two units)
+#define GM_XP 3   // bf16 parts of x
+#define GM_SUM 2  // products x_i w_j with i + j <= GM_SUM are kept
 
 #if defined(ATLAS_CUDA) && defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 800) && !defined(ATLAS_PORTABLE)
 #define GM_MMA_SM80 1
@@ -31,33 +38,60 @@
 #define GM_WMMA_GFX11 1
 #endif
 
-typedef u16 gm_tile[GM_LD];
-
-// v = hi + lo, both bf16; lo is the rounding error of hi (exact in float32), 0 when v is bf16.
-ATLAS_DEV void gm_split(float v, u16* hi, u16* lo) {
-    u16 h = f32_to_bf16(v);
-    *hi = h;
-    *lo = f32_to_bf16(v - bf16_to_f32(h));
+// The bf16 parts a format's dequantized weights need to be exact (see the top).
+template <int F>
+ATLAS_DEV constexpr int gm_wparts() {
+    return F == FMT_BF16 || F == FMT_NVFP4 ? 1 : F == FMT_F16 || F == FMT_Q4_0 ? 2 : 3;
 }
 
-// 32 floats -> row `r`, columns [c0, c0 + 32) of the hi / lo tiles, as 16-byte stores.
-ATLAS_DEV void gm_store32(gm_tile* hi, gm_tile* lo, bool with_lo, int r, int c0, const float* v) {
+// A tile row is 64 bf16 = 128 bytes = eight 16-byte chunks, unpadded: 3 x parts and up to 3
+// weight parts fill 48 KB, the static shared memory limit. Chunk c of row r is stored at chunk
+// c ^ (r & 7), so the eight rows of an MMA fragment load hit 32 different banks.
+typedef u16 gm_tile[GM_BK];
+
+ATLAS_DEV u16* gm_at(gm_tile* t, int r, int c) {
+    return &t[r][((((c >> 3) ^ r) & 7) << 3) | (c & 7)];
+}
+ATLAS_DEV const u16* gm_at(const gm_tile* t, int r, int c) {
+    return &t[r][((((c >> 3) ^ r) & 7) << 3) | (c & 7)];
+}
+
+// v = p[0] + p[1] + p[2] exactly, each a bf16 (for normal floats): the top 8 significant bits,
+// the next 8, the last 8. Truncation keeps each remainder exact in float32.
+ATLAS_DEV void gm_split(float v, u16* p) {
+    u32 b0 = __float_as_uint(v);
+    float r = sub_rn(v, __uint_as_float(b0 & 0xffff0000u));
+    u32 b1 = __float_as_uint(r);
+    float l = sub_rn(r, __uint_as_float(b1 & 0xffff0000u));
+    p[0] = (u16)(b0 >> 16);
+    p[1] = (u16)(b1 >> 16);
+    p[2] = (u16)(__float_as_uint(l) >> 16);
+}
+
+typedef struct __attribute__((aligned(8))) {
+    u32 x, y;
+} gm_u2;
+
+// n consecutive floats (n = 4 or 8) -> the first P parts of row r, columns c0.. (c0 % n == 0).
+template <int P, int N>
+ATLAS_DEV void gm_store(gm_tile (*t)[GM_BM], int r, int c0, const float* v) {
+    u32 w[GM_XP][N / 2];
 #pragma unroll
-    for (int q = 0; q < 4; q++) {
-        u32 h[4], l[4];
+    for (int i = 0; i < N / 2; i++) {
+        u16 a[GM_XP], b[GM_XP];
+        gm_split(v[2 * i], a);
+        gm_split(v[2 * i + 1], b);
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            u16 h0, h1, l0, l1;
-            gm_split(v[8 * q + 2 * i], &h0, &l0);
-            gm_split(v[8 * q + 2 * i + 1], &h1, &l1);
-            h[i] = (u32)h0 | ((u32)h1 << 16);
-            l[i] = (u32)l0 | ((u32)l1 << 16);
-        }
-        atlas_u4 hv = {h[0], h[1], h[2], h[3]};
-        *(atlas_u4*)&hi[r][c0 + 8 * q] = hv;
-        if (with_lo) {
-            atlas_u4 lv = {l[0], l[1], l[2], l[3]};
-            *(atlas_u4*)&lo[r][c0 + 8 * q] = lv;
+        for (int p = 0; p < P; p++) w[p][i] = (u32)a[p] | ((u32)b[p] << 16);
+    }
+#pragma unroll
+    for (int p = 0; p < P; p++) {
+        if (N == 8) {
+            atlas_u4 q = {w[p][0], w[p][1], w[p][2], w[p][3]};
+            *(atlas_u4*)gm_at(t[p], r, c0) = q;
+        } else {
+            gm_u2 q = {w[p][0], w[p][1]};
+            *(gm_u2*)gm_at(t[p], r, c0) = q;
         }
     }
 }
@@ -165,23 +199,19 @@ ATLAS_DEV void gm_fetch(const GmArgs& a, int tid, int s, float* v) {
     }
 }
 
-ATLAS_DEV void gm_stage(gm_tile* xh, gm_tile* xl, gm_tile* wh, gm_tile* wl, bool w_lo, int tid,
-                        const float* v) {
+// Step s's values (from gm_fetch) into the shared tiles: a weight unit as WP parts, or 8 x 4
+// x values as GM_XP parts.
+template <int WP>
+ATLAS_DEV void gm_stage(gm_tile (*xs)[GM_BM], gm_tile (*ws)[GM_BN], int tid, const float* v) {
     if (tid < 128) {
-        gm_store32(wh, wl, w_lo, tid >> 1, 32 * (tid & 1), v);
+#pragma unroll
+        for (int q = 0; q < 4; q++) gm_store<WP, 8>(ws, tid >> 1, 32 * (tid & 1) + 8 * q, v + 8 * q);
         return;
     }
 #pragma unroll
     for (int e = 0; e < 8; e++) {
         int idx = tid - 128 + 128 * e;
-        int m = idx >> 4, c = 4 * (idx & 15);
-        u16 h[4], l[4];
-#pragma unroll
-        for (int i = 0; i < 4; i++) gm_split(v[4 * e + i], &h[i], &l[i]);
-        *(u32*)&xh[m][c] = (u32)h[0] | ((u32)h[1] << 16);
-        *(u32*)&xh[m][c + 2] = (u32)h[2] | ((u32)h[3] << 16);
-        *(u32*)&xl[m][c] = (u32)l[0] | ((u32)l[1] << 16);
-        *(u32*)&xl[m][c + 2] = (u32)l[2] | ((u32)l[3] << 16);
+        gm_store<GM_XP, 4>(xs, idx >> 4, 4 * (idx & 15), v + 4 * e);
     }
 }
 
@@ -193,7 +223,21 @@ ATLAS_DEV void gm_out(float* __restrict__ y, const float* __restrict__ bias, flo
     }
 }
 
+// The kept products x_i * w_j (i + j <= GM_SUM, j < WP), smallest first; BODY uses i and j.
+// Every path multiplies in this order (after unrolling, i and j are constants).
+#define GM_PRODUCTS(WP, BODY)                                    \
+    _Pragma("unroll") for (int s_ = GM_SUM; s_ >= 0; s_--)      \
+    _Pragma("unroll") for (int j = (WP) - 1; j >= 0; j--) {     \
+        const int i = s_ - j;                                    \
+        if (i >= 0 && i < GM_XP) {                               \
+            BODY;                                                \
+        }                                                        \
+    }
+
 // ---- the multiply of one 64 x 64 x 64 step ---------------------------------------------------
+//
+// gm_step adds one step's products to the running sums: they are summed from zero (tensor-core
+// accumulation over at most 64 columns), then added to `acc` with float32 adds.
 
 #if defined(GM_MMA_SM80)
 
@@ -224,46 +268,44 @@ ATLAS_DEV void gm_zero(GmAcc& acc) {
 // Fragments as the PTX ISA lays them out for m16n8k16: lane = 4 g + q; A (row-major x tile)
 // a0 = (g, 2q..), a1 = (g + 8, 2q..), a2 = (g, 2q + 8..), a3 = (g + 8, 2q + 8..); B (the weight
 // tile, one row per n) b0 = (k 2q.., n g), b1 = (k 2q + 8.., n g).
-template <bool W_LO>
-ATLAS_DEV void gm_step(GmAcc& acc, const gm_tile* xh, const gm_tile* xl, const gm_tile* wh,
-                       const gm_tile* wl, int tid) {
+template <int WP>
+ATLAS_DEV void gm_step(GmAcc& acc, gm_tile (*xs)[GM_BM], gm_tile (*ws)[GM_BN], int tid) {
     int warp = tid >> 5, lane = tid & 31;
     int wm = warp & 1, wn = warp >> 1, g = lane >> 2, q = lane & 3;
+    GmAcc d;
+    gm_zero(d);
 #pragma unroll
     for (int k = 0; k < GM_BK; k += 16) {
-        u32 ah[2][4], al[2][4], bh[2][2], bl[2][2];
+        u32 a[GM_XP][2][4], b[WP][2][2];
 #pragma unroll
-        for (int i = 0; i < 2; i++) {
-            int m = 32 * wm + 16 * i + g;
-            ah[i][0] = gm_ld32(&xh[m][k + 2 * q]);
-            ah[i][1] = gm_ld32(&xh[m + 8][k + 2 * q]);
-            ah[i][2] = gm_ld32(&xh[m][k + 8 + 2 * q]);
-            ah[i][3] = gm_ld32(&xh[m + 8][k + 8 + 2 * q]);
-            al[i][0] = gm_ld32(&xl[m][k + 2 * q]);
-            al[i][1] = gm_ld32(&xl[m + 8][k + 2 * q]);
-            al[i][2] = gm_ld32(&xl[m][k + 8 + 2 * q]);
-            al[i][3] = gm_ld32(&xl[m + 8][k + 8 + 2 * q]);
-        }
+        for (int p = 0; p < GM_XP; p++)
 #pragma unroll
-        for (int j = 0; j < 2; j++) {
-            int n = 16 * wn + 8 * j + g;
-            bh[j][0] = gm_ld32(&wh[n][k + 2 * q]);
-            bh[j][1] = gm_ld32(&wh[n][k + 8 + 2 * q]);
-            if (W_LO) {
-                bl[j][0] = gm_ld32(&wl[n][k + 2 * q]);
-                bl[j][1] = gm_ld32(&wl[n][k + 8 + 2 * q]);
+            for (int ti = 0; ti < 2; ti++) {
+                int m = 32 * wm + 16 * ti + g;
+                a[p][ti][0] = gm_ld32(gm_at(xs[p], m, k + 2 * q));
+                a[p][ti][1] = gm_ld32(gm_at(xs[p], m + 8, k + 2 * q));
+                a[p][ti][2] = gm_ld32(gm_at(xs[p], m, k + 8 + 2 * q));
+                a[p][ti][3] = gm_ld32(gm_at(xs[p], m + 8, k + 8 + 2 * q));
             }
-        }
 #pragma unroll
-        for (int i = 0; i < 2; i++)
+        for (int p = 0; p < WP; p++)
 #pragma unroll
-            for (int j = 0; j < 2; j++) {
-                // the small terms first: they are added to a smaller running sum
-                if (W_LO) gm_mma(acc.c[i][j], ah[i], bl[j]);
-                gm_mma(acc.c[i][j], al[i], bh[j]);
-                gm_mma(acc.c[i][j], ah[i], bh[j]);
+            for (int tj = 0; tj < 2; tj++) {
+                int n = 16 * wn + 8 * tj + g;
+                b[p][tj][0] = gm_ld32(gm_at(ws[p], n, k + 2 * q));
+                b[p][tj][1] = gm_ld32(gm_at(ws[p], n, k + 8 + 2 * q));
             }
+#pragma unroll
+        for (int ti = 0; ti < 2; ti++)
+#pragma unroll
+            for (int tj = 0; tj < 2; tj++) GM_PRODUCTS(WP, gm_mma(d.c[ti][tj], a[i][ti], b[j][tj]))
     }
+#pragma unroll
+    for (int ti = 0; ti < 2; ti++)
+#pragma unroll
+        for (int tj = 0; tj < 2; tj++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc.c[ti][tj][e] = add_rn(acc.c[ti][tj][e], d.c[ti][tj][e]);
 }
 
 // C fragment: c0 = (g, 2q), c1 = (g, 2q + 1), c2 = (g + 8, 2q), c3 = (g + 8, 2q + 1).
@@ -298,8 +340,9 @@ struct GmAcc {
     gm_v8f c[2];
 };
 
-ATLAS_DEV gm_v16s gm_ld16(const u16* p) {
-    gm_u8x v = {((const atlas_u4*)p)[0], ((const atlas_u4*)p)[1]};
+// Columns k..k+15 of row r: two 16-byte chunks, each where the swizzle put it.
+ATLAS_DEV gm_v16s gm_ld16(const gm_tile* t, int r, int k) {
+    gm_u8x v = {*(const atlas_u4*)gm_at(t, r, k), *(const atlas_u4*)gm_at(t, r, k + 8)};
     return __builtin_bit_cast(gm_v16s, v);
 }
 
@@ -310,25 +353,28 @@ ATLAS_DEV void gm_zero(GmAcc& acc) {
         for (int e = 0; e < 8; e++) acc.c[j][e] = 0.0f;
 }
 
-template <bool W_LO>
-ATLAS_DEV void gm_step(GmAcc& acc, const gm_tile* xh, const gm_tile* xl, const gm_tile* wh,
-                       const gm_tile* wl, int tid) {
+template <int WP>
+ATLAS_DEV void gm_step(GmAcc& acc, gm_tile (*xs)[GM_BM], gm_tile (*ws)[GM_BN], int tid) {
     int wave = tid >> 5, lane = tid & 31;
     int m = 16 * (wave & 3) + (lane & 15), nb = 32 * (wave >> 2) + (lane & 15);
+    GmAcc d;
+    gm_zero(d);
 #pragma unroll
     for (int k = 0; k < GM_BK; k += 16) {
-        gm_v16s ah = gm_ld16(&xh[m][k]), al = gm_ld16(&xl[m][k]);
+        gm_v16s a[GM_XP], b[WP];
 #pragma unroll
-        for (int j = 0; j < 2; j++) {
-            gm_v16s bh = gm_ld16(&wh[nb + 16 * j][k]);
-            if (W_LO) {
-                gm_v16s bl = gm_ld16(&wl[nb + 16 * j][k]);
-                acc.c[j] = __builtin_amdgcn_wmma_f32_16x16x16_bf16_w32(ah, bl, acc.c[j]);
-            }
-            acc.c[j] = __builtin_amdgcn_wmma_f32_16x16x16_bf16_w32(al, bh, acc.c[j]);
-            acc.c[j] = __builtin_amdgcn_wmma_f32_16x16x16_bf16_w32(ah, bh, acc.c[j]);
+        for (int p = 0; p < GM_XP; p++) a[p] = gm_ld16(xs[p], m, k);
+#pragma unroll
+        for (int tj = 0; tj < 2; tj++) {
+#pragma unroll
+            for (int p = 0; p < WP; p++) b[p] = gm_ld16(ws[p], nb + 16 * tj, k);
+            GM_PRODUCTS(WP, d.c[tj] = __builtin_amdgcn_wmma_f32_16x16x16_bf16_w32(a[i], b[j], d.c[tj]))
         }
     }
+#pragma unroll
+    for (int tj = 0; tj < 2; tj++)
+#pragma unroll
+        for (int e = 0; e < 8; e++) acc.c[tj][e] = add_rn(acc.c[tj][e], d.c[tj][e]);
 }
 
 ATLAS_DEV void gm_epilogue(const GmAcc& acc, float* __restrict__ y, const float* __restrict__ bias,
@@ -357,30 +403,34 @@ ATLAS_DEV void gm_zero(GmAcc& acc) {
         for (int j = 0; j < 4; j++) acc.c[i][j] = 0.0f;
 }
 
-template <bool W_LO>
-ATLAS_DEV void gm_step(GmAcc& acc, const gm_tile* xh, const gm_tile* xl, const gm_tile* wh,
-                       const gm_tile* wl, int tid) {
+template <int WP>
+ATLAS_DEV void gm_step(GmAcc& acc, gm_tile (*xs)[GM_BM], gm_tile (*ws)[GM_BN], int tid) {
     int tm = tid >> 4, tn = tid & 15;
+    GmAcc d;
+    gm_zero(d);
 #pragma unroll 4
     for (int k = 0; k < GM_BK; k++) {
-        float ah[4], al[4], bh[4], bl[4];
+        float a[GM_XP][4], b[WP][4];
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            ah[i] = bf16_to_f32(xh[4 * tm + i][k]);
-            al[i] = bf16_to_f32(xl[4 * tm + i][k]);
-            bh[i] = bf16_to_f32(wh[4 * tn + i][k]);
-            bl[i] = W_LO ? bf16_to_f32(wl[4 * tn + i][k]) : 0.0f;
+        for (int t = 0; t < 4; t++) {
+#pragma unroll
+            for (int p = 0; p < GM_XP; p++) a[p][t] = bf16_to_f32(*gm_at(xs[p], 4 * tm + t, k));
+#pragma unroll
+            for (int p = 0; p < WP; p++) b[p][t] = bf16_to_f32(*gm_at(ws[p], 4 * tn + t, k));
         }
 #pragma unroll
-        for (int i = 0; i < 4; i++)
+        for (int ti = 0; ti < 4; ti++)
 #pragma unroll
-            for (int j = 0; j < 4; j++) {
-                float c = acc.c[i][j];
-                if (W_LO) c = fmaf(ah[i], bl[j], c);
-                c = fmaf(al[i], bh[j], c);
-                acc.c[i][j] = fmaf(ah[i], bh[j], c);
+            for (int tj = 0; tj < 4; tj++) {
+                float c = d.c[ti][tj];
+                GM_PRODUCTS(WP, c = fmaf(a[i][ti], b[j][tj], c))
+                d.c[ti][tj] = c;
             }
     }
+#pragma unroll
+    for (int ti = 0; ti < 4; ti++)
+#pragma unroll
+        for (int tj = 0; tj < 4; tj++) acc.c[ti][tj] = add_rn(acc.c[ti][tj], d.c[ti][tj]);
 }
 
 ATLAS_DEV void gm_epilogue(const GmAcc& acc, float* __restrict__ y, const float* __restrict__ bias,
@@ -400,10 +450,9 @@ ATLAS_DEV void gemm_body(const u8* __restrict__ W, const u8* __restrict__ S, flo
                          const float* __restrict__ x, const float* __restrict__ bias,
                          float* __restrict__ y, int T, int rows, int cols, long long row_bytes,
                          long long srow_bytes) {
-    __shared__ __attribute__((aligned(16))) gm_tile xh[GM_BM], xl[GM_BM];
-    __shared__ __attribute__((aligned(16))) gm_tile wh[GM_BN], wl[GM_BN];
-    // bf16 holds every bf16 weight and every NVFP4 E2M1 x E4M3 product: no low part
-    const bool w_lo = !(F == FMT_BF16 || F == FMT_NVFP4);
+    const int WP = gm_wparts<F>();
+    __shared__ __attribute__((aligned(16))) gm_tile xs[GM_XP][GM_BM];
+    __shared__ __attribute__((aligned(16))) gm_tile ws[WP][GM_BN];
     const bool plain = F == FMT_F32 || F == FMT_F16 || F == FMT_BF16;
     int tid = threadIdx.x;
     GmArgs a;
@@ -426,10 +475,10 @@ ATLAS_DEV void gemm_body(const u8* __restrict__ W, const u8* __restrict__ S, flo
     float v[32];
     gm_fetch<F>(a, tid, 0, v);
     for (int s = 0; s < steps; s++) {
-        gm_stage(xh, xl, wh, wl, w_lo, tid, v);
+        gm_stage<WP>(xs, ws, tid, v);
         __syncthreads();
         if (s + 1 < steps) gm_fetch<F>(a, tid, s + 1, v);  // in flight during the multiply
-        gm_step<w_lo>(acc, xh, xl, wh, wl, tid);
+        gm_step<WP>(acc, xs, ws, tid);
         __syncthreads();
     }
     gm_epilogue(acc, y, bias, F == FMT_NVFP4 ? gs : 1.0f, T, rows, a.m0, a.n0, tid);
