@@ -174,8 +174,14 @@ ATLAS_DEV void gm_fetch(const GmArgs& a, int tid, int s, float* v) {
         bool whole = !plain || 32 * u + 32 <= a.cols;
         if (a.wvec && whole && gm_unit_vec<F>(row, srow, u, v)) return;
         if (plain) {  // unaligned rows, or a partial last unit: element by element
+            // unconditional loads (past the row's end, its first element again): no branch
+            // per element, so the 32 addresses need not all be live at once
 #pragma unroll
-            for (int i = 0; i < 32; i++) v[i] = 32 * u + i < a.cols ? deq1<F>(row, 32 * u + i) : 0.0f;
+            for (int i = 0; i < 32; i++) {
+                int c = 32 * u + i;
+                float e = deq1<F>(row, c < a.cols ? c : 0);
+                v[i] = c < a.cols ? e : 0.0f;
+            }
             return;
         }
         deq32<F>(row, srow, 1.0f, u, v);  // NVFP4's global scale comes at the end
@@ -359,7 +365,9 @@ ATLAS_DEV void gm_step(GmAcc& acc, gm_tile (*xs)[GM_BM], gm_tile (*ws)[GM_BN], i
     int m = 16 * (wave & 3) + (lane & 15), nb = 32 * (wave >> 2) + (lane & 15);
     GmAcc d;
     gm_zero(d);
-#pragma unroll
+    // one k16 slice at a time: unrolled, the compiler hoists every slice's LDS loads and runs
+    // out of VGPRs
+#pragma unroll 1
     for (int k = 0; k < GM_BK; k += 16) {
         gm_v16s a[GM_XP], b[WP];
 #pragma unroll

@@ -15,7 +15,8 @@ import pytest
 
 from atlas_cli.backend.ops import gemm_check, runtime_emu
 from atlas_cli.backend.ops import numpy_ref as ref
-from tests.gpu.checks import FORMATS, PLAIN, random_weight, rel_err
+from tests.gpu.checks import E2M1, E4M3, FORMATS, PLAIN, random_weight, rel_err
+from tests.test_gemm_sass import WEIGHT_PARTS
 
 
 def _cols(fmt: str, base: int) -> int:
@@ -101,6 +102,60 @@ def test_gemm_keeps_float32_accuracy_where_bf16_would_not(emu_ops):
     round_bf16 = ref.linear(_bf16(x), _bf16(wf))
     assert rel_err(round_bf16, want) > 5e-4  # what one bf16 MMA per tile would give
     assert rel_err(got, want) < 2e-5
+
+
+def _split(v: np.ndarray) -> list[np.ndarray]:
+    """gemm.cu's gm_split in numpy: float32 -> three truncated bf16 parts, v = p0 + p1 + p2."""
+    top = 0xFFFF0000
+
+    def trunc(a):
+        return (a.view(np.uint32) & top).view(np.float32)
+
+    p0 = trunc(v)
+    r = v - p0
+    p1 = trunc(r)
+    return [p0, p1, r - p1]
+
+
+def test_the_weight_parts_are_exact_for_every_value_of_their_format():
+    """gemm.cu multiplies 1 or 2 bf16 parts of these formats' weights: exhaustively, every
+    value they dequantize to is that many parts exactly (NVFP4 without its global scale, which
+    the epilogue applies; Q4_0 as f16 scale x (code - 8)); and any float32 is three."""
+    f16 = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
+    f16 = f16[np.isfinite(f16)]
+    values = {
+        "bf16": (np.arange(1 << 16, dtype=np.uint32) << 16).view(np.float32),
+        "nvfp4": (E2M1[:, None] * E4M3[None, :]).ravel(),
+        "f16": f16,
+        "q4_0": (f16[:, None] * np.arange(-8, 8, dtype=np.float32)[None, :]).ravel(),
+    }
+    assert set(values) == set(WEIGHT_PARTS)
+    for fmt, v in values.items():
+        v = v[np.isfinite(v)]
+        parts = _split(v)
+        for p in parts[WEIGHT_PARTS[fmt] :]:
+            assert not p.any(), f"{fmt}: a value needs more than {WEIGHT_PARTS[fmt]} parts"
+    rng = np.random.default_rng(8)
+    v = (rng.standard_normal(1 << 16) * np.exp2(rng.integers(-100, 100, 1 << 16))).astype(
+        np.float32
+    )
+    p0, p1, p2 = _split(v)
+    assert np.array_equal(_split(p2)[1], np.zeros_like(v))  # p2 is a bf16
+    assert np.array_equal(p0.astype(np.float64) + p1 + p2, v.astype(np.float64))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_gemm_is_as_accurate_as_float32_numpy(emu_ops, fmt):
+    """Against the float64 product, the GEMM is within what float32 numpy gives (x in three
+    bf16 parts keeps all 24 bits); two parts of x (16 bits) would be ~1e-5 off."""
+    rng = np.random.default_rng(40 + FORMATS.index(fmt))
+    w, wf = random_weight(fmt, 64, 512, rng)
+    x = rng.standard_normal((32, 512)).astype(np.float32)
+    got = emu_ops.linear(emu_ops.asarray(x), emu_ops.prepare_weight(w))
+    exact = x.astype(np.float64) @ wf.astype(np.float64).T
+    p0, p1, _ = _split(x)
+    assert rel_err((p0 + p1).astype(np.float64) @ wf.astype(np.float64).T, exact) > 4e-6
+    assert rel_err(got, exact) < max(1e-6, 2 * rel_err(x @ wf.T, exact)), fmt
 
 
 def _bf16(a: np.ndarray) -> np.ndarray:
