@@ -21,6 +21,13 @@ GEMV_MAX_T = 8  # gemv.cu GEMV_MAX_T
 
 
 class WeightLaunchers(DeviceOpsBase):
+    # Prompt tokens per prefill forward (backend/engine.py). Each forward streams every weight
+    # once through gemm.cu, so a longer chunk reads them fewer times: at 2048 tokens a 27B
+    # NVFP4 matrix's GEMM is well past the tensor cores' ridge point (docs/performance.md).
+    # attention.cu keeps no score matrix (one tile of scores per block), so what grows with
+    # the chunk is the activations, linear in T: the MLP's (T, intermediate) and, for
+    # Engine.logits, (T, vocab).
+    PREFILL_CHUNK = 2048
     _gemm_choice: gemm_check.GemmChoice | None = None  # decided at the first GEMM
 
     def prepare_weight(self, w) -> DeviceWeight:
