@@ -23,7 +23,10 @@
 // products in the same order and the same per-step sums with fmaf (4 x 4 outputs per thread):
 // the CPU emulator runs that one, and on a device it is the reference the tensor-core kernel
 // is checked against at first use (ops/gemm_check.py).
-// Grid (ceil(rows / 64), ceil(T / 64)), block 256. Reference: numpy_ref.linear.
+// Grid (ceil(T / 64) * ceil(rows / 64)), block 256, in groups of GM_GROUP token tiles: a group
+// walks every weight tile with its 8 token tiles side by side, so each weight tile is read from
+// DRAM once per 512 tokens (L2 serves the other token tiles) while the group's x (512 x cols
+// float32, 10 MB at cols = 5120) stays in L2. Reference: numpy_ref.linear.
 #include "quant.cuh"
 
 #define GM_BM 64  // tokens per tile
@@ -31,6 +34,7 @@
 #define GM_BK 64  // columns per step (two units)
 #define GM_XP 3   // bf16 parts of x
 #define GM_SUM 2  // products x_i w_j with i + j <= GM_SUM are kept
+#define GM_GROUP 8  // token tiles that share each weight tile (see the top)
 
 #if defined(ATLAS_CUDA) && defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 800) && !defined(ATLAS_PORTABLE)
 #define GM_MMA_SM80 1
@@ -471,8 +475,11 @@ ATLAS_DEV void gemm_body(const u8* __restrict__ W, const u8* __restrict__ S, flo
     a.rows = rows;
     a.cols = cols;
     a.units = plain ? units_of(cols) : cols / 32;
-    a.m0 = blockIdx.y * GM_BM;
-    a.n0 = blockIdx.x * GM_BN;
+    int m_tiles = (T + GM_BM - 1) / GM_BM, n_tiles = (rows + GM_BN - 1) / GM_BN;
+    int group = blockIdx.x / (GM_GROUP * n_tiles), in_group = blockIdx.x % (GM_GROUP * n_tiles);
+    int size = m_tiles - GM_GROUP * group < GM_GROUP ? m_tiles - GM_GROUP * group : GM_GROUP;
+    a.m0 = (GM_GROUP * group + in_group % size) * GM_BM;
+    a.n0 = (in_group / size) * GM_BN;
     a.row_bytes = row_bytes;
     a.srow_bytes = srow_bytes;
     a.wvec = ((unsigned long long)W & 15ull) == 0 && (row_bytes & 15) == 0;
@@ -492,8 +499,17 @@ ATLAS_DEV void gemm_body(const u8* __restrict__ W, const u8* __restrict__ S, flo
     gm_epilogue(acc, y, bias, F == FMT_NVFP4 ? gs : 1.0f, T, rows, a.m0, a.n0, tid);
 }
 
+// Two blocks per SM (one stages while the other multiplies). ptxas aims at that on sm_12x by
+// itself, and there, without being told, spills a few bytes in one format; elsewhere the
+// register count is left to it (one block of 256 threads per SM at worst).
+#if defined(ATLAS_CUDA) && defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 1200)
+#define GM_BOUNDS __launch_bounds__(256, 2)
+#else
+#define GM_BOUNDS __launch_bounds__(256)
+#endif
+
 #define GEMM_ENTRY(name, F)                                                                     \
-    extern "C" __global__ void __launch_bounds__(256)                                           \
+    extern "C" __global__ void GM_BOUNDS                                                        \
         gemm_##name(const u8* __restrict__ W, const u8* __restrict__ S, float gs,               \
                     const float* __restrict__ x, const float* __restrict__ bias,                \
                     float* __restrict__ y, int T, int rows, int cols, long long row_bytes,      \

@@ -21,12 +21,12 @@ GEMV_MAX_T = 8  # gemv.cu GEMV_MAX_T
 
 
 class WeightLaunchers(DeviceOpsBase):
-    # Prompt tokens per prefill forward (backend/engine.py). Each forward streams every weight
-    # once through gemm.cu, so a longer chunk reads them fewer times: at 2048 tokens a 27B
-    # NVFP4 matrix's GEMM is well past the tensor cores' ridge point (docs/performance.md).
-    # attention.cu keeps no score matrix (one tile of scores per block), so what grows with
-    # the chunk is the activations, linear in T: the MLP's (T, intermediate) and, for
-    # Engine.logits, (T, vocab).
+    # Prompt tokens per prefill forward (backend/engine.py). Every forward streams each weight
+    # from DRAM once per 512 tokens (gemm.cu's groups of token tiles) and at least once: a
+    # 256-token chunk reads them twice as often, and each forward's small launches (norms,
+    # GDN, attention) are paid per chunk. attention.cu keeps no score matrix (one tile of
+    # scores per block), so what grows with the chunk is the activations, linear in T: the
+    # MLP's (T, intermediate) and, for Engine.logits, (T, vocab).
     PREFILL_CHUNK = 2048
     _gemm_choice: gemm_check.GemmChoice | None = None  # decided at the first GEMM
 
@@ -187,7 +187,7 @@ class WeightLaunchers(DeviceOpsBase):
         key = ("gemm.cu", f"gemm_{w.fmt}", *sorted((defines or {}).items()))
         if key not in self._fns:
             self._fns[key] = self.rt.compile("gemm.cu", defines).function(key[1])
-        grid = (-(-w.rows // 64), -(-t // 64))
+        grid = (-(-t // 64) * -(-w.rows // 64),)  # 64 x 64 tiles, grouped in gemm.cu
         self.rt.launch(self._fns[key], grid, (256,), self._linear_args(x, w, b, out))
         return out
 
