@@ -33,7 +33,10 @@ from atlas_cli.backend.sample import Sampler, SamplingParams
 from atlas_cli.backend.tokenizer import TextTokenizer
 from atlas_cli.errors import ContextOverflowError, CorruptModelError, SlotError
 
-PREFILL_CHUNK = 256  # bounds the attention score matrix during long prefills
+# Prompt tokens per prefill forward on the CPU backends: numpy_ref and cpu_fast materialise
+# each layer's attention scores, (heads, T, S) float32, and 256 bounds them. The native ops
+# name their own (WeightLaunchers.PREFILL_CHUNK in ops/native_weights.py).
+PREFILL_CHUNK = 256
 
 
 @dataclass(frozen=True)
@@ -241,8 +244,9 @@ class Engine:
         self._check_fits(len(ids))
         self.reset()
         out = []
-        for start in range(0, len(ids), PREFILL_CHUNK):
-            chunk = ids[start : start + PREFILL_CHUNK]
+        step = self.prefill_chunk
+        for start in range(0, len(ids), step):
+            chunk = ids[start : start + step]
             out.append(self.model.logits(self._forward(chunk, start)))
         self.cached_ids = list(token_ids)
         return np.concatenate(out).astype(np.float32, copy=False)
@@ -252,6 +256,11 @@ class Engine:
         self.pool.clear()
         if self.speculator is not None:
             self.speculator.truncate(0)
+
+    @property
+    def prefill_chunk(self) -> int:
+        """Prompt tokens per forward: the model's ops' own number, else the CPU backends'."""
+        return getattr(getattr(self.model, "ops", None), "PREFILL_CHUNK", PREFILL_CHUNK)
 
     def _forward(self, ids: np.ndarray, start: int) -> np.ndarray:
         self.cache.reserve(start + len(ids))
@@ -298,8 +307,8 @@ class Engine:
         # restart points at message starts, and just before the last prompt token: the same
         # prompt again, or one that shares it and then differs inside this reply, resumes there
         for stop in [*boundaries(ids, common, len(ids) - 1, self.message_starts), len(ids) - 1]:
-            for pos in range(start, stop, PREFILL_CHUNK):
-                self._forward(arr[pos : min(pos + PREFILL_CHUNK, stop)], pos)
+            for pos in range(start, stop, self.prefill_chunk):
+                self._forward(arr[pos : min(pos + self.prefill_chunk, stop)], pos)
             start = stop
             self.cache.checkpoint()
         hidden = self._forward(arr[-1:], len(ids) - 1)

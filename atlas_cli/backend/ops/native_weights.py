@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 import atlas_cli.backend.formats as formats
 from atlas_cli.backend.formats import QuantizedWeight, StoredRows, WeightFormat
+from atlas_cli.backend.ops import gemm_check
 from atlas_cli.backend.ops.native_array import (
     DeviceArray,
     DeviceOpsBase,
@@ -18,6 +21,15 @@ GEMV_MAX_T = 8  # gemv.cu GEMV_MAX_T
 
 
 class WeightLaunchers(DeviceOpsBase):
+    # Prompt tokens per prefill forward (backend/engine.py). Every forward streams each weight
+    # from DRAM once per 512 tokens (gemm.cu's groups of token tiles) and at least once: a
+    # 256-token chunk reads them twice as often, and each forward's small launches (norms,
+    # GDN, attention) are paid per chunk. attention.cu keeps no score matrix (one tile of
+    # scores per block), so what grows with the chunk is the activations, linear in T: the
+    # MLP's (T, intermediate) and, for Engine.logits, (T, vocab).
+    PREFILL_CHUNK = 2048
+    _gemm_choice: gemm_check.GemmChoice | None = None  # decided at the first GEMM
+
     def prepare_weight(self, w) -> DeviceWeight:
         """A loader's weight -> DeviceWeight: formats the kernels decode as they are stored
         (GGUF blocks; NVFP4 codes + E4M3 scales + global scale) as they are; a float array in
@@ -141,19 +153,45 @@ class WeightLaunchers(DeviceOpsBase):
         out = self.empty((t, w.rows))
         if t == 0:
             return out
-        args = [
+        if t > GEMV_MAX_T:
+            return self.gemm(x, w, b, self.gemm_choice().defines, out)
+        args = self._linear_args(x, w, b, out)
+        self._launch("gemv.cu", f"gemv_{w.fmt}", (-(-w.rows // 8),), (256,), args)
+        return out
+
+    def _linear_args(self, x: DeviceArray, w: DeviceWeight, b, out: DeviceArray) -> list:
+        """The argument list gemv.cu and gemm.cu share."""
+        return [
             *self._wargs(w),
             ptr(x.ptr),
             ptr(b.ptr if b is not None else 0),
             ptr(out.ptr),
-            i32(t),
+            i32(x.shape[0]),
             i32(w.rows),
             i32(w.cols),
             i64(w.row_bytes),
             i64(w.srow_bytes),
         ]
-        if t <= GEMV_MAX_T:
-            self._launch("gemv.cu", f"gemv_{w.fmt}", (-(-w.rows // 8),), (256,), args)
-        else:
-            self._launch("gemm.cu", f"gemm_{w.fmt}", (-(-w.rows // 64), -(-t // 64)), (256,), args)
+
+    def gemm_choice(self) -> gemm_check.GemmChoice:
+        """The tensor-core GEMM, or the portable one where its first-use check failed."""
+        if self._gemm_choice is None:
+            self._gemm_choice = gemm_check.choose(self)
+        return self._gemm_choice
+
+    def gemm(self, x: DeviceArray, w: DeviceWeight, b, defines, out=None) -> DeviceArray:
+        """gemm.cu compiled with `defines` (None: the tensor-core build, gemm_check.PORTABLE:
+        the portable one) on x (T, in), w, bias b or None -> (T, out)."""
+        t = x.shape[0]
+        out = self.empty((t, w.rows)) if out is None else out
+        key = ("gemm.cu", f"gemm_{w.fmt}", *sorted((defines or {}).items()))
+        if key not in self._fns:
+            self._fns[key] = self.rt.compile("gemm.cu", defines).function(key[1])
+        grid = (-(-t // 64) * -(-w.rows // 64),)  # 64 x 64 tiles, grouped in gemm.cu
+        self.rt.launch(self._fns[key], grid, (256,), self._linear_args(x, w, b, out))
         return out
+
+    def warmup(self) -> dict[str, Any]:
+        """DeviceOpsBase.warmup, and which GEMM runs (checking it here on first use)."""
+        info = super().warmup()
+        return {**info, "gemm": self.gemm_choice().report()}

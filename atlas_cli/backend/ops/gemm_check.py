@@ -1,0 +1,132 @@
+"""Which prefill GEMM runs: the tensor-core kernel of kernels/gemm.cu, checked once per device.
+
+The tensor-core paths (mma.sync on sm_80+, WMMA on gfx11) are inline PTX / vendor intrinsics
+whose numerics only the hardware shows; the emulator runs the portable path of the same file.
+So on a real device (runtime "cuda" or "hip") the first GEMM compares the tensor-core kernel
+with the portable one (gemm.cu compiled with ATLAS_PORTABLE) on random data, and keeps the
+verdict beside the compile cache, keyed like the compiled binaries (ops/runtime.cache_key): a
+new source, target or toolchain checks again. On a mismatch atlas uses the portable kernel and
+`atlas hw` says so.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from atlas_cli.backend.ops import runtime as rt
+from atlas_cli.backend.ops.native_array import DeviceWeight, f32_to_bf16_bits
+
+PORTABLE = {"ATLAS_PORTABLE": 1}  # the define that compiles gemm.cu's portable path
+CHECKED_RUNTIMES = ("cuda", "hip")  # the emulator has no tensor-core path to check
+# Both kernels multiply the same bf16 parts (x in three, the weight in one to three) and add the
+# same products in float32: they differ by summation order and by the tensor cores' own
+# rounding inside one 64-column step, ~1e-7..1e-6 of the output's scale. A wrong fragment
+# layout or a broken instruction is off by O(1); a product left out (x2 w0) by ~1e-5.
+TOLERANCE = 1e-5
+# (format, tokens, rows, cols): the ways the multiply differs (bf16: three MMAs and a partial
+# last unit; f16: five, two weight parts; f32: six; NVFP4: the global scale at the end), edge
+# tiles in both dimensions.
+CASES = (
+    ("bf16", 77, 100, 200),
+    ("f16", 70, 66, 128),
+    ("f32", 130, 70, 96),
+    ("nvfp4", 67, 129, 256),
+)
+
+
+@dataclass(frozen=True)
+class GemmChoice:
+    kernel: str  # "tensor-core" | "portable"
+    reason: str
+    defines: dict | None  # what gemm.cu is compiled with for this choice
+
+    def report(self) -> dict[str, str]:
+        return {"kernel": self.kernel, "reason": self.reason}
+
+
+def verdict_path(runtime) -> Path:
+    """Where the verdict for this runtime's gemm.cu binary is kept."""
+    source = rt.expand_source("gemm.cu")
+    toolchain = str(getattr(runtime, "toolchain", ""))
+    key = rt.cache_key(source, runtime.target, toolchain, None)
+    directory = getattr(runtime, "cache_dir", None) or rt.kernel_cache_dir()
+    return Path(directory) / f"gemm-selfcheck-{runtime.target}-{key}.json"
+
+
+def choose(ops) -> GemmChoice:
+    """The GEMM for `ops` (a NativeOps): the cached verdict, or a fresh check."""
+    runtime = ops.rt
+    if runtime.name not in CHECKED_RUNTIMES:
+        return GemmChoice("portable", f"the {runtime.name} runtime runs the portable path", None)
+    path = verdict_path(runtime)
+    verdict = _read(path)
+    if verdict is None:
+        verdict = run_check(ops)
+        _write(path, verdict)
+    if verdict["ok"]:
+        return GemmChoice(
+            "tensor-core", f"self-check passed (max difference {verdict['error']:.1e})", None
+        )
+    return GemmChoice(
+        "portable",
+        f"the tensor-core kernel disagreed with the portable one on random {verdict['format']} "
+        f"data (difference {verdict['error']:.1e} > {TOLERANCE:.0e}): using the portable one",
+        PORTABLE,
+    )
+
+
+def run_check(ops) -> dict[str, Any]:
+    """Both kernels on CASES; {"ok", "error" (the worst relative difference), "format"}."""
+    rng = np.random.default_rng(20240615)
+    worst, worst_fmt = 0.0, ""
+    for fmt, t, rows, cols in CASES:
+        w = _random_weight(ops, fmt, rows, cols, rng)
+        x = ops.asarray(rng.standard_normal((t, cols)).astype(np.float32))
+        bias = ops.asarray(rng.standard_normal(rows).astype(np.float32))
+        fast = ops.gemm(x, w, bias, None).numpy()
+        slow = ops.gemm(x, w, bias, PORTABLE).numpy()
+        scale = float(np.abs(slow).max()) if np.isfinite(slow).all() else 0.0
+        err = float(np.abs(fast - slow).max() / scale) if scale else float("inf")
+        if not np.isfinite(err):
+            err = float("inf")
+        if err >= worst:
+            worst, worst_fmt = err, fmt
+        if not err <= TOLERANCE:
+            return {"ok": False, "error": err, "format": fmt}
+    return {"ok": True, "error": worst, "format": worst_fmt}
+
+
+def _random_weight(ops, fmt: str, rows: int, cols: int, rng: np.random.Generator):
+    """A DeviceWeight of `fmt` with random contents (finite values, NVFP4 scales > 0)."""
+    if fmt == "nvfp4":
+        codes = rng.integers(0, 256, (rows, cols // 2), dtype=np.uint8)
+        scales = rng.integers(0x20, 0x60, (rows, cols // 16), dtype=np.uint8)
+        data, sdata = ops._upload_bytes(codes), ops._upload_bytes(scales)
+        return DeviceWeight(fmt, rows, cols, data, cols // 2, sdata, cols // 16, 4e-3)
+    a = (rng.standard_normal((rows, cols)) * 0.1).astype(np.float32)
+    raw = {"bf16": f32_to_bf16_bits, "f16": lambda v: v.astype(np.float16)}.get(fmt, np.asarray)(a)
+    data = ops._upload_bytes(raw)
+    return DeviceWeight(fmt, rows, cols, data, cols * raw.itemsize, ops._dummy, 0, 1.0)
+
+
+def _read(path: Path) -> dict | None:
+    try:
+        verdict = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None  # absent or torn: check again
+    ok = isinstance(verdict, dict) and {"ok", "error", "format"} <= set(verdict)
+    return verdict if ok else None
+
+
+def _write(path: Path, verdict: dict) -> None:
+    """Through a temp file and a rename, as the compile cache writes binaries; the json module
+    writes an infinite difference as Infinity, which it reads back."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{id(verdict)}")
+    tmp.write_text(json.dumps(verdict))
+    tmp.replace(path)
