@@ -18,6 +18,11 @@
 //   next uniform), tokens in the ring, the ring's next slot. out[0] = the token (also appended
 //   to the ring), out[1] = 1 when a logit is NaN or Inf (nothing else is done then), 2 when the
 //   uniforms ran out. Grid (1), block 512.
+//   With a grammar (backend/constraint.py) the host checks the drawn token; one the grammar
+//   rejects is drawn again, as Sampler does: `redraw` = 1 with `mask`, the grammar's bitmask
+//   (bit i of word i / 32: token i allowed; tokens past nmask words are not), skips the finite
+//   check and the penalties (already applied in place), sets every token the mask forbids to
+//   -inf, draws with the next uniform and puts the token in the rejected one's ring slot.
 #include "atlas_common.cuh"
 
 #define SAMPLE_KMAX 256
@@ -269,7 +274,8 @@ ATLAS_DEV int draw_candidate(const float* cv, int k, const double* dp, double u)
 extern "C" __global__ void __launch_bounds__(512)
     sample_chain(float* __restrict__ logits, int V, const double* __restrict__ dp,
                  const i32* __restrict__ ip, const double* __restrict__ uniforms,
-                 i32* __restrict__ state, i32* __restrict__ hist, i32* __restrict__ out) {
+                 i32* __restrict__ state, i32* __restrict__ hist, i32* __restrict__ out,
+                 const u32* __restrict__ mask, int nmask, int redraw) {
     __shared__ int s_bad;
     __shared__ float sv[32];
     __shared__ int si[32];
@@ -277,22 +283,30 @@ extern "C" __global__ void __launch_bounds__(512)
     __shared__ float cv[SAMPLE_KMAX];
     __shared__ int ci[SAMPLE_KMAX];
     int tid = threadIdx.x;
-    if (tid == 0) s_bad = 0;
-    __syncthreads();
-    int bad = 0;
-    for (int i = tid; i < V; i += blockDim.x) bad |= !is_finite(logits[i]);
-    if (bad) atomicAdd(&s_bad, 1);
-    __syncthreads();
-    if (s_bad) {
-        if (tid == 0) {
-            out[0] = 0;
-            out[1] = 1;
-        }
-        return;
-    }
     int cap = ip[1], count = state[1];
-    if (tid == 0 && count > 0) apply_penalties(logits, dp, hist, count);
-    __syncthreads();
+    if (redraw) {
+        for (int i = tid; i < V; i += blockDim.x) {
+            bool allowed = (i >> 5) < nmask && ((mask[i >> 5] >> (i & 31)) & 1u);
+            if (!allowed) logits[i] = -atlas_inf();
+        }
+        __syncthreads();
+    } else {
+        if (tid == 0) s_bad = 0;
+        __syncthreads();
+        int bad = 0;
+        for (int i = tid; i < V; i += blockDim.x) bad |= !is_finite(logits[i]);
+        if (bad) atomicAdd(&s_bad, 1);
+        __syncthreads();
+        if (s_bad) {
+            if (tid == 0) {
+                out[0] = 0;
+                out[1] = 1;
+            }
+            return;
+        }
+        if (tid == 0 && count > 0) apply_penalties(logits, dp, hist, count);
+        __syncthreads();
+    }
     int token, flag = 0;
     if (dp[0] == 0.0) {
         token = block_argmax(logits, V, sv, si);
@@ -315,8 +329,12 @@ extern "C" __global__ void __launch_bounds__(512)
         out[0] = token;
         out[1] = flag;
         int slot = state[2];
-        hist[slot] = token;
-        state[2] = slot + 1 == cap ? 0 : slot + 1;
-        state[1] = count < cap ? count + 1 : cap;
+        if (redraw) {  // the rejected token's slot: the ring then holds what it would have
+            hist[slot == 0 ? cap - 1 : slot - 1] = token;
+        } else {
+            hist[slot] = token;
+            state[2] = slot + 1 == cap ? 0 : slot + 1;
+            state[1] = count < cap ? count + 1 : cap;
+        }
     }
 }

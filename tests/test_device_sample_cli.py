@@ -62,3 +62,32 @@ def test_one_small_readback_per_token_on_the_emulator(emu_home):
     assert n >= 1 and counts.launches["sample_chain"] == n
     assert counts.d2h == n and counts.d2h_bytes == 8 * n and counts.syncs == 0
     assert np.all(np.array(tokens) >= 0)
+
+
+@pytest.mark.parametrize("sampling", [dict(temperature=0), dict(temperature=0.9, seed=5)])
+def test_a_grammar_on_the_device_writes_what_the_host_writes(emu_home, monkeypatch, sampling):
+    """A grammar on a native device: its mask goes to the device (a rejected draw is drawn
+    again there), the logits never come back; the same text as the host Sampler's path. (The
+    fixture's 64-token vocabulary has no braces for JSON: a tuple of numbers instead.)"""
+    from atlas_cli.backend.constraint import new_constraint
+    from atlas_cli.backend.ops.native import NativeOps
+    from atlas_cli.backend.ops.runtime_count import CountingRuntime
+
+    lark = 'start: "(" NUM ("," NUM)* ")"\nNUM: /[0-9]{1,3}/'
+
+    def answer(model):
+        grammar = new_constraint(model.tokenizer, lark)
+        assert grammar is not None
+        params = SamplingOverrides(**sampling).params()
+        gen = model.engine.generate("hi", max_tokens=12, sampling=params, constraint=grammar)
+        return "".join(e.text for e in gen), grammar.masks
+
+    rt = CountingRuntime(runtime_emu.EmuRuntime())
+    model = backend.load(NVFP4, device="emu", ops=NativeOps(rt), draft=0)
+    with rt.phase("all") as counts:
+        on_device, masks = answer(model)
+    assert on_device.startswith("(") and masks > 0
+    assert counts.launches["sample_chain"] >= 12
+    assert counts.d2h_bytes <= 8 * counts.launches["sample_chain"]  # token ids only
+    monkeypatch.setattr(native_sample.ChainSettings, "fits", lambda self: False)
+    assert answer(model) == (on_device, masks)

@@ -116,3 +116,54 @@ def test_the_engine_raises_the_host_paths_error_on_device_nan_logits(ops):
     with pytest.raises(CorruptModelError) as device:
         pick(ops.asarray(logits), [1], 5)
     assert str(device.value) == str(host.value) and "\n" not in str(device.value)
+
+
+class RandomGrammar:
+    """A stand-in for backend.constraint.Constraint: per step, a random third of the
+    vocabulary is allowed (the same for the host and the device run of one case)."""
+
+    def __init__(self, vocab: int, seed: int):
+        self.vocab, self.rng, self.masks = vocab, np.random.default_rng(seed), 0
+        self.accept(None)
+
+    def accept(self, token) -> None:
+        self.allowed = self.rng.random(self.vocab) < 0.3
+        self.allowed[self.rng.integers(0, self.vocab)] = True  # never empty
+
+    def allows(self, token: int) -> bool:
+        return bool(self.allowed[token])
+
+    def mask(self) -> np.ndarray:
+        self.masks += 1
+        return self.allowed.copy()
+
+    def masked(self, logits: np.ndarray) -> np.ndarray:
+        self.masks += 1
+        return np.where(self.allowed, logits, -np.inf).astype(logits.dtype)
+
+
+@pytest.mark.parametrize("case", range(12))
+def test_grammar_masks_on_the_device_draw_what_the_cpu_sampler_draws(ops, case):
+    """A draw the grammar rejects is drawn again on the device from the grammar's bitmask (no
+    logits to the host): the same tokens as the CPU Sampler on masked logits, penalties and
+    the ring of recent tokens included."""
+    from atlas_cli.backend.engine import device_picker, host_picker
+
+    rng = np.random.default_rng(7000 + case)
+    params = random_params(rng)
+    vocab = int(rng.choice([37, 300, 5000]))  # 37: the mask's last word is partial
+    steps = 8
+    prompt = [int(t) for t in rng.integers(0, vocab, int(rng.integers(1, 20)))]
+    host_grammar, device_grammar = RandomGrammar(vocab, case), RandomGrammar(vocab, case)
+    host = host_picker(params, host_grammar)
+    device = device_picker(ops, params, prompt, steps, constraint=device_grammar)
+    history = list(prompt)
+    for step in range(steps):
+        logits = (rng.standard_normal(vocab) * 4.0).astype(np.float32)
+        want = host(logits.copy(), history, step)
+        got = device(ops.asarray(logits), history, step)
+        assert got == want and host_grammar.allows(want), (params, vocab, step)
+        host_grammar.accept(want)
+        device_grammar.accept(got)
+        history.append(want)
+    assert device_grammar.masks == host_grammar.masks > 0  # rejections happened, and alike

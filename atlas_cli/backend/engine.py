@@ -171,18 +171,22 @@ def host_picker(params: SamplingParams, constraint: Constraint | None) -> TokenP
 
 
 def device_picker(
-    ops, params: SamplingParams, prompt: list[int], draws: int, decoder=None
+    ops, params: SamplingParams, prompt: list[int], draws: int, decoder=None, constraint=None
 ) -> TokenPicker:
     """sample.cu's whole chain on the device logits of a NativeOps model (the finite check
     included), drawing the uniforms the CPU Sampler would draw: the same seed gives the same
     tokens. One launch and an 8-byte readback per token. With a fused device `decoder` the
-    token is also copied into its input on the device, so the next step uploads nothing."""
-    uniforms = Sampler(params).uniforms(0 if params.greedy else draws)
+    token is also copied into its input on the device, so the next step uploads nothing. With
+    a `constraint`, a draw it rejects is drawn again on the device from its mask (as Sampler
+    does on the host), so a token may take two of the uniforms."""
+    uniforms = Sampler(params).uniforms(0 if params.greedy else draws * (2 if constraint else 1))
     target = decoder.token if decoder is not None else None
     device = ops.device_sampler(ChainSettings.of(params), prompt, uniforms, target)
 
     def pick(logits, history: list[int], generated: int) -> int:
         token, flag = device(logits)
+        if flag == 0 and constraint is not None and not constraint.allows(token):
+            token, flag = device.redraw(logits, constraint.mask())
         if flag == NONFINITE:
             raise nonfinite_error(generated)
         assert flag == 0, f"device sampler flag {flag}"
@@ -394,16 +398,17 @@ class Engine:
         self, params: SamplingParams, prompt: list[int], max_tokens: int, constraint
     ) -> TokenPicker:
         """On the device when the model runs on our kernels and nothing needs the logits on
-        the host (no grammar, no speculation, settings sample.cu takes); else the CPU's."""
+        the host (no speculation, settings sample.cu takes; a grammar's mask goes to the
+        device); else the CPU's."""
         make = getattr(self.model.ops, "device_sampler", None)
-        if make is None or constraint is not None or self.speculator is not None:
+        if make is None or self.speculator is not None:
             return host_picker(params, constraint)
         if not ChainSettings.of(params).fits():
             return host_picker(params, constraint)
         draws = min(max_tokens, self.context_length) + 1  # at most one per generated token
         fused = getattr(self.model, "fused", None)
         decoder = fused if hasattr(fused, "token_from_device") else None
-        return device_picker(self.model.ops, params, prompt, draws, decoder)
+        return device_picker(self.model.ops, params, prompt, draws, decoder, constraint)
 
     def generate(
         self,

@@ -2,7 +2,10 @@
 
 `device_sampler` sets up one generation's sampling on the device (sample.cu `sample_chain`):
 its parameters, the uniforms of its draws and the ring of recent tokens the repeat penalty
-reads are uploaded once; each token is then one launch and an 8-byte readback.
+reads are uploaded once; each token is then one launch and an 8-byte readback. Under a grammar,
+a draw the grammar rejects is drawn again on the device from the grammar's bitmask (`redraw`:
+one upload of V/8 bytes and one more launch), as the CPU Sampler draws again from the masked
+logits: the logits never come back to the host.
 """
 
 from __future__ import annotations
@@ -79,8 +82,24 @@ class DeviceTokenSampler:
     def __call__(self, logits) -> tuple[int, int]:
         """The next token and sample_chain's flag (0, NONFINITE or OUT_OF_UNIFORMS); the
         repeat penalty rewrites `logits` in place."""
+        return self._chain(logits, None)
+
+    def redraw(self, logits, allowed: np.ndarray) -> tuple[int, int]:
+        """The token drawn again after the grammar rejected the last one: `logits` as the last
+        call left them (penalised), restricted to `allowed` ((V,) bool), the next uniform; the
+        new token takes the rejected one's place in the ring."""
+        words = np.packbits(np.asarray(allowed, bool), bitorder="little")
+        words = np.pad(words, (0, -len(words) % 4)).view("<u4")
+        return self._chain(logits, self.ops.asarray(words.astype(np.uint32)))
+
+    def _chain(self, logits, mask) -> tuple[int, int]:
         ops = self.ops
         x = ops._f32(logits, "sample_chain logits")
+        masking = (
+            [ptr(mask.ptr), i32(mask.size), i32(1)]
+            if mask is not None
+            else [ptr(0), i32(0), i32(0)]
+        )
         ops._launch(
             "sample.cu",
             "sample_chain",
@@ -91,6 +110,7 @@ class DeviceTokenSampler:
                 i32(x.size),
                 *(ptr(a.ptr) for a in (self.dp, self.ip, self.uniforms)),
                 *(ptr(a.ptr) for a in (self.state, self.ring, self.out)),
+                *masking,
             ],
         )
         if self.forward_to is not None:
