@@ -22,39 +22,37 @@ template <int F, int TT, bool VEC>
 ATLAS_DEV void gemv_body(const u8* __restrict__ W, const u8* __restrict__ S, float gs,
                          const float* __restrict__ x, const float* __restrict__ bias,
                          float* __restrict__ y, int T, int rows, int cols, long long row_bytes,
-                         long long srow_bytes, atlas_f4* xs) {
+                         long long srow_bytes, atlas_f4* xs, float* xsum, atlas_u4* wbuf) {
+    const bool sums = VEC && GvFmt<F>::sums;
     int r = blockIdx.x * GEMV_WARPS + warp_id();
     bool live = r < rows;  // a warp past the last row still stages x and meets the barriers
     int lane = lane_id();
     const u8* row = W + (long long)(live ? r : 0) * row_bytes;
     const u8* srow = S + (long long)(live ? r : 0) * srow_bytes;
+    atlas_u4* wb = wbuf + warp_id() * GEMV_WBUF_U4;
     bool x_aligned = ((unsigned long long)x & 15ull) == 0;
     float gs16 = mul_rn(gs, 16384.0f);  // the 2^14 that e2m1x8_scaled leaves out
+    GvLane L = VEC ? gv_lane<F>(lane) : gv_lane<FMT_F32>(lane);
     float acc[TT];
 #pragma unroll
     for (int t = 0; t < TT; t++) acc[t] = 0.0f;
     int units = cols / 32;
     for (int unit0 = 0; unit0 < units; unit0 += ATLAS_WARP) {
-        int u = unit0 + lane;
-        bool have = live && u < units;
-        float v[32], s[2] = {1.0f, 1.0f};
-        if (have) gemv_load<F, VEC>(row, srow, gs16, gs, u, v, s);  // in flight while x stages
-        __syncthreads();  // the previous tile's x has been read
-        gemv_stage_x<TT>(x, xs, T, cols, unit0, x_aligned);
+        bool have = live && (VEC ? gv_have<F>(unit0, lane, units) : unit0 + lane < units);
+        GvRaw raw;
+        GvUnit g;
+        if (VEC && live) gv_fetch<F>(row, srow, unit0, units, lane, have, raw);  // in flight
+        if (!VEC && have) gemv_deq<F>(row, srow, gs, unit0 + lane, g);
+        __syncthreads();  // the previous tile's x and weight bytes have been read
+        gemv_stage_x<TT, sums>(x, xs, xsum, T, cols, unit0, x_aligned);
+        if (VEC && live) gv_park<F>(raw, wb, lane);
         __syncthreads();
         if (!have) continue;
+        if (VEC) gv_decode<F>(raw, (const u8*)wb, lane, gs16, g);
 #pragma unroll
-        for (int t = 0; t < TT; t++) {
-            if (TT == 1 || t < T) {
-                const atlas_f4* xu = xs + (t * 32 + lane) * GEMV_UNIT_F4;
-                if (VEC && F == FMT_NVFP4) {
-                    acc[t] = fmaf(gemv_dot16(v, xu, 0), s[0], acc[t]);
-                    acc[t] = fmaf(gemv_dot16(v, xu, 16), s[1], acc[t]);
-                } else {
-                    acc[t] += gemv_dot16(v, xu, 0) + gemv_dot16(v, xu, 16);
-                }
-            }
-        }
+        for (int t = 0; t < TT; t++)
+            if (TT == 1 || t < T)
+                acc[t] += gemv_dot<F, VEC>(g, L, xs + t * GEMV_TILE_F4, xsum + t * 64);
     }
     int c = 32 * units + lane;  // a plain format's partial last unit (cols % 32 != 0)
     if (live && c < cols) {
@@ -73,22 +71,32 @@ ATLAS_DEV void gemv_body(const u8* __restrict__ W, const u8* __restrict__ S, flo
     }
 }
 
+template <int F>
+ATLAS_DEV void gemv_entry(const u8* __restrict__ W, const u8* __restrict__ S, float gs,
+                          const float* __restrict__ x, const float* __restrict__ bias,
+                          float* __restrict__ y, int T, int rows, int cols, long long row_bytes,
+                          long long srow_bytes) {
+    __shared__ atlas_f4 xs[GEMV_MAX_T * GEMV_TILE_F4];
+    __shared__ float xsum[GvFmt<F>::sums ? GEMV_MAX_T * 64 : 1];
+    __shared__ atlas_u4 wbuf[GvFmt<F>::staged ? GEMV_WARPS * GEMV_WBUF_U4 : 1];
+    bool vec = gemv_aligned(W, S, row_bytes, srow_bytes, F);
+    if (vec && T == 1)
+        gemv_body<F, 1, true>(W, S, gs, x, bias, y, T, rows, cols, row_bytes, srow_bytes, xs,
+                              xsum, wbuf);
+    else if (vec)
+        gemv_body<F, GEMV_MAX_T, true>(W, S, gs, x, bias, y, T, rows, cols, row_bytes,
+                                       srow_bytes, xs, xsum, wbuf);
+    else
+        gemv_body<F, GEMV_MAX_T, false>(W, S, gs, x, bias, y, T, rows, cols, row_bytes,
+                                        srow_bytes, xs, xsum, wbuf);
+}
+
 #define GEMV_ENTRY(name, F)                                                                     \
     extern "C" __global__ void __launch_bounds__(256)                                           \
         gemv_##name(const u8* __restrict__ W, const u8* __restrict__ S, float gs,               \
                     const float* __restrict__ x, const float* __restrict__ bias,                \
                     float* __restrict__ y, int T, int rows, int cols, long long row_bytes,      \
                     long long srow_bytes) {                                                     \
-        __shared__ atlas_f4 xs[GEMV_MAX_T * 32 * GEMV_UNIT_F4];                                 \
-        bool vec = gemv_has_vec(F) && gemv_aligned(W, S, row_bytes, srow_bytes, F);             \
-        if (vec && T == 1)                                                                      \
-            gemv_body<F, 1, true>(W, S, gs, x, bias, y, T, rows, cols, row_bytes, srow_bytes,   \
-                                  xs);                                                          \
-        else if (vec)                                                                           \
-            gemv_body<F, GEMV_MAX_T, true>(W, S, gs, x, bias, y, T, rows, cols, row_bytes,      \
-                                           srow_bytes, xs);                                     \
-        else                                                                                    \
-            gemv_body<F, GEMV_MAX_T, false>(W, S, gs, x, bias, y, T, rows, cols, row_bytes,     \
-                                            srow_bytes, xs);                                    \
+        gemv_entry<F>(W, S, gs, x, bias, y, T, rows, cols, row_bytes, srow_bytes);              \
     }
 ATLAS_FOR_EACH_FORMAT(GEMV_ENTRY)
