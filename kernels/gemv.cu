@@ -18,7 +18,10 @@
 
 // TT: 1 (the decode step, T == 1 known at compile time) or GEMV_MAX_T (T read at run time).
 // The deq32 path has only the second: one body per format keeps its registers unspilled.
-template <int F, int TT, bool VEC>
+// U: tiles per loop iteration. The T == 1 body of the formats read straight from the row takes
+// two (each lane two lane units, 64 weights), which halves the barriers, the x staging
+// overhead and the loop per weight; the staged formats' shared buffers leave room for one.
+template <int F, int TT, bool VEC, int U>
 ATLAS_DEV void gemv_body(const u8* __restrict__ W, const u8* __restrict__ S, float gs,
                          const float* __restrict__ x, const float* __restrict__ bias,
                          float* __restrict__ y, int T, int rows, int cols, long long row_bytes,
@@ -30,42 +33,54 @@ ATLAS_DEV void gemv_body(const u8* __restrict__ W, const u8* __restrict__ S, flo
     const u8* row = W + (long long)(live ? r : 0) * row_bytes;
     const u8* srow = S + (long long)(live ? r : 0) * srow_bytes;
     atlas_u4* wb = wbuf + warp_id() * GEMV_WBUF_U4;
-    bool x_aligned = ((unsigned long long)x & 15ull) == 0;
-    float gs16 = mul_rn(gs, 16384.0f);  // the 2^14 that e2m1x8_scaled leaves out
+    bool x_aligned = TT == 1 || ((unsigned long long)x & 15ull) == 0;
     GvLane L = VEC ? gv_lane<F>(lane) : gv_lane<FMT_F32>(lane);
-    float acc[TT];
+    float acc[TT][2];  // per token: the A and B halves' accumulators
 #pragma unroll
-    for (int t = 0; t < TT; t++) acc[t] = 0.0f;
+    for (int t = 0; t < TT; t++) acc[t][0] = acc[t][1] = 0.0f;
     int units = cols / 32;
-    for (int unit0 = 0; unit0 < units; unit0 += ATLAS_WARP) {
-        bool have = live && (VEC ? gv_have<F>(unit0, lane, units) : unit0 + lane < units);
-        GvRaw raw;
+    for (int unit0 = 0; unit0 < units; unit0 += U * ATLAS_WARP) {
+        bool have[U];
+        GvRaw raw[U];
         GvUnit g;
-        if (VEC && live) gv_fetch<F>(row, srow, unit0, units, lane, have, raw);  // in flight
-        if (!VEC && have) gemv_deq<F>(row, srow, gs, unit0 + lane, g);
-        __syncthreads();  // the previous tile's x and weight bytes have been read
-        gemv_stage_x<TT, sums>(x, xs, xsum, T, cols, unit0, x_aligned);
-        if (VEC && live) gv_park<F>(raw, wb, lane);
-        __syncthreads();
-        if (!have) continue;
-        if (VEC) gv_decode<F>(raw, (const u8*)wb, lane, gs16, g);
 #pragma unroll
-        for (int t = 0; t < TT; t++)
-            if (TT == 1 || t < T)
-                acc[t] += gemv_dot<F, VEC>(g, L, xs + t * GEMV_TILE_F4, xsum + t * 64);
+        for (int j = 0; j < U; j++) {
+            int u0 = unit0 + 32 * j;
+            have[j] = live && (VEC ? gv_have<F>(u0, lane, units) : u0 + lane < units);
+            if (VEC && live) gv_fetch<F>(row, srow, u0, units, lane, have[j], raw[j]);  // in flight
+        }
+        if (!VEC && have[0]) gemv_deq<F>(row, srow, gs, unit0 + lane, g);
+        __syncthreads();  // the previous tile's x and weight bytes have been read
+#pragma unroll
+        for (int j = 0; j < U; j++)  // U > 1 only with TT == 1: tile j where token j would be
+            gemv_stage_x<TT, sums>(x, xs + j * GEMV_TILE_F4, xsum + 64 * j, T, cols,
+                                   unit0 + 32 * j, x_aligned);
+        if (VEC && live) gv_park<F>(raw[0], wb, lane);
+        __syncthreads();
+#pragma unroll
+        for (int j = 0; j < U; j++) {
+            if (!have[j]) continue;
+            if (VEC) gv_decode<F>(raw[j], (const u8*)wb, lane, g);
+#pragma unroll
+            for (int t = 0; t < TT; t++) {
+                int k = t + j;  // the staged tile: token t, or (TT == 1) tile j
+                if (TT == 1 || t < T)
+                    gemv_dot<F, VEC>(g, L, xs + k * GEMV_TILE_F4, xsum + k * 64, acc[t]);
+            }
+        }
     }
     int c = 32 * units + lane;  // a plain format's partial last unit (cols % 32 != 0)
     if (live && c < cols) {
         float wc = deq1<F>(row, c);
 #pragma unroll
         for (int t = 0; t < TT; t++)
-            if (TT == 1 || t < T) acc[t] = fmaf(wc, x[(long long)t * cols + c], acc[t]);
+            if (TT == 1 || t < T) acc[t][0] = fmaf(wc, x[(long long)t * cols + c], acc[t][0]);
     }
     if (!live) return;
 #pragma unroll
     for (int t = 0; t < TT; t++) {
         if (TT == 1 || t < T) {
-            float sum = warp_sum(acc[t]);
+            float sum = warp_sum(acc[t][0] + acc[t][1]) * gemv_row_scale<F, VEC>(gs);
             if (lane == 0) y[(long long)t * rows + r] = bias ? sum + bias[r] : sum;
         }
     }
@@ -80,19 +95,20 @@ ATLAS_DEV void gemv_entry(const u8* __restrict__ W, const u8* __restrict__ S, fl
     __shared__ float xsum[GvFmt<F>::sums ? GEMV_MAX_T * 64 : 1];
     __shared__ atlas_u4 wbuf[GvFmt<F>::staged ? GEMV_WARPS * GEMV_WBUF_U4 : 1];
     bool vec = gemv_aligned(W, S, row_bytes, srow_bytes, F);
-    if (vec && T == 1)
-        gemv_body<F, 1, true>(W, S, gs, x, bias, y, T, rows, cols, row_bytes, srow_bytes, xs,
+    bool x_aligned = ((unsigned long long)x & 15ull) == 0;  // the T == 1 body assumes it
+    if (vec && T == 1 && x_aligned)
+        gemv_body<F, 1, true, GvFmt<F>::staged ? 1 : F == FMT_F32 ? 2 : 4>(W, S, gs, x, bias, y, T, rows, cols, row_bytes, srow_bytes, xs,
                               xsum, wbuf);
     else if (vec)
-        gemv_body<F, GEMV_MAX_T, true>(W, S, gs, x, bias, y, T, rows, cols, row_bytes,
+        gemv_body<F, GEMV_MAX_T, true, 1>(W, S, gs, x, bias, y, T, rows, cols, row_bytes,
                                        srow_bytes, xs, xsum, wbuf);
     else
-        gemv_body<F, GEMV_MAX_T, false>(W, S, gs, x, bias, y, T, rows, cols, row_bytes,
+        gemv_body<F, GEMV_MAX_T, false, 1>(W, S, gs, x, bias, y, T, rows, cols, row_bytes,
                                         srow_bytes, xs, xsum, wbuf);
 }
 
 #define GEMV_ENTRY(name, F)                                                                     \
-    extern "C" __global__ void __launch_bounds__(256)                                           \
+    extern "C" __global__ void __launch_bounds__(256, 1)                                        \
         gemv_##name(const u8* __restrict__ W, const u8* __restrict__ S, float gs,               \
                     const float* __restrict__ x, const float* __restrict__ bias,                \
                     float* __restrict__ y, int T, int rows, int cols, long long row_bytes,      \

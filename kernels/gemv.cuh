@@ -171,7 +171,6 @@ ATLAS_DEV void gv_fetch(const u8* __restrict__ row, const u8* __restrict__ srow,
 // The staged formats: the fetched chunks into the warp's buffer (after the barrier).
 template <int F>
 ATLAS_DEV void gv_park(const GvRaw& g, atlas_u4* wb, int lane) {
-    if (!GvFmt<F>::staged) return;
 #pragma unroll
     for (int k = 0; k < GvFmt<F>::per_lane; k++)
         if (lane + 32 * k < g.n) wb[lane + 32 * k] = g.q[k];
@@ -200,10 +199,12 @@ ATLAS_DEV void gv_nib8(u32 w, u32 hA02, u32 hA13, u32 hB02, u32 hB13, float* vA,
 // get_scale_min_k4) from the header words h1 = bytes 4..7, h2 = 8..11, h3 = 12..15, as pairs
 // of bytes (low byte: sub-block 2i) -> floats.
 ATLAS_DEV void gv_kscales(u32 h1, u32 h2, u32 h3, int i, float* sc, float* mn) {
-    int p = 16 * (i & 1);
+    // sub-blocks 0..3: the low 6 bits of bytes j (scale) and j + 4 (min); 4..7: 4 bits of byte
+    // j + 4 (low nibble: scale, high: min) and the top 2 bits of bytes j - 4 and j
     bool lo = i < 2;
-    u32 s2 = lo ? (h1 >> p) & 0x3F3Fu : ((h3 >> p) & 0x0F0Fu) | ((h1 >> (p + 2)) & 0x3030u);
-    u32 m2 = lo ? (h2 >> p) & 0x3F3Fu : ((h3 >> (p + 4)) & 0x0F0Fu) | ((h2 >> (p + 2)) & 0x3030u);
+    int p = 16 * (i & 1), q = lo ? p : p + 2;
+    u32 s2 = (((lo ? h1 : h3) >> p) & 0x0F0Fu) | ((h1 >> q) & 0x3030u);
+    u32 m2 = (((lo ? h2 : h3) >> (lo ? p : p + 4)) & 0x0F0Fu) | ((h2 >> q) & 0x3030u);
     sc[0] = (float)(s2 & 0xffu);
     sc[1] = (float)(s2 >> 8);
     mn[0] = (float)(m2 & 0xffu);
@@ -215,7 +216,7 @@ ATLAS_DEV void gv_kscales(u32 h1, u32 h2, u32 h3, int i, float* sc, float* mn) {
 
 // The lane's unit, decoded (after the barrier; wb: the warp's staged buffer).
 template <int F>
-ATLAS_DEV void gv_decode(const GvRaw& g, const u8* wb, int lane, float gs16, GvUnit& o) {
+ATLAS_DEV void gv_decode(const GvRaw& g, const u8* wb, int lane, GvUnit& o) {
     o.dA = o.dB = 1.0f;
     o.mA = o.mB = 0.0f;
     float dummy;
@@ -224,9 +225,7 @@ ATLAS_DEV void gv_decode(const GvRaw& g, const u8* wb, int lane, float gs16, GvU
         e2m1x8_scaled(g.q[0].y, o.v + 8);
         e2m1x8_scaled(g.q[0].z, o.v + 16);
         e2m1x8_scaled(g.q[0].w, o.v + 24);
-        e4m3x2_to_f32(g.sc, &o.dA, &o.dB);
-        o.dA = mul_rn(o.dA, gs16);
-        o.dB = mul_rn(o.dB, gs16);
+        e4m3x2_to_f32(g.sc, &o.dA, &o.dB);  // the global scale and 2^14: gemv_row_scale
     } else if (F == FMT_BF16 || F == FMT_F16) {
 #pragma unroll
         for (int c = 0; c < 4; c++) {
@@ -269,8 +268,9 @@ ATLAS_DEV void gv_decode(const GvRaw& g, const u8* wb, int lane, float gs16, GvU
             }
             gv_nib8(c[k], a02, a13, b02, b13, o.v + 4 * k, o.v + 16 + 4 * k);
         }
-        o.dA = mul_rn(mul_rn(d, sc[0]), GV_2P24);
-        o.dB = mul_rn(mul_rn(d, sc[1]), GV_2P20);
+        float d20 = mul_rn(d, GV_2P20);  // exact: a power of two
+        o.dA = mul_rn(mul_rn(d20, 16.0f), sc[0]);
+        o.dB = mul_rn(d20, sc[1]);
         o.mA = mul_rn(dmin, mn[0]);
         o.mB = mul_rn(dmin, mn[1]);
     } else if (F == FMT_Q4_0 || F == FMT_Q4_1 || F == FMT_Q8_0) {
@@ -366,34 +366,42 @@ ATLAS_DEV void gemv_stage_x(const float* __restrict__ x, atlas_f4* xs, float* xs
 
 // ---- the dot --------------------------------------------------------------------------------
 
-// sum_i v[i] * x[i] over 16 elements of staged x (four float4), in two chains.
-ATLAS_DEV float gemv_dot16(const float* v, const atlas_f4* xu) {
-    float a = 0.0f, b = 0.0f;
+// acc + sum_i v[i] * x[i] over 16 elements of staged x (four float4): one chain; a lane has
+// two halves per unit and U units in flight, enough chains to hide the FFMA latency.
+ATLAS_DEV float gemv_dot16(const float* v, const atlas_f4* xu, float acc) {
 #pragma unroll
-    for (int c = 0; c < 4; c += 2) {
-        atlas_f4 p = xu[c], q = xu[c + 1];
-        const float* e = v + 4 * c;
-        a = fmaf(e[0], p.x, a);
-        b = fmaf(e[4], q.x, b);
-        a = fmaf(e[1], p.y, a);
-        b = fmaf(e[5], q.y, b);
-        a = fmaf(e[2], p.z, a);
-        b = fmaf(e[6], q.z, b);
-        a = fmaf(e[3], p.w, a);
-        b = fmaf(e[7], q.w, b);
+    for (int c = 0; c < 4; c++) {
+        atlas_f4 p = xu[c];
+        acc = fmaf(v[4 * c], p.x, acc);
+        acc = fmaf(v[4 * c + 1], p.y, acc);
+        acc = fmaf(v[4 * c + 2], p.z, acc);
+        acc = fmaf(v[4 * c + 3], p.w, acc);
     }
-    return a + b;
+    return acc;
 }
 
-// The lane's unit against one token's staged tile (xs, xsum of that token).
+// The lane's unit against one token's staged tile (xs, xsum of that token), into the two
+// accumulators of the halves. NVFP4's global scale is applied once per row by the caller.
 template <int F, bool VEC>
-ATLAS_DEV float gemv_dot(const GvUnit& g, const GvLane& L, const atlas_f4* xs,
-                         const float* xsum) {
-    float a = gemv_dot16(g.v, xs + L.xa), b = gemv_dot16(g.v + 16, xs + L.xb);
-    if (!VEC || !GvFmt<F>::scaled) return a + b;  // deq32 values are final; plain formats
-    float r = fmaf(b, g.dB, a * g.dA);
-    if (GvFmt<F>::sums) r = fmaf(-g.mA, xsum[L.sa], fmaf(-g.mB, xsum[L.sb], r));
-    return r;
+ATLAS_DEV void gemv_dot(const GvUnit& g, const GvLane& L, const atlas_f4* xs, const float* xsum,
+                        float* acc) {
+    if (!VEC || !GvFmt<F>::scaled) {  // deq32 values are final; plain formats
+        acc[0] = gemv_dot16(g.v, xs + L.xa, acc[0]);
+        acc[1] = gemv_dot16(g.v + 16, xs + L.xb, acc[1]);
+        return;
+    }
+    acc[0] = fmaf(gemv_dot16(g.v, xs + L.xa, 0.0f), g.dA, acc[0]);
+    acc[1] = fmaf(gemv_dot16(g.v + 16, xs + L.xb, 0.0f), g.dB, acc[1]);
+    if (GvFmt<F>::sums) {
+        acc[0] = fmaf(-g.mA, xsum[L.sa], acc[0]);
+        acc[1] = fmaf(-g.mB, xsum[L.sb], acc[1]);
+    }
+}
+
+// What multiplies a row's sum at the end: NVFP4's global scale times 2^14 on the 16-byte path.
+template <int F, bool VEC>
+ATLAS_DEV float gemv_row_scale(float gs) {
+    return VEC && F == FMT_NVFP4 ? mul_rn(gs, 16384.0f) : 1.0f;
 }
 
 // The fallback: deq32's exact values of unit (unit0 + lane), the plain layout of lanes.
