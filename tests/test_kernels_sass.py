@@ -337,3 +337,33 @@ def test_misaligned_rows_take_the_fallback(emu_ops, t):
         got = emu_ops.linear(emu_ops.asarray(x), type(dw)(**{**vars(dw), **moved})).numpy()
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5, err_msg=fmt)
         np.testing.assert_allclose(got, x @ wf.T, rtol=2e-4, atol=2e-4, err_msg=fmt)
+
+
+# ---- every format against numpy on the emulator: T = 1..8, odd row sizes, shifted buffers ---
+
+_EMU_COLS = {"q4_k": 512, "q5_k": 512, "q6_k": 512}  # K-quants: whole 256-element blocks
+
+
+@pytest.mark.parametrize("fmt", [f for f, _, _ in FAST_PATHS])
+def test_every_format_matches_numpy(emu_ops, fmt):
+    """The 16-byte path (rows of 54, 60, 102, 420 ... bytes: not 16-byte multiples for the
+    staged formats) and the deq32 fallback (the buffer shifted off 16-byte alignment) both
+    match x @ W^T of numpy's dequantization for T = 1, 2, 5, 8."""
+    from atlas_cli.backend.ops.native import NativeOps
+    from tests.gpu.checks import random_weight
+
+    if fmt == "f32":  # emu_ops rounds float weights to bf16
+        emu_ops = NativeOps(emu_ops.rt, weight_dtype="f32")
+    rng = np.random.default_rng(11)
+    cols = _EMU_COLS.get(fmt, 96)
+    w, wf = random_weight(fmt, 19, cols, rng)
+    dw = emu_ops.prepare_weight(w)
+    raw = np.empty(dw.rows * dw.row_bytes, np.uint8)
+    emu_ops.rt.d2h(raw, dw.data)
+    moved = type(dw)(**{**vars(dw), "data": _shifted(emu_ops, raw, 2)})
+    for t in (1, 2, 5, 8):
+        x = rng.standard_normal((t, cols)).astype(np.float32)
+        want = x.astype(np.float64) @ wf.T.astype(np.float64)
+        for weight in (dw, moved):
+            got = emu_ops.linear(emu_ops.asarray(x), weight).numpy()
+            np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4, err_msg=f"{fmt} T={t}")
