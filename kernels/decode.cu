@@ -68,27 +68,29 @@ ATLAS_DEV float dg_pro(int pro, float xv, const float* __restrict__ pw, int i, i
     return xv;
 }
 
-// Stage x[32 * unit0 ..) with the prologue applied; returns this thread's sum of x^2 there.
+// Stage x[32 * unit0 ..) with the prologue applied (and, with SUMS, its per-16 sums); returns
+// this thread's sum of x^2 there. Every thread of the block calls it.
+template <bool SUMS>
 ATLAS_DEV float dg_stage(const float* __restrict__ x, const float* __restrict__ pw, int pro,
-                         int unit_w, atlas_f4* xs, int cols, int unit0) {
+                         int unit_w, atlas_f4* xs, float* xsum, int cols, int unit0) {
     int uu = (int)(threadIdx.x >> 3), c = (int)(threadIdx.x & 7);
-    if (unit0 + uu >= cols / 32) return 0.0f;
+    bool ok = unit0 + uu < cols / 32;
+    if (!SUMS && !ok) return 0.0f;
     int i = 32 * (unit0 + uu) + 4 * c;
-    float a = x[i], b = x[i + 1], d = x[i + 2], e = x[i + 3];
-    atlas_f4 q;
-    q.x = dg_pro(pro, a, pw, i, unit_w);
-    q.y = dg_pro(pro, b, pw, i + 1, unit_w);
-    q.z = dg_pro(pro, d, pw, i + 2, unit_w);
-    q.w = dg_pro(pro, e, pw, i + 3, unit_w);
-    xs[uu * GEMV_UNIT_F4 + c] = q;
+    float a = 0.0f, b = 0.0f, d = 0.0f, e = 0.0f;
+    atlas_f4 q = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (ok) {
+        a = x[i];
+        b = x[i + 1];
+        d = x[i + 2];
+        e = x[i + 3];
+        q.x = dg_pro(pro, a, pw, i, unit_w);
+        q.y = dg_pro(pro, b, pw, i + 1, unit_w);
+        q.z = dg_pro(pro, d, pw, i + 2, unit_w);
+        q.w = dg_pro(pro, e, pw, i + 3, unit_w);
+    }
+    gemv_put_x<SUMS>(q, ok, xs, xsum, uu, c);
     return fmaf(e, e, fmaf(d, d, fmaf(b, b, a * a)));
-}
-
-template <int F, bool VEC>
-ATLAS_DEV float dg_dot(const float* v, const float* s, const atlas_f4* xu) {
-    if (VEC && F == FMT_NVFP4)
-        return fmaf(gemv_dot16(v, xu, 16), s[1], gemv_dot16(v, xu, 0) * s[0]);
-    return gemv_dot16(v, xu, 0) + gemv_dot16(v, xu, 16);
 }
 
 // The conv of channel r (weights w (C, K), state st (K-1, C)) on the new input xt; shifts the
@@ -120,7 +122,8 @@ struct DgArgs {
 };
 
 template <int F, bool VEC>
-ATLAS_DEV void dg_body(const DgArgs& a, atlas_f4* xs, float* red) {
+ATLAS_DEV void dg_body(const DgArgs& a, atlas_f4* xs, float* xsum, atlas_u4* wbuf, float* red) {
+    const bool sums = VEC && GvFmt<F>::sums;
     int r = blockIdx.x * GEMV_WARPS + warp_id();
     bool live = r < a.rows;  // a warp past the last row still stages x and meets the barriers
     int lane = lane_id();
@@ -135,32 +138,43 @@ ATLAS_DEV void dg_body(const DgArgs& a, atlas_f4* xs, float* red) {
     const u8* srowA = A.S + (long long)lr * A.srb;
     const u8* rowB = B.W + (long long)lr * B.rb;
     const u8* srowB = B.S + (long long)lr * B.srb;
-    float gs16A = mul_rn(A.gs, 16384.0f), gs16B = mul_rn(B.gs, 16384.0f);
-    float acc0 = 0.0f, acc1 = 0.0f, ss = 0.0f;
+    // the staged formats: matrix A's tile in the warp's first buffer, B's (SwiGLU) in its second
+    atlas_u4* wbA = wbuf + (GvFmt<F>::staged ? 2 * warp_id() * GEMV_WBUF_U4 : 0);
+    atlas_u4* wbB = wbA + (GvFmt<F>::staged ? GEMV_WBUF_U4 : 0);
+    GvLane L = VEC ? gv_lane<F>(lane) : gv_lane<FMT_F32>(lane);
+    float acc0[2] = {0.0f, 0.0f}, acc1[2] = {0.0f, 0.0f}, ss = 0.0f;
     int units = a.cols / 32;
     for (int unit0 = 0; unit0 < units; unit0 += ATLAS_WARP) {
-        int u = unit0 + lane;
-        bool have = live && u < units;
-        float v[32], s[2] = {1.0f, 1.0f};
-        if (have) gemv_load<F, VEC>(rowA, srowA, gs16A, A.gs, u, v, s);  // in flight while x stages
-        __syncthreads();  // the previous tile's x has been read
-        ss += dg_stage(a.x, a.pw, a.pro, a.unit_w, xs, a.cols, unit0);
+        bool have = live && (VEC ? gv_have<F>(unit0, lane, units) : unit0 + lane < units);
+        GvRaw rawA, rawB;
+        GvUnit g;
+        if (VEC && live) {  // in flight while x stages
+            gv_fetch<F>(rowA, srowA, unit0, units, lane, have, rawA);
+            if (pair) gv_fetch<F>(rowB, srowB, unit0, units, lane, have, rawB);
+        }
+        __syncthreads();  // the previous tile's x and weight bytes have been read
+        ss += dg_stage<sums>(a.x, a.pw, a.pro, a.unit_w, xs, xsum, a.cols, unit0);
+        if (VEC && live) {
+            gv_park<F>(rawA, wbA, lane);
+            if (pair) gv_park<F>(rawB, wbB, lane);
+        }
         __syncthreads();
         if (!have) continue;
-        const atlas_f4* xu = xs + lane * GEMV_UNIT_F4;
-        acc0 += dg_dot<F, VEC>(v, s, xu);
+        if (VEC) gv_decode<F>(rawA, (const u8*)wbA, lane, g);
+        else gemv_deq<F>(rowA, srowA, A.gs, unit0 + lane, g);
+        gemv_dot<F, VEC>(g, L, xs, xsum, acc0);
         if (pair) {
-            s[0] = s[1] = 1.0f;
-            gemv_load<F, VEC>(rowB, srowB, gs16B, B.gs, u, v, s);
-            acc1 += dg_dot<F, VEC>(v, s, xu);
+            if (VEC) gv_decode<F>(rawB, (const u8*)wbB, lane, g);
+            else gemv_deq<F>(rowB, srowB, B.gs, unit0 + lane, g);
+            gemv_dot<F, VEC>(g, L, xs, xsum, acc1);
         }
     }
     int tail = a.cols - 32 * units;  // a plain format's partial last unit (cols % 32 != 0)
     int c = 32 * units + lane;
     if (live && c < a.cols) {
         float xc = dg_pro(a.pro, a.x[c], a.pw, c, a.unit_w);
-        acc0 = fmaf(deq1<F>(rowA, c), xc, acc0);
-        if (pair) acc1 = fmaf(deq1<F>(rowB, c), xc, acc1);
+        acc0[0] = fmaf(deq1<F>(rowA, c), xc, acc0[0]);
+        if (pair) acc1[0] = fmaf(deq1<F>(rowB, c), xc, acc1[0]);
     }
     float scale = 1.0f;
     if (a.pro == DG_NORM) {  // block-uniform
@@ -177,8 +191,8 @@ ATLAS_DEV void dg_body(const DgArgs& a, atlas_f4* xs, float* red) {
     }
     if (blockIdx.x == 0 && threadIdx.x == 0 && a.bump) *a.bump += 1;
     if (!live) return;
-    float d0 = warp_sum(acc0) * scale;
-    float d1 = pair ? warp_sum(acc1) * scale : 0.0f;
+    float d0 = warp_sum(acc0[0] + acc0[1]) * gemv_row_scale<F, VEC>(A.gs) * scale;
+    float d1 = pair ? warp_sum(acc1[0] + acc1[1]) * gemv_row_scale<F, VEC>(B.gs) * scale : 0.0f;
     if (lane != 0) return;
     if (r < a.conv_rows) a.y[r] = dg_conv(a.conv_w, a.conv_st, a.conv_rows, a.K, r, d0);
     else if (a.epi == DG_ADD) a.y[r] = a.y[r] + d0;
@@ -187,21 +201,18 @@ ATLAS_DEV void dg_body(const DgArgs& a, atlas_f4* xs, float* red) {
 }
 
 template <int F>
-struct DgVec {
-    enum { on = F == FMT_NVFP4 || F == FMT_BF16 || F == FMT_F16 || F == FMT_F32 };
-};
-
-template <int F>
 ATLAS_DEV void dg_entry(const DgArgs& a) {
-    __shared__ atlas_f4 xs[32 * GEMV_UNIT_F4];
+    __shared__ atlas_f4 xs[GEMV_TILE_F4];
+    __shared__ float xsum[64];
+    __shared__ atlas_u4 wbuf[GvFmt<F>::staged ? 2 * GEMV_WARPS * GEMV_WBUF_U4 : 1];
     __shared__ float red[32];
-    bool vec = DgVec<F>::on;
+    bool vec = true;
     for (int s = 0; s < a.nseg; s++) {
         DgSeg g = dg_seg(a.segs, s);
         vec = vec && gemv_aligned(g.W, g.S, g.rb, g.srb, F);
     }
-    if (vec) dg_body<F, (bool)DgVec<F>::on>(a, xs, red);
-    else dg_body<F, false>(a, xs, red);
+    if (vec) dg_body<F, true>(a, xs, xsum, wbuf, red);
+    else dg_body<F, false>(a, xs, xsum, wbuf, red);
 }
 
 #define DGEMV_ENTRY(name, F)                                                                    \

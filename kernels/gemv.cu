@@ -18,41 +18,54 @@
 
 // TT: 1 (the decode step, T == 1 known at compile time) or GEMV_MAX_T (T read at run time).
 // The deq32 path has only the second: one body per format keeps its registers unspilled.
-template <int F, int TT, bool VEC>
+// U: tiles per loop iteration. The T == 1 body of the formats read straight from the row takes
+// two (each lane two lane units, 64 weights), which halves the barriers, the x staging
+// overhead and the loop per weight; the staged formats' shared buffers leave room for one.
+template <int F, int TT, bool VEC, int U>
 ATLAS_DEV void gemv_body(const u8* __restrict__ W, const u8* __restrict__ S, float gs,
                          const float* __restrict__ x, const float* __restrict__ bias,
                          float* __restrict__ y, int T, int rows, int cols, long long row_bytes,
-                         long long srow_bytes, atlas_f4* xs) {
+                         long long srow_bytes, atlas_f4* xs, float* xsum, atlas_u4* wbuf) {
+    const bool sums = VEC && GvFmt<F>::sums;
     int r = blockIdx.x * GEMV_WARPS + warp_id();
     bool live = r < rows;  // a warp past the last row still stages x and meets the barriers
     int lane = lane_id();
     const u8* row = W + (long long)(live ? r : 0) * row_bytes;
     const u8* srow = S + (long long)(live ? r : 0) * srow_bytes;
-    bool x_aligned = ((unsigned long long)x & 15ull) == 0;
-    float gs16 = mul_rn(gs, 16384.0f);  // the 2^14 that e2m1x8_scaled leaves out
-    float acc[TT];
+    atlas_u4* wb = wbuf + warp_id() * GEMV_WBUF_U4;
+    bool x_aligned = TT == 1 || ((unsigned long long)x & 15ull) == 0;
+    GvLane L = VEC ? gv_lane<F>(lane) : gv_lane<FMT_F32>(lane);
+    float acc[TT][2];  // per token: the A and B halves' accumulators
 #pragma unroll
-    for (int t = 0; t < TT; t++) acc[t] = 0.0f;
+    for (int t = 0; t < TT; t++) acc[t][0] = acc[t][1] = 0.0f;
     int units = cols / 32;
-    for (int unit0 = 0; unit0 < units; unit0 += ATLAS_WARP) {
-        int u = unit0 + lane;
-        bool have = live && u < units;
-        float v[32], s[2] = {1.0f, 1.0f};
-        if (have) gemv_load<F, VEC>(row, srow, gs16, gs, u, v, s);  // in flight while x stages
-        __syncthreads();  // the previous tile's x has been read
-        gemv_stage_x<TT>(x, xs, T, cols, unit0, x_aligned);
-        __syncthreads();
-        if (!have) continue;
+    for (int unit0 = 0; unit0 < units; unit0 += U * ATLAS_WARP) {
+        bool have[U];
+        GvRaw raw[U];
+        GvUnit g;
 #pragma unroll
-        for (int t = 0; t < TT; t++) {
-            if (TT == 1 || t < T) {
-                const atlas_f4* xu = xs + (t * 32 + lane) * GEMV_UNIT_F4;
-                if (VEC && F == FMT_NVFP4) {
-                    acc[t] = fmaf(gemv_dot16(v, xu, 0), s[0], acc[t]);
-                    acc[t] = fmaf(gemv_dot16(v, xu, 16), s[1], acc[t]);
-                } else {
-                    acc[t] += gemv_dot16(v, xu, 0) + gemv_dot16(v, xu, 16);
-                }
+        for (int j = 0; j < U; j++) {
+            int u0 = unit0 + 32 * j;
+            have[j] = live && (VEC ? gv_have<F>(u0, lane, units) : u0 + lane < units);
+            if (VEC && live) gv_fetch<F>(row, srow, u0, units, lane, have[j], raw[j]);  // in flight
+        }
+        if (!VEC && have[0]) gemv_deq<F>(row, srow, gs, unit0 + lane, g);
+        __syncthreads();  // the previous tile's x and weight bytes have been read
+#pragma unroll
+        for (int j = 0; j < U; j++)  // U > 1 only with TT == 1: tile j where token j would be
+            gemv_stage_x<TT, sums>(x, xs + j * GEMV_TILE_F4, xsum + 64 * j, T, cols,
+                                   unit0 + 32 * j, x_aligned);
+        if (VEC && live) gv_park<F>(raw[0], wb, lane);
+        __syncthreads();
+#pragma unroll
+        for (int j = 0; j < U; j++) {
+            if (!have[j]) continue;
+            if (VEC) gv_decode<F>(raw[j], (const u8*)wb, lane, g);
+#pragma unroll
+            for (int t = 0; t < TT; t++) {
+                int k = t + j;  // the staged tile: token t, or (TT == 1) tile j
+                if (TT == 1 || t < T)
+                    gemv_dot<F, VEC>(g, L, xs + k * GEMV_TILE_F4, xsum + k * 64, acc[t]);
             }
         }
     }
@@ -61,34 +74,45 @@ ATLAS_DEV void gemv_body(const u8* __restrict__ W, const u8* __restrict__ S, flo
         float wc = deq1<F>(row, c);
 #pragma unroll
         for (int t = 0; t < TT; t++)
-            if (TT == 1 || t < T) acc[t] = fmaf(wc, x[(long long)t * cols + c], acc[t]);
+            if (TT == 1 || t < T) acc[t][0] = fmaf(wc, x[(long long)t * cols + c], acc[t][0]);
     }
     if (!live) return;
 #pragma unroll
     for (int t = 0; t < TT; t++) {
         if (TT == 1 || t < T) {
-            float sum = warp_sum(acc[t]);
+            float sum = warp_sum(acc[t][0] + acc[t][1]) * gemv_row_scale<F, VEC>(gs);
             if (lane == 0) y[(long long)t * rows + r] = bias ? sum + bias[r] : sum;
         }
     }
 }
 
+template <int F>
+ATLAS_DEV void gemv_entry(const u8* __restrict__ W, const u8* __restrict__ S, float gs,
+                          const float* __restrict__ x, const float* __restrict__ bias,
+                          float* __restrict__ y, int T, int rows, int cols, long long row_bytes,
+                          long long srow_bytes) {
+    __shared__ atlas_f4 xs[GEMV_MAX_T * GEMV_TILE_F4];
+    __shared__ float xsum[GvFmt<F>::sums ? GEMV_MAX_T * 64 : 1];
+    __shared__ atlas_u4 wbuf[GvFmt<F>::staged ? GEMV_WARPS * GEMV_WBUF_U4 : 1];
+    bool vec = gemv_aligned(W, S, row_bytes, srow_bytes, F);
+    bool x_aligned = ((unsigned long long)x & 15ull) == 0;  // the T == 1 body assumes it
+    if (vec && T == 1 && x_aligned)
+        gemv_body<F, 1, true, GvFmt<F>::staged ? 1 : F == FMT_F32 ? 2 : 4>(W, S, gs, x, bias, y, T, rows, cols, row_bytes, srow_bytes, xs,
+                              xsum, wbuf);
+    else if (vec)
+        gemv_body<F, GEMV_MAX_T, true, 1>(W, S, gs, x, bias, y, T, rows, cols, row_bytes,
+                                       srow_bytes, xs, xsum, wbuf);
+    else
+        gemv_body<F, GEMV_MAX_T, false, 1>(W, S, gs, x, bias, y, T, rows, cols, row_bytes,
+                                        srow_bytes, xs, xsum, wbuf);
+}
+
 #define GEMV_ENTRY(name, F)                                                                     \
-    extern "C" __global__ void __launch_bounds__(256)                                           \
+    extern "C" __global__ void __launch_bounds__(256, 1)                                        \
         gemv_##name(const u8* __restrict__ W, const u8* __restrict__ S, float gs,               \
                     const float* __restrict__ x, const float* __restrict__ bias,                \
                     float* __restrict__ y, int T, int rows, int cols, long long row_bytes,      \
                     long long srow_bytes) {                                                     \
-        __shared__ atlas_f4 xs[GEMV_MAX_T * 32 * GEMV_UNIT_F4];                                 \
-        bool vec = gemv_has_vec(F) && gemv_aligned(W, S, row_bytes, srow_bytes, F);             \
-        if (vec && T == 1)                                                                      \
-            gemv_body<F, 1, true>(W, S, gs, x, bias, y, T, rows, cols, row_bytes, srow_bytes,   \
-                                  xs);                                                          \
-        else if (vec)                                                                           \
-            gemv_body<F, GEMV_MAX_T, true>(W, S, gs, x, bias, y, T, rows, cols, row_bytes,      \
-                                           srow_bytes, xs);                                     \
-        else                                                                                    \
-            gemv_body<F, GEMV_MAX_T, false>(W, S, gs, x, bias, y, T, rows, cols, row_bytes,     \
-                                            srow_bytes, xs);                                    \
+        gemv_entry<F>(W, S, gs, x, bias, y, T, rows, cols, row_bytes, srow_bytes);              \
     }
 ATLAS_FOR_EACH_FORMAT(GEMV_ENTRY)

@@ -1,116 +1,414 @@
 // gemv.cuh: what the GEMV kernels share (gemv.cu, the op path; decode.cu, the fused decode
-// step): the 16-byte weight loads and their decode, x staged in shared memory, the dot.
+// step): the 16-byte weight loads and their branch-free decode for every format, x staged in
+// shared memory with its per-16-element sums, the dot.
+//
+// A warp sweeps its row in tiles of 32 units (1024 weights); each lane takes 32 weights of the
+// tile, "a lane unit": two halves of 16 weights, A and B, each with its own x (16 staged
+// floats), multiplier and offset, so that the lane's part of the dot is
+//     dA * sum(vA * xA) + dB * sum(vB * xB) - mA * sum(xA) - mB * sum(xB)
+// with v the decoded codes (integers times a power of two, exact) and the scales and the
+// offset/min applied once per half. Which 32 weights a lane takes:
+//   plain, NVFP4, Q4_0, Q4_1, Q8_0: unit (unit0 + lane); A its elements 0..15, B 16..31.
+//   Q4_K, Q5_K: lane l reads bytes 16 * (l & 7) of the 128 code bytes of block (l >> 3) of the
+//     tile: low nibbles are 16 elements of sub-block 2i, high nibbles the same 16 of sub-block
+//     2i + 1 (i = (l & 7) >> 1), so every code byte the lane loads is used.
+//   Q6_K: lane l: 16 of the ql bytes of block (l >> 3), low nibbles sub-block k, high k + 2.
+// Q4_K and Q5_K blocks (144, 176 bytes) are 16-byte multiples: each lane loads its code bytes
+// (and the block header, and for Q5_K 16 bytes of high bits) with 16-byte loads straight from
+// the row. Q4_0, Q4_1, Q8_0 and Q6_K blocks (18, 20, 34, 210 bytes) are not: the warp copies the
+// tile's bytes with 16-byte loads into its own shared buffer, from the 16-byte boundary below
+// the tile's first byte to the one above its last (a 16-byte read never leaves the granule of
+// a byte that is in the row, so it never leaves the allocation), and each lane reads its block
+// there with aligned 4-byte reads and funnel shifts. So any row size takes the 16-byte path;
+// only a weight buffer that is not 16-byte aligned takes deq32 (quant.cuh), with byte loads.
+//
+// Decode: 4-bit codes are masked straight into f16 halves (0x000F000F: two codes 16 bits
+// apart; 0x00F000F0: the two high nibbles, 16 times larger), which are f16 subnormals equal to
+// q * 2^-24 (or 16 q * 2^-24) exactly, converted to float32 by one HADD2.F32 each; the 2^24 and
+// 2^20 go into the half's multiplier. Q5_K / Q6_K OR their high bits into the same halves;
+// Q8_0 flips the sign bit (q + 128, unsigned) and folds the 128 into the offset.
 #pragma once
 #include "quant.cuh"
 
 #define GEMV_MAX_T 8
 #define GEMV_WARPS 8
-#define GEMV_UNIT_F4 9  // float4 slots per staged unit: 8 of x + 1 of padding
+#define GEMV_UNIT_F4 9                       // float4 slots per staged unit: 8 of x + 1 of padding
+#define GEMV_TILE_F4 (32 * GEMV_UNIT_F4)     // one token's staged tile
+#define GEMV_WBUF_U4 69                      // a warp's staged tile: Q8_0, (1088 + 15) / 16 + 1
 
-// Whether format F has a 16-byte path here, and whether this weight can take it.
-ATLAS_DEV bool gemv_has_vec(int f) {
-    return f == FMT_NVFP4 || f == FMT_BF16 || f == FMT_F16 || f == FMT_F32;
-}
+// Bytes of 32 units of format F in a row (the K-quants: 4 blocks), 0 for a plain format.
+template <int F>
+struct GvFmt {
+    enum {
+        tile_bytes = F == FMT_Q4_0   ? 32 * BLOCK_BYTES_Q4_0
+                     : F == FMT_Q4_1 ? 32 * BLOCK_BYTES_Q4_1
+                     : F == FMT_Q8_0 ? 32 * BLOCK_BYTES_Q8_0
+                     : F == FMT_Q4_K ? 4 * BLOCK_BYTES_Q4_K
+                     : F == FMT_Q5_K ? 4 * BLOCK_BYTES_Q5_K
+                     : F == FMT_Q6_K ? 4 * BLOCK_BYTES_Q6_K
+                                     : 0,
+        staged = F == FMT_Q4_0 || F == FMT_Q4_1 || F == FMT_Q8_0 || F == FMT_Q6_K,
+        kquant = F == FMT_Q4_K || F == FMT_Q5_K || F == FMT_Q6_K,
+        sums = F >= FMT_Q4_0 && F <= FMT_Q6_K,  // offsets / mins: the halves' sums of x are read
+        scaled = F >= FMT_Q4_0,                 // the halves have multipliers
+        chunks = staged ? (tile_bytes + 15) / 16 + 1 : 0,  // 16-byte chunks a tile can touch
+        per_lane = (chunks + 31) / 32,
+    };
+};
+
+// Whether this weight can take the 16-byte path (every format has one).
 ATLAS_DEV bool gemv_aligned(const u8* W, const u8* S, long long row_bytes, long long srow_bytes,
                             int f) {
-    bool ok = (((unsigned long long)W | (unsigned long long)row_bytes) & 15ull) == 0;
+    bool staged = f == FMT_Q4_0 || f == FMT_Q4_1 || f == FMT_Q8_0 || f == FMT_Q6_K;
+    unsigned long long m = (unsigned long long)W | (staged ? 0ull : (unsigned long long)row_bytes);
+    bool ok = (m & 15ull) == 0;
     if (f == FMT_NVFP4) ok = ok && (((unsigned long long)S | (unsigned long long)srow_bytes) & 1ull) == 0;
     return ok;
 }
 
-// The unit's 32 weights, in the form the multiply wants them: v (float32, NVFP4 times 2^-14)
-// and, for NVFP4, the two block scales times 2^14.
-template <int F, bool VEC>
-ATLAS_DEV void gemv_load(const u8* __restrict__ row, const u8* __restrict__ srow, float gs16,
-                         float gs, int u, float* v, float* s) {
-    if (VEC && F == FMT_NVFP4) {
-        atlas_u4 q = ((const atlas_u4*)row)[u];  // 32 codes: one 16-byte load
-        u32 sc = ((const u16*)srow)[u];          // the unit's two E4M3 block scales
-        e2m1x8_scaled(q.x, v);
-        e2m1x8_scaled(q.y, v + 8);
-        e2m1x8_scaled(q.z, v + 16);
-        e2m1x8_scaled(q.w, v + 24);
-        e4m3x2_to_f32(sc, &s[0], &s[1]);
-        s[0] = mul_rn(s[0], gs16);
-        s[1] = mul_rn(s[1], gs16);
-    } else if (VEC && (F == FMT_BF16 || F == FMT_F16)) {
-        const atlas_u4* p = (const atlas_u4*)row + 4 * u;  // 64 bytes: four 16-byte loads
+// A lane's unit as the multiply wants it (see the top of this file).
+struct GvUnit {
+    float v[32];
+    float dA, dB, mA, mB;
+};
+
+// Where a lane's halves sit in the staged tile: float4 index of xA, xB; index of their sums.
+struct GvLane {
+    int xa, xb, sa, sb;
+};
+
+template <int F>
+ATLAS_DEV GvLane gv_lane(int lane) {
+    GvLane g;
+    int ua = lane, ub = lane, ha = 0, hb = 1;
+    if (F == FMT_Q4_K || F == FMT_Q5_K) {
+        int s = lane & 7;
+        ua = (lane & ~7) + 2 * (s >> 1);
+        ub = ua + 1;
+        ha = hb = s & 1;
+    } else if (F == FMT_Q6_K) {
+        int s = lane & 7;
+        ua = (lane & ~7) + 4 * (s >> 2) + ((s >> 1) & 1);
+        ub = ua + 2;
+        ha = hb = s & 1;
+    }
+    g.xa = ua * GEMV_UNIT_F4 + 4 * ha;
+    g.xb = ub * GEMV_UNIT_F4 + 4 * hb;
+    g.sa = 2 * ua + ha;
+    g.sb = 2 * ub + hb;
+    return g;
+}
+
+// Whether lane `lane` has weights in the tile at unit0 (units: the row's).
+template <int F>
+ATLAS_DEV bool gv_have(int unit0, int lane, int units) {
+    if (GvFmt<F>::kquant) return unit0 + 8 * (lane >> 3) < units;
+    return unit0 + lane < units;
+}
+
+// ---- loads ----------------------------------------------------------------------------------
+
+// What a lane loads from global memory for one tile, before the barrier.
+struct GvRaw {
+    atlas_u4 q[8];
+    u32 sc;
+    int off, n;  // staged: the tile's first byte in the buffer, the chunks copied
+};
+
+// The staged formats' tile: byte range [b0, b1) of the row, and where it starts in the buffer.
+template <int F>
+ATLAS_DEV void gv_tile_span(int unit0, int units, int* b0, int* b1) {
+    if (GvFmt<F>::kquant) {
+        *b0 = (unit0 / 8) * BLOCK_BYTES_Q6_K;
+        *b1 = (min(unit0 + 32, units) / 8) * BLOCK_BYTES_Q6_K;
+    } else {
+        const int ub = GvFmt<F>::tile_bytes / 32;
+        *b0 = unit0 * ub;
+        *b1 = min(unit0 + 32, units) * ub;
+    }
+}
+
+// Issue the lane's 16-byte loads of the tile at unit0 (the warp's row is live).
+template <int F>
+ATLAS_DEV void gv_fetch(const u8* __restrict__ row, const u8* __restrict__ srow, int unit0,
+                        int units, int lane, bool have, GvRaw& g) {
+    if (GvFmt<F>::staged) {
+        int b0, b1;
+        gv_tile_span<F>(unit0, units, &b0, &b1);
+        g.off = (int)((unsigned long long)(row + b0) & 15ull);
+        g.n = (g.off + (b1 - b0) + 15) >> 4;
+        const atlas_u4* base = (const atlas_u4*)(row + b0 - g.off);
+#pragma unroll
+        for (int k = 0; k < GvFmt<F>::per_lane; k++)
+            if (lane + 32 * k < g.n) g.q[k] = base[lane + 32 * k];
+        return;
+    }
+    if (!have) return;
+    int u = unit0 + lane;
+    if (F == FMT_NVFP4) {
+        g.q[0] = ((const atlas_u4*)row)[u];  // 32 codes
+        g.sc = ((const u16*)srow)[u];        // the unit's two E4M3 block scales
+    } else if (F == FMT_BF16 || F == FMT_F16) {
+#pragma unroll
+        for (int c = 0; c < 4; c++) g.q[c] = ((const atlas_u4*)row)[4 * u + c];
+    } else if (F == FMT_F32) {
+#pragma unroll
+        for (int c = 0; c < 8; c++) g.q[c] = ((const atlas_u4*)row)[8 * u + c];
+    } else if (F == FMT_Q4_K || F == FMT_Q5_K) {
+        const int bb = F == FMT_Q4_K ? BLOCK_BYTES_Q4_K : BLOCK_BYTES_Q5_K;
+        const atlas_u4* b = (const atlas_u4*)(row + (long long)bb * (unit0 / 8 + (lane >> 3)));
+        int s = lane & 7;
+        g.q[0] = b[0];  // d, dmin, the 12 bytes of 6-bit scales and mins
+        if (F == FMT_Q4_K) {
+            g.q[1] = b[1 + s];  // code bytes 16 s .. 16 s + 15
+        } else {
+            g.q[1] = b[3 + s];
+            g.q[2] = b[1 + (s & 1)];  // the high bits of the same 16 element positions
+        }
+    }
+}
+
+// The staged formats: the fetched chunks into the warp's buffer (after the barrier).
+template <int F>
+ATLAS_DEV void gv_park(const GvRaw& g, atlas_u4* wb, int lane) {
+#pragma unroll
+    for (int k = 0; k < GvFmt<F>::per_lane; k++)
+        if (lane + 32 * k < g.n) wb[lane + 32 * k] = g.q[k];
+}
+
+// 4 bytes at an even byte offset of a staged buffer: two aligned reads and a funnel shift.
+ATLAS_DEV u32 gv_sh32(const u32* w, int off) {
+    unsigned long long p = ((unsigned long long)w[(off >> 2) + 1] << 32) | w[off >> 2];
+    return (u32)(p >> (8 * (off & 3)));
+}
+ATLAS_DEV u32 gv_sh16(const u8* b, int off) { return ((const u16*)b)[off >> 1]; }
+
+// ---- decode ---------------------------------------------------------------------------------
+
+// One word of 8 4-bit codes (bytes 0..3: elements 4k..4k+3; low nibble -> A, high -> B) with
+// high bits hA, hB already in place (0 for plain 4-bit), as q * 2^-24 (A) and 16 q * 2^-24 (B).
+ATLAS_DEV void gv_nib8(u32 w, u32 hA02, u32 hA13, u32 hB02, u32 hB13, float* vA, float* vB) {
+    u32 w8 = w >> 8;
+    h2_to_f32((w & 0x000F000Fu) | hA02, &vA[0], &vA[2]);
+    h2_to_f32((w8 & 0x000F000Fu) | hA13, &vA[1], &vA[3]);
+    h2_to_f32((w & 0x00F000F0u) | hB02, &vB[0], &vB[2]);
+    h2_to_f32((w8 & 0x00F000F0u) | hB13, &vB[1], &vB[3]);
+}
+
+// The two 6-bit scales and mins of sub-blocks 2i, 2i + 1 of a K-quant block (ggml
+// get_scale_min_k4) from the header words h1 = bytes 4..7, h2 = 8..11, h3 = 12..15, as pairs
+// of bytes (low byte: sub-block 2i) -> floats.
+ATLAS_DEV void gv_kscales(u32 h1, u32 h2, u32 h3, int i, float* sc, float* mn) {
+    // sub-blocks 0..3: the low 6 bits of bytes j (scale) and j + 4 (min); 4..7: 4 bits of byte
+    // j + 4 (low nibble: scale, high: min) and the top 2 bits of bytes j - 4 and j
+    bool lo = i < 2;
+    int p = 16 * (i & 1), q = lo ? p : p + 2;
+    u32 s2 = (((lo ? h1 : h3) >> p) & 0x0F0Fu) | ((h1 >> q) & 0x3030u);
+    u32 m2 = (((lo ? h2 : h3) >> (lo ? p : p + 4)) & 0x0F0Fu) | ((h2 >> q) & 0x3030u);
+    sc[0] = (float)(s2 & 0xffu);
+    sc[1] = (float)(s2 >> 8);
+    mn[0] = (float)(m2 & 0xffu);
+    mn[1] = (float)(m2 >> 8);
+}
+
+#define GV_2P24 16777216.0f
+#define GV_2P20 1048576.0f
+
+// The lane's unit, decoded (after the barrier; wb: the warp's staged buffer).
+template <int F>
+ATLAS_DEV void gv_decode(const GvRaw& g, const u8* wb, int lane, GvUnit& o) {
+    o.dA = o.dB = 1.0f;
+    o.mA = o.mB = 0.0f;
+    float dummy;
+    if (F == FMT_NVFP4) {
+        e2m1x8_scaled(g.q[0].x, o.v);
+        e2m1x8_scaled(g.q[0].y, o.v + 8);
+        e2m1x8_scaled(g.q[0].z, o.v + 16);
+        e2m1x8_scaled(g.q[0].w, o.v + 24);
+        e4m3x2_to_f32(g.sc, &o.dA, &o.dB);  // the global scale and 2^14: gemv_row_scale
+    } else if (F == FMT_BF16 || F == FMT_F16) {
 #pragma unroll
         for (int c = 0; c < 4; c++) {
-            atlas_u4 q = p[c];
-            u32 wd[4] = {q.x, q.y, q.z, q.w};
+            u32 wd[4] = {g.q[c].x, g.q[c].y, g.q[c].z, g.q[c].w};
 #pragma unroll
             for (int k = 0; k < 4; k++) {
+                float* e = o.v + 8 * c + 2 * k;
                 if (F == FMT_BF16) {
-                    v[8 * c + 2 * k] = __uint_as_float(wd[k] << 16);
-                    v[8 * c + 2 * k + 1] = __uint_as_float(wd[k] & 0xffff0000u);
+                    e[0] = __uint_as_float(wd[k] << 16);
+                    e[1] = __uint_as_float(wd[k] & 0xffff0000u);
                 } else {
-                    h2_to_f32(wd[k], &v[8 * c + 2 * k], &v[8 * c + 2 * k + 1]);
+                    h2_to_f32(wd[k], &e[0], &e[1]);
                 }
             }
         }
-    } else if (VEC && F == FMT_F32) {
-        const atlas_f4* p = (const atlas_f4*)row + 8 * u;  // 128 bytes: eight 16-byte loads
+    } else if (F == FMT_F32) {
 #pragma unroll
         for (int c = 0; c < 8; c++) {
-            atlas_f4 q = p[c];
-            v[4 * c] = q.x;
-            v[4 * c + 1] = q.y;
-            v[4 * c + 2] = q.z;
-            v[4 * c + 3] = q.w;
+            o.v[4 * c] = __uint_as_float(g.q[c].x);
+            o.v[4 * c + 1] = __uint_as_float(g.q[c].y);
+            o.v[4 * c + 2] = __uint_as_float(g.q[c].z);
+            o.v[4 * c + 3] = __uint_as_float(g.q[c].w);
         }
-    } else if (F == FMT_F16) {  // a misaligned row: 2-byte loads, the same exact decode
-        const u16* p = (const u16*)row + 32 * u;
+    } else if (F == FMT_Q4_K || F == FMT_Q5_K) {
+        int s = lane & 7, i = s >> 1;
+        float d, dmin, sc[2], mn[2];
+        h2_to_f32(g.q[0].x, &d, &dmin);
+        gv_kscales(g.q[0].y, g.q[0].z, g.q[0].w, i, sc, mn);
+        u32 c[4] = {g.q[1].x, g.q[1].y, g.q[1].z, g.q[1].w};
+        u32 h[4] = {g.q[2].x, g.q[2].y, g.q[2].z, g.q[2].w};
 #pragma unroll
-        for (int i = 0; i < 32; i += 2) h2_to_f32(p[i] | ((u32)p[i + 1] << 16), &v[i], &v[i + 1]);
-    } else {
-        deq32<F>(row, srow, gs, u, v);
+        for (int k = 0; k < 4; k++) {
+            u32 a02 = 0, a13 = 0, b02 = 0, b13 = 0;
+            if (F == FMT_Q5_K) {  // bit 2i of byte l: sub-block 2i's fifth bit; 2i + 1: B's
+                u32 hq = h[k] >> (2 * i);
+                a02 = (hq << 4) & 0x00100010u;
+                a13 = (hq >> 4) & 0x00100010u;
+                b02 = (hq << 7) & 0x01000100u;
+                b13 = (hq >> 1) & 0x01000100u;
+            }
+            gv_nib8(c[k], a02, a13, b02, b13, o.v + 4 * k, o.v + 16 + 4 * k);
+        }
+        float d20 = mul_rn(d, GV_2P20);  // exact: a power of two
+        o.dA = mul_rn(mul_rn(d20, 16.0f), sc[0]);
+        o.dB = mul_rn(d20, sc[1]);
+        o.mA = mul_rn(dmin, mn[0]);
+        o.mB = mul_rn(dmin, mn[1]);
+    } else if (F == FMT_Q4_0 || F == FMT_Q4_1 || F == FMT_Q8_0) {
+        const int bb = GvFmt<F>::tile_bytes / 32;
+        int off = g.off + bb * lane;  // the lane's block in the buffer; even
+        const u32* w = (const u32*)wb;
+        u32 dd = gv_sh16(wb, off);
+        float d, m = 0.0f;
+        if (F == FMT_Q4_1) h2_to_f32(dd | (gv_sh16(wb, off + 2) << 16), &d, &m);
+        else h2_to_f32(dd, &d, &dummy);
+        int q0 = off + (F == FMT_Q4_1 ? 4 : 2);
+        if (F == FMT_Q8_0) {
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                u32 c = gv_sh32(w, q0 + 4 * k);
+                h2_to_f32((c & 0x00FF00FFu) ^ 0x00800080u, &o.v[4 * k], &o.v[4 * k + 2]);
+                h2_to_f32(((c >> 8) & 0x00FF00FFu) ^ 0x00800080u, &o.v[4 * k + 1], &o.v[4 * k + 3]);
+            }
+            o.dA = o.dB = mul_rn(d, GV_2P24);
+            o.mA = o.mB = mul_rn(d, 128.0f);
+        } else {
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+                gv_nib8(gv_sh32(w, q0 + 4 * k), 0, 0, 0, 0, o.v + 4 * k, o.v + 16 + 4 * k);
+            o.dA = mul_rn(d, GV_2P24);
+            o.dB = mul_rn(d, GV_2P20);
+            o.mA = o.mB = F == FMT_Q4_0 ? mul_rn(d, 8.0f) : -m;
+        }
+    } else if (F == FMT_Q6_K) {
+        int s = lane & 7, hh = s >> 2, kk = (s >> 1) & 1, h16 = s & 1;
+        int blk = g.off + BLOCK_BYTES_Q6_K * (lane >> 3);  // even
+        const u32* w = (const u32*)wb;
+        int ql = blk + 64 * hh + 32 * kk + 16 * h16, qh = blk + 128 + 32 * hh + 16 * h16;
+        const i8* sc = (const i8*)(wb + blk + 192 + 8 * hh + 2 * kk + h16);
+        float d;
+        h2_to_f32(gv_sh16(wb, blk + 208), &d, &dummy);
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            u32 hq = gv_sh32(w, qh + 4 * k) >> (2 * kk);  // A's 2 bits at 0..1, B's at 4..5
+            u32 hl = hq << 4, hr = hq >> 4;
+            gv_nib8(gv_sh32(w, ql + 4 * k), hl & 0x00300030u, hr & 0x00300030u,
+                    hl & 0x03000300u, hr & 0x03000300u, o.v + 4 * k, o.v + 16 + 4 * k);
+        }
+        float sa = mul_rn(d, (float)sc[0]), sb = mul_rn(d, (float)sc[4]);
+        o.dA = mul_rn(sa, GV_2P24);
+        o.dB = mul_rn(sb, GV_2P20);
+        o.mA = mul_rn(sa, 32.0f);
+        o.mB = mul_rn(sb, 32.0f);
+    }
+}
+
+// ---- x --------------------------------------------------------------------------------------
+
+// One staged float4 of x: thread (uu, c) holds elements 4c..4c+3 of tile unit uu. With SUMS,
+// the 4 threads of each half add their values (every lane of the warp must call).
+template <bool SUMS>
+ATLAS_DEV void gemv_put_x(atlas_f4 q, bool ok, atlas_f4* xs, float* xsum, int uu, int c) {
+    if (ok) xs[uu * GEMV_UNIT_F4 + c] = q;
+    if (SUMS) {
+        float s = ok ? (q.x + q.y) + (q.z + q.w) : 0.0f;
+        s += warp_xor(s, 1);
+        s += warp_xor(s, 2);
+        if (ok && (c & 3) == 0) xsum[2 * uu + (c >> 2)] = s;
     }
 }
 
 // x[t][32 * unit0 .. + 32 * 32) -> xs for t < T: each of the 256 threads copies one float4 of
 // each token's tile (the warp reads 512 contiguous bytes); units past the row's end are left.
-template <int TT>
-ATLAS_DEV void gemv_stage_x(const float* __restrict__ x, atlas_f4* xs, int T, int cols, int unit0,
-                            bool x_aligned) {
+template <int TT, bool SUMS>
+ATLAS_DEV void gemv_stage_x(const float* __restrict__ x, atlas_f4* xs, float* xsum, int T,
+                            int cols, int unit0, bool x_aligned) {
     int uu = (int)(threadIdx.x >> 3), c = (int)(threadIdx.x & 7);
-    if (unit0 + uu >= cols / 32) return;
+    bool ok = unit0 + uu < cols / 32;
+    if (!SUMS && !ok) return;
     const float* src = x + 32 * (unit0 + uu) + 4 * c;
-    atlas_f4* dst = xs + uu * GEMV_UNIT_F4 + c;
 #pragma unroll
     for (int t = 0; t < TT; t++) {
         if (TT == 1 || t < T) {
             const float* p = src + (long long)t * cols;
-            atlas_f4 q;
-            if (x_aligned) {
+            atlas_f4 q = {0.0f, 0.0f, 0.0f, 0.0f};
+            if (ok && x_aligned) {
                 q = *(const atlas_f4*)p;
-            } else {
+            } else if (ok) {
                 q.x = p[0];
                 q.y = p[1];
                 q.z = p[2];
                 q.w = p[3];
             }
-            dst[t * 32 * GEMV_UNIT_F4] = q;
+            gemv_put_x<SUMS>(q, ok, xs + t * GEMV_TILE_F4, xsum + t * 64, uu, c);
         }
     }
 }
 
-// sum_i v[i] * x[i] over elements [lo, lo + 16) of a staged unit, in two chains.
-ATLAS_DEV float gemv_dot16(const float* v, const atlas_f4* xu, int lo) {
-    float a = 0.0f, b = 0.0f;
+// ---- the dot --------------------------------------------------------------------------------
+
+// acc + sum_i v[i] * x[i] over 16 elements of staged x (four float4): one chain; a lane has
+// two halves per unit and U units in flight, enough chains to hide the FFMA latency.
+ATLAS_DEV float gemv_dot16(const float* v, const atlas_f4* xu, float acc) {
 #pragma unroll
-    for (int c = 0; c < 4; c += 2) {
-        atlas_f4 p = xu[lo / 4 + c], q = xu[lo / 4 + c + 1];
-        const float* e = v + lo + 4 * c;
-        a = fmaf(e[0], p.x, a);
-        b = fmaf(e[4], q.x, b);
-        a = fmaf(e[1], p.y, a);
-        b = fmaf(e[5], q.y, b);
-        a = fmaf(e[2], p.z, a);
-        b = fmaf(e[6], q.z, b);
-        a = fmaf(e[3], p.w, a);
-        b = fmaf(e[7], q.w, b);
+    for (int c = 0; c < 4; c++) {
+        atlas_f4 p = xu[c];
+        acc = fmaf(v[4 * c], p.x, acc);
+        acc = fmaf(v[4 * c + 1], p.y, acc);
+        acc = fmaf(v[4 * c + 2], p.z, acc);
+        acc = fmaf(v[4 * c + 3], p.w, acc);
     }
-    return a + b;
+    return acc;
 }
 
+// The lane's unit against one token's staged tile (xs, xsum of that token), into the two
+// accumulators of the halves. NVFP4's global scale is applied once per row by the caller.
+template <int F, bool VEC>
+ATLAS_DEV void gemv_dot(const GvUnit& g, const GvLane& L, const atlas_f4* xs, const float* xsum,
+                        float* acc) {
+    if (!VEC || !GvFmt<F>::scaled) {  // deq32 values are final; plain formats
+        acc[0] = gemv_dot16(g.v, xs + L.xa, acc[0]);
+        acc[1] = gemv_dot16(g.v + 16, xs + L.xb, acc[1]);
+        return;
+    }
+    acc[0] = fmaf(gemv_dot16(g.v, xs + L.xa, 0.0f), g.dA, acc[0]);
+    acc[1] = fmaf(gemv_dot16(g.v + 16, xs + L.xb, 0.0f), g.dB, acc[1]);
+    if (GvFmt<F>::sums) {
+        acc[0] = fmaf(-g.mA, xsum[L.sa], acc[0]);
+        acc[1] = fmaf(-g.mB, xsum[L.sb], acc[1]);
+    }
+}
+
+// What multiplies a row's sum at the end: NVFP4's global scale times 2^14 on the 16-byte path.
+template <int F, bool VEC>
+ATLAS_DEV float gemv_row_scale(float gs) {
+    return VEC && F == FMT_NVFP4 ? mul_rn(gs, 16384.0f) : 1.0f;
+}
+
+// The fallback: deq32's exact values of unit (unit0 + lane), the plain layout of lanes.
+template <int F>
+ATLAS_DEV void gemv_deq(const u8* __restrict__ row, const u8* __restrict__ srow, float gs, int u,
+                        GvUnit& o) {
+    deq32<F>(row, srow, gs, u, o.v);
+    o.dA = o.dB = 1.0f;
+    o.mA = o.mB = 0.0f;
+}

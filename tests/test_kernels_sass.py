@@ -97,45 +97,130 @@ def _ops(body: list[str]) -> collections.Counter:
     return collections.Counter(op.split()[0] for op in body)
 
 
-def _decode_loop(fns, name: str) -> collections.Counter:
-    """The T == 1 tile loop of the 16-byte path: a barrier, 8 LDS.128 of x, no byte loads of
-    the fallback (deq32) path."""
-    found = []
-    for body in _sass_loops(fns[f"gemv_{name}"]):
-        c = _ops(body)
-        if c["BAR.SYNC.DEFER_BLOCKING"] and c["LDS.128"] == 8 and not c["LDG.E.U8.CONSTANT"]:
-            found.append(c)
-    assert found, f"gemv_{name}: no T == 1 loop with x in shared memory"
-    return min(found, key=lambda c: sum(c.values()))
+def _decode_loop(fns, name: str) -> tuple[collections.Counter, int]:
+    """The T == 1 tile loop of the 16-byte path (the smallest loop with a barrier: the deq32
+    and T <= 8 bodies are larger) and the weights a lane multiplies per iteration (32 per 8
+    LDS.128 of x)."""
+    found = [c for c in map(_ops, _sass_loops(fns[name])) if c["BAR.SYNC.DEFER_BLOCKING"]]
+    assert found, f"{name}: no loop with x in shared memory"
+    c = min(found, key=lambda c: sum(c.values()))
+    assert c["LDS.128"] % 8 == 0 and c["LDS.128"], c
+    return c, 4 * c["LDS.128"]
 
 
-# (format, weight 16-byte loads per 32 weights, instruction bound per 32 weights at T == 1)
-# Before the rewrite (byte/half-word loads, x from global memory, compare/select E2M1 decode,
-# the scale per element): NVFP4 556, bf16 136, f16 841, f32 103 instructions per 32 weights.
-FAST_PATHS = [("nvfp4", 1, 184), ("bf16", 4, 120), ("f16", 4, 120), ("f32", 8, 90)]
+# (format, lane units per T == 1 iteration, instruction bound per weight at T == 1)
+# Measured (sm_90, nvcc 13.0) per weight: NVFP4 4.89, Q4_K 4.91, Q5_K 6.06, Q4_0 6.06, Q4_1 6.16,
+# Q8_0 7.53, Q6_K 7.84, bf16/f16 2.92, f32 2.13. Before this layout (deq32 with byte loads for
+# every GGUF format; one unit per lane): NVFP4 5.69, Q4_0 7.7, Q4_1 9.6, Q8_0 6.4, Q4_K 10.8,
+# Q5_K 14.8, Q6_K 14.0, bf16/f16 3.47, f32 2.5. The bounds leave ~2% for compiler drift.
+FAST_PATHS = [
+    ("nvfp4", 4, 5.0),
+    ("q4_k", 4, 5.0),
+    ("q5_k", 4, 6.2),
+    ("q4_0", 1, 6.2),
+    ("q4_1", 1, 6.3),
+    ("q8_0", 1, 7.7),
+    ("q6_k", 1, 8.0),
+    ("bf16", 4, 3.0),
+    ("f16", 4, 3.0),
+    ("f32", 2, 2.2),
+]
+STAGED = ("q4_0", "q4_1", "q8_0", "q6_k")  # blocks not 16-byte units: staged in shared memory
+# 16-byte weight loads per 32 weights read straight from the row (the staged formats copy the
+# tile's chunks, ceil(tile bytes / 512) or one more per lane)
+ROW_LOADS = {"nvfp4": 1, "q4_k": 2, "q5_k": 3, "bf16": 4, "f16": 4, "f32": 8}
 
 
-@pytest.mark.parametrize("fmt,loads,bound", FAST_PATHS)
-def test_sm90_decode_loop_uses_128_bit_loads(sass, fmt, loads, bound):
-    c = _decode_loop(sass, fmt)
-    # the weights' 16-byte loads plus one for staging x
-    assert c["LDG.E.128.CONSTANT"] == loads + 1, c
-    assert c["LDG.E.U16.CONSTANT"] == (1 if fmt == "nvfp4" else 0), c  # NVFP4: 2 block scales
-    assert c["FFMA"] == 32 + (2 if fmt == "nvfp4" else 0), c  # the scale once per 16-block
+@pytest.mark.parametrize("fmt,units,bound", FAST_PATHS)
+def test_sm90_decode_loop_uses_128_bit_loads(sass, fmt, units, bound):
+    c, weights = _decode_loop(sass, f"gemv_{fmt}")
+    assert weights == 32 * units, c
+    assert not c["LDG.E.U8.CONSTANT"] and not c["LDG.E.S8.CONSTANT"], c  # no byte loads
+    x_loads = units  # one 16-byte load of x per staged tile
+    if fmt in STAGED:
+        assert c["LDG.E.128.CONSTANT"] >= x_loads + 2 and c["STS.128"] >= 3, c
+        assert not c["LDG.E.U16.CONSTANT"], c
+    else:
+        assert c["LDG.E.128.CONSTANT"] == units * ROW_LOADS[fmt] + x_loads, c
+        assert c["LDG.E.U16.CONSTANT"] == (units if fmt == "nvfp4" else 0), c  # 2 block scales
+    # one FFMA per weight, plus the halves' multipliers and offsets/mins once per 16 weights
+    per_unit = 0 if fmt in ("bf16", "f16", "f32") else 2 if fmt == "nvfp4" else 4
+    assert c["FFMA"] <= weights + units * per_unit + 2, c
     total = sum(c.values())
-    assert total <= bound, f"gemv_{fmt}: {total} instructions per 32 weights at T == 1"
+    assert total <= bound * weights, f"gemv_{fmt}: {total / weights:.2f} instructions per weight"
 
 
 def test_sm90_nvfp4_decode_has_no_compare_select(sass):
-    c = _decode_loop(sass, "nvfp4")
+    c, weights = _decode_loop(sass, "gemv_nvfp4")
     assert not c["FSEL"] and not c["I2FP.F32.U32"] and not c["ISETP.GE.U32.AND"], c
-    assert c["HADD2.F32"] == 34, c  # 32 codes + 2 block scales, converted exactly from f16
+    assert c["HADD2.F32"] == weights + weights // 16, c  # codes + block scales, exact from f16
+
+
+@pytest.mark.parametrize("fmt", ["q4_0", "q4_1", "q8_0", "q4_k", "q5_k", "q6_k"])
+def test_sm90_gguf_decode_is_branch_free(sass, fmt):
+    """The nibbles are masked into f16 halves: no int-to-float conversion per weight, no
+    compare/select; the block scales are the only integers converted."""
+    c, weights = _decode_loop(sass, f"gemv_{fmt}")
+    conversions = sum(n for op, n in c.items() if op.startswith(("I2F", "I2FP")))
+    assert conversions <= weights // 8, c
+    assert c["HADD2.F32"] >= weights and not c["FSEL"], c
 
 
 def test_sm90_gemv_uses_no_local_memory(sass):
     for name, ins in sass.items():
         ops = _ops([o for _, o in ins])
         assert not any(k.startswith(("LDL", "STL")) for k in ops), name
+
+
+@pytest.fixture(scope="module")
+def decode_sass(sass) -> dict[str, list[tuple[int, str]]]:
+    """decode.cu (the fused decode step) for sm_90, as `sass` reads gemv.cu."""
+    nvcc = shutil.which("nvcc")
+    if not nvcc:
+        pytest.skip("nvcc not installed")
+    tool = _cuobjdump()
+    with tempfile.TemporaryDirectory() as d:
+        out = Path(d) / "decode.cubin"
+        cmd = [nvcc, "-cubin", "-arch=sm_90", "-O3", f"-I{KERNELS}", "-o", str(out)]
+        subprocess.run([*cmd, str(KERNELS / "decode.cu")], check=True, capture_output=True)
+        env = dict(os.environ, PATH=f"{Path(tool).parent}{os.pathsep}{os.environ['PATH']}")
+        text = subprocess.run(
+            [tool, "-sass", str(out)], check=True, capture_output=True, text=True, env=env
+        ).stdout
+    fns: dict[str, list[tuple[int, str]]] = {}
+    name = None
+    for line in text.splitlines():
+        m = re.search(r"Function : (\S+)", line)
+        if m:
+            name = m.group(1)
+            fns[name] = []
+        elif name and (m := SASS_LINE.search(line)):
+            fns[name].append((int(m.group(1), 16), re.sub(r"^@!?U?P\w+\s+", "", m.group(2))))
+    return fns
+
+
+# Open: in decode.cu the Q4_0 / Q4_1 tile loop is not found with 16-byte loads (gemv.cu's is,
+# from the same gemv.cuh code); strict, so the fix shows up here.
+_DG_SPLIT = pytest.mark.xfail(strict=True, reason="dgemv staged chunks load as 4-byte words")
+
+
+@pytest.mark.parametrize(
+    "fmt",
+    [pytest.param(f, marks=_DG_SPLIT) if f in ("q4_0", "q4_1") else f for f, _, _ in FAST_PATHS],
+)
+def test_sm90_dgemv_loop_uses_128_bit_loads(decode_sass, fmt):
+    """The fused decode step's GEMV shares gemv.cuh: its tile loop without byte loads."""
+
+    def n(c, kind):  # the table's pointers are generic: LD.E.* as well as LDG.E.*
+        return sum(k for op, k in c.items() if op.startswith((f"LDG.E.{kind}", f"LD.E.{kind}")))
+
+    loops = list(map(_ops, _sass_loops(decode_sass[f"dgemv_{fmt}"])))
+    fast = [
+        c for c in loops if c["BAR.SYNC.DEFER_BLOCKING"] and c["LDS.128"] >= 8 and n(c, "128") >= 2
+    ]
+    fast = [c for c in fast if not n(c, "U8") and (fmt == "nvfp4" or not n(c, "U16"))]
+    assert fast, f"dgemv_{fmt}: no 16-byte tile loop"
+    assert not any(k.startswith(("LDL", "STL")) for c in loops for k in c), fmt
 
 
 # ---- gfx1151 -------------------------------------------------------------------------------
@@ -175,19 +260,41 @@ def _amd_loops(asm: str, name: str) -> list[collections.Counter]:
     return loops
 
 
-def test_gfx1151_nvfp4_loop_is_branch_free_with_128_bit_loads(gfx1151):
-    """The NVFP4 decode-step loop: one 16-byte load of codes, one 2-byte load of scales, x
-    from LDS, no byte loads and no branch per nibble (before: 16 byte loads, 43 branches)."""
+def _amd_decode_loop(asm: str, fmt: str, units: int) -> collections.Counter:
+    """The T == 1 loop: a barrier and 8 ds_load_b128 of x per lane unit; the largest such
+    loop (the branch targets inside it make smaller ones)."""
     fast = [
         c
-        for c in _amd_loops(gfx1151, "gemv_nvfp4")
-        if c["s_barrier"] and c["ds_load_b128"] == 8 and c["global_load_u16"]
+        for c in _amd_loops(asm, f"gemv_{fmt}")
+        if c["s_barrier"] and c["ds_load_b128"] == 8 * units and not c["global_load_u8"]
     ]
-    assert fast, "no NVFP4 loop with x staged in LDS"
-    c = min(fast, key=lambda c: sum(c.values()))
-    assert not c["global_load_u8"] and c["global_load_b128"] >= 2, c
+    assert fast, f"gemv_{fmt}: no loop with x staged in LDS"
+    return max(fast, key=lambda c: sum(c.values()))
+
+
+# Open: on gfx1151 the staged formats' GvRaw (the copied chunks) lands in scratch memory.
+_AMD_SCRATCH = pytest.mark.xfail(strict=True, reason="gfx1151: staged chunks spill to scratch")
+
+
+@pytest.mark.parametrize(
+    "fmt,units,bound",
+    [pytest.param(*p, marks=_AMD_SCRATCH) if p[0] in STAGED else p for p in FAST_PATHS],
+)
+def test_gfx1151_loops_use_128_bit_loads(gfx1151, fmt, units, bound):
+    c = _amd_decode_loop(gfx1151, fmt, units)
+    assert c["global_load_b128"] + c["global_load_dwordx4"] >= units + 1, c
+    assert not c["global_load_u8"] and not c["global_load_i8"], c
+    assert not any(op.startswith("scratch_") for op in c), c
+
+
+def test_gfx1151_nvfp4_loop_is_branch_free_with_128_bit_loads(gfx1151):
+    """The NVFP4 decode-step loop: one 16-byte load of codes and one 2-byte load of scales per
+    lane unit, x from LDS, no byte loads, no branch per nibble (before: 16 byte loads, 43
+    branches per 32 weights; now one per lane unit's bounds check and the loop's)."""
+    c = _amd_decode_loop(gfx1151, "nvfp4", 4)
+    assert c["global_load_b128"] >= 5 and c["global_load_u16"] == 4, c
     branches = sum(n for op, n in c.items() if op.startswith("s_cbranch"))
-    assert branches <= 8, f"{branches} conditional branches in the NVFP4 loop"
+    assert branches <= 8 * 4, f"{branches} conditional branches per 128 weights"
 
 
 # ---- the fallback for rows that are not 16-byte aligned, on the emulator --------------------
@@ -230,3 +337,33 @@ def test_misaligned_rows_take_the_fallback(emu_ops, t):
         got = emu_ops.linear(emu_ops.asarray(x), type(dw)(**{**vars(dw), **moved})).numpy()
         np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5, err_msg=fmt)
         np.testing.assert_allclose(got, x @ wf.T, rtol=2e-4, atol=2e-4, err_msg=fmt)
+
+
+# ---- every format against numpy on the emulator: T = 1..8, odd row sizes, shifted buffers ---
+
+_EMU_COLS = {"q4_k": 512, "q5_k": 512, "q6_k": 512}  # K-quants: whole 256-element blocks
+
+
+@pytest.mark.parametrize("fmt", [f for f, _, _ in FAST_PATHS])
+def test_every_format_matches_numpy(emu_ops, fmt):
+    """The 16-byte path (rows of 54, 60, 102, 420 ... bytes: not 16-byte multiples for the
+    staged formats) and the deq32 fallback (the buffer shifted off 16-byte alignment) both
+    match x @ W^T of numpy's dequantization for T = 1, 2, 5, 8."""
+    from atlas_cli.backend.ops.native import NativeOps
+    from tests.gpu.checks import random_weight
+
+    if fmt == "f32":  # emu_ops rounds float weights to bf16
+        emu_ops = NativeOps(emu_ops.rt, weight_dtype="f32")
+    rng = np.random.default_rng(11)
+    cols = _EMU_COLS.get(fmt, 96)
+    w, wf = random_weight(fmt, 19, cols, rng)
+    dw = emu_ops.prepare_weight(w)
+    raw = np.empty(dw.rows * dw.row_bytes, np.uint8)
+    emu_ops.rt.d2h(raw, dw.data)
+    moved = type(dw)(**{**vars(dw), "data": _shifted(emu_ops, raw, 2)})
+    for t in (1, 2, 5, 8):
+        x = rng.standard_normal((t, cols)).astype(np.float32)
+        want = x.astype(np.float64) @ wf.T.astype(np.float64)
+        for weight in (dw, moved):
+            got = emu_ops.linear(emu_ops.asarray(x), weight).numpy()
+            np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4, err_msg=f"{fmt} T={t}")
