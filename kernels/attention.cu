@@ -171,6 +171,26 @@ ATTN_ENTRIES(64)
 ATTN_ENTRIES(128)
 ATTN_ENTRIES(256)
 
+#include "attention_mma.cuh"
+
+#define ATTN_PREFILL_ENTRY(HD, KVNAME, KV)                                                      \
+    extern "C" __global__ void __launch_bounds__(128) attn_prefill_##KVNAME##_hd##HD(           \
+        const float* __restrict__ q, const void* __restrict__ kc, const void* __restrict__ vc,  \
+        float kscale, float vscale, float* __restrict__ out, float* __restrict__ part_o,        \
+        float* __restrict__ part_ml, int T, int nh, int nkv, int cap, int start,                \
+        const i32* start_ptr, int split_len) {                                                  \
+        attn_prefill_body<HD, KV>(q, kc, vc, kscale, vscale, out, part_o, part_ml, T, nh, nkv,  \
+                                  cap, start, start_ptr, split_len);                            \
+    }
+#define ATTN_PREFILL_ENTRIES(HD)                                                         \
+    ATTN_PREFILL_ENTRY(HD, bf16, KV_BF16) ATTN_PREFILL_ENTRY(HD, fp8, KV_FP8)           \
+        ATTN_PREFILL_ENTRY(HD, f32, KV_F32)
+ATTN_PREFILL_ENTRIES(16)  // MMA k-steps are 16 dims: no hd 8 variant
+ATTN_PREFILL_ENTRIES(32)
+ATTN_PREFILL_ENTRIES(64)
+ATTN_PREFILL_ENTRIES(128)
+ATTN_PREFILL_ENTRIES(256)
+
 extern "C" __global__ void __launch_bounds__(256)
     attn_combine(const float* __restrict__ part_o, const float* __restrict__ part_ml,
                  float* __restrict__ out, int nsplit, int rows, int hd) {
