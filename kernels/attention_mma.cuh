@@ -149,10 +149,11 @@ ATLAS_DEV void tc_mma(float* c, const TcA& a, const TcB& b) {
     // The MMA's definition on the same fragments: every lane fetches the A row and B column
     // of each of its C elements from the lanes that hold them (the word index is the same on
     // every lane, so one shuffle per word serves the warp).
+    // (not unrolled: the reference build's compile time stays small)
     int lane = attn_lane();
-#pragma unroll
+#pragma unroll 1
     for (int kp = 0; kp < 8; kp++) {
-#pragma unroll
+#pragma unroll 1
         for (int e = 0; e < TC_CE; e++) {
             int r = tc_c_row(lane, e), n = tc_c_col(lane, e);
             u32 aw, bw;
@@ -177,6 +178,20 @@ ATLAS_DEV void tc_load_b(TcB& b, const u32* base, int stride, int col0, int kp0,
     for (int i = 0; i < TC_BW; i++) b.w[i] = p[tc_b_kp(lane, i)];
 }
 
+// Two e4m3 codes (low byte = lower index) as a bf16 pair: e4m3 values have 4 significant bits,
+// exact in bf16. sm_89+ converts both in one instruction (to f16x2; f16 -> f32 is exact).
+ATLAS_DEV u32 e4m3x2_to_bf16x2(u32 two) {
+#if defined(ATLAS_CUDA) && defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 890) && !defined(ATLAS_PORTABLE)
+    unsigned int h2;
+    unsigned short in = (unsigned short)two;
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(in));
+    return pack_bf16(bf16_rn(f16_to_f32((u16)(h2 & 0xffffu))), bf16_rn(f16_to_f32((u16)(h2 >> 16))));
+#else
+    return pack_bf16(bf16_rn(e4m3_to_f32_portable((u8)two)),
+                     bf16_rn(e4m3_to_f32_portable((u8)(two >> 8))));
+#endif
+}
+
 // Eight consecutive cache elements at idx (a multiple of 8) as four bf16 pairs, hi and lo parts
 // (lo only for an f32 cache). bf16: one 16-byte load; fp8: 8 bytes; f32: 2 x 16 bytes.
 template <int KV>
@@ -186,15 +201,8 @@ ATLAS_DEV void stage8(const void* __restrict__ c, long long idx, u32* hi, u32* l
         hi[0] = v.x, hi[1] = v.y, hi[2] = v.z, hi[3] = v.w;
     } else if (KV == KV_FP8) {
         const AttnU2 v = *(const AttnU2*)((const u8*)c + idx);
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            u32 word = i < 2 ? v.x : v.y;
-            int sh = (i & 1) * 16;
-            // e4m3 values have 4 significant bits: exact in bf16
-            u16 a = bf16_rn(e4m3_to_f32((u8)(word >> sh)));
-            u16 b = bf16_rn(e4m3_to_f32((u8)(word >> (sh + 8))));
-            hi[i] = pack_bf16(a, b);
-        }
+        hi[0] = e4m3x2_to_bf16x2(v.x), hi[1] = e4m3x2_to_bf16x2(v.x >> 16);
+        hi[2] = e4m3x2_to_bf16x2(v.y), hi[3] = e4m3x2_to_bf16x2(v.y >> 16);
     } else {
         const AttnU4* f = (const AttnU4*)((const float*)c + idx);
         AttnU4 v0 = f[0], v1 = f[1];
@@ -236,6 +244,7 @@ ATLAS_DEV void stage_kv(const void* __restrict__ kc, const void* __restrict__ vc
     typedef PrefillShape<HD, KV> S;
     const int KT = S::KT, KSTR = S::KSTR, VSTR = S::VSTR;
     // K: one (key, 8 dims) chunk per step
+#pragma unroll 1
     for (int e = attn_tid(); e < KT * (HD / 8); e += ATTN_PREFILL_THREADS) {
         int j = e / (HD / 8), d = (e % (HD / 8)) * 8;
         u32 hi[4] = {0, 0, 0, 0}, lo[4] = {0, 0, 0, 0};
@@ -247,6 +256,7 @@ ATLAS_DEV void stage_kv(const void* __restrict__ kc, const void* __restrict__ vc
         }
     }
     // V transposed: one (key pair, 8 dims) chunk per step
+#pragma unroll 1
     for (int e = attn_tid(); e < (KT / 2) * (HD / 8); e += ATTN_PREFILL_THREADS) {
         int p = e % (KT / 2), d = (e / (KT / 2)) * 8;
         u32 h0[4] = {0, 0, 0, 0}, l0[4] = {0, 0, 0, 0}, h1[4] = {0, 0, 0, 0}, l1[4] = {0, 0, 0, 0};
@@ -329,18 +339,24 @@ ATLAS_DEV void prefill_pass(const float* __restrict__ q, const void* __restrict_
 
     // Q (scaled by the K scale and 1/sqrt(hd)) as hi/lo A fragments, kept in registers
     float qscale = kscale / sqrtf((float)HD);
+    // rows past the end read the last row (no branch, one base pointer per row) and use zeros
     TcA qh[KS], ql[KS];
+    const float* qrow[2];
+    bool qok[2];
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        int r = row0 + tc_a_row(lane, i);
+        qok[i] = r < rows;
+        r = min(r, rows - 1);
+        qrow[i] = q + ((long long)(r / G) * nh + hk * G + r % G) * HD + dbase;
+    }
 #pragma unroll
     for (int kk = 0; kk < KS; kk++) {
 #pragma unroll
         for (int i = 0; i < TC_AW; i++) {
-            int r = row0 + tc_a_row(lane, i), d = dbase + 2 * (kk * 8 + tc_a_kp(lane, i));
-            float x0 = 0.0f, x1 = 0.0f;
-            if (r < rows) {
-                const float* src = q + ((long long)(r / G) * nh + hk * G + r % G) * HD + d;
-                x0 = src[0] * qscale;
-                x1 = src[1] * qscale;
-            }
+            const float* src = qrow[i & 1] + 2 * (kk * 8 + tc_a_kp(lane, i));
+            float x0 = qok[i & 1] ? src[0] * qscale : 0.0f;
+            float x1 = qok[i & 1] ? src[1] * qscale : 0.0f;
             u16 h0, l0, h1, l1;
             split_bf16(x0, &h0, &l0);
             split_bf16(x1, &h1, &l1);
@@ -390,12 +406,15 @@ ATLAS_DEV void prefill_pass(const float* __restrict__ q, const void* __restrict_
             }
         }
         if (S::DSPLIT > 1) {  // the full dot products: the DSPLIT partial sums, in one order
+            // one base pointer and constant offsets (loop-invariant addresses would be hoisted
+            // into registers, 64 of them at DSPLIT 4)
+            float* mine = sx + w * (NJ * TC_CE * ATLAS_WARP) + lane;
+            const float* group = sx + (w - half) * (NJ * TC_CE * ATLAS_WARP) + lane;
 #pragma unroll
             for (int j = 0; j < NJ; j++)
 #pragma unroll
-                for (int e = 0; e < TC_CE; e++) sx[((w * NJ + j) * TC_CE + e) * ATLAS_WARP + lane] = s[j][e];
+                for (int e = 0; e < TC_CE; e++) mine[(j * TC_CE + e) * ATLAS_WARP] = s[j][e];
             attn_sync();
-            int w0 = w - half;  // the first warp of this row group
 #pragma unroll
             for (int j = 0; j < NJ; j++)
 #pragma unroll
@@ -403,7 +422,7 @@ ATLAS_DEV void prefill_pass(const float* __restrict__ q, const void* __restrict_
                     float sum = 0.0f;
 #pragma unroll
                     for (int d = 0; d < S::DSPLIT; d++)
-                        sum += sx[(((w0 + d) * NJ + j) * TC_CE + e) * ATLAS_WARP + lane];
+                        sum += group[((d * NJ + j) * TC_CE + e) * ATLAS_WARP];
                     s[j][e] = sum;
                 }
         }
@@ -500,6 +519,7 @@ ATLAS_DEV void attn_prefill_body(const float* __restrict__ q, const void* __rest
     int G = nh / nkv, hk = attn_by(), rows = T * G;
     int half = w % S::DSPLIT;  // which head dims this warp multiplies
     int dbase = half * S::HDW;
+#pragma unroll 1
     for (int pass = 0; pass < S::DSPLIT; pass++) {
         int block_row0 = attn_bx() * ATTN_PREFILL_ROWS + pass * S::BM;
         if (block_row0 >= rows) return;  // block-uniform
