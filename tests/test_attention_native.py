@@ -6,6 +6,8 @@ code object uses v_wmma without scratch. Where a toolchain is missing the test s
 
 from __future__ import annotations
 
+import copy
+import json
 import os
 import re
 import shutil
@@ -51,12 +53,13 @@ def _ops(defines: dict):
     launched = []
     launch = ops._launch
 
-    def spy(file, name, *args):
+    def spy(file, name, grid, block, args):
         launched.append(name)
-        launch(file, name, *args)
+        ops.grids.append((name, tuple(grid), tuple(block)))
+        launch(file, name, grid, block, args)
 
     ops._launch = spy
-    ops.launched = launched
+    ops.launched, ops.grids = launched, []
     return ops
 
 
@@ -136,6 +139,49 @@ def test_short_batches_keep_the_row_kernel(nv_ops):
         assert nv_ops.launched == [f"attn_bf16_hd{hd}"], nv_ops.launched
 
 
+@pytest.mark.parametrize(
+    "t,nh,nkv,hd,start,kv",
+    [(1, 12, 2, 128, 50, "bf16"), (1, 16, 2, 64, 90, "fp8"), (3, 6, 1, 256, 20, "f32")],
+)
+def test_decode_reads_each_kv_head_once_per_group(nv_ops, t, nh, nkv, hd, start, kv):
+    """GQA 6 and 8: one block per KV head (and split) covers the whole group."""
+    nv_ops.grids.clear()
+    checks._attention_case(nv_ops, np.random.default_rng(nh), t, nh, nkv, hd, start, kv, 1)
+    (name, grid, block), *_ = nv_ops.grids[-1:]
+    g = nh // nkv
+    assert name == f"attn_{kv}_hd{hd}" and grid[:2] == (-(-(t * g) // 8), nkv), grid
+    assert block == (32 * min(8, t * g),), block
+
+
+class _EmuAsDevice(_EmuWithDefines):
+    name = "cuda"  # so that the launcher runs its first-use check
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_first_use_check_against_the_portable_build(nv_ops, monkeypatch, tmp_path, broken):
+    """On a device the first prefill compares attn_prefill_* with its ATLAS_PORTABLE build; a
+    mismatch turns the tensor-core prefill off for that KV type and head dim, and attention
+    stays correct on the row kernel."""
+    from atlas_cli.backend.ops import attention_check
+
+    ops = copy.copy(nv_ops)
+    ops.rt = _EmuAsDevice(nv_ops.rt.cache_dir, {})
+    ops._fns, ops.__dict__["_prefill_checked"] = {}, {}
+    ops.launched, ops.grids = [], []
+    monkeypatch.setattr(attention_check, "_verdict_path", lambda *a: tmp_path / "verdict.json")
+    if broken:
+        monkeypatch.setattr(attention_check, "compare", lambda *a: 0.5)
+    else:
+        # on the emulator both builds emulate the MMA: they agree to the last bit
+        assert attention_check.compare(ops, "fp8", 32) == 0.0
+    checks._attention_case(ops, np.random.default_rng(1), 12, 4, 2, 32, 3, "fp8", None)
+    assert ops._prefill_checked == {("fp8", 32): not broken}
+    assert ("attn_prefill_fp8_hd32" in ops.launched) != broken, ops.launched
+    assert bool(ops.__dict__.get("prefill_check_failures")) == broken
+    verdict = json.loads((tmp_path / "verdict.json").read_text())  # cached for the next run
+    assert verdict == {"rel_err": 0.5 if broken else 0.0}
+
+
 # ---- machine code ------------------------------------------------------------------------
 
 SASS_FN = re.compile(r"Function : (\S+)")
@@ -190,8 +236,11 @@ def test_prefill_sass_uses_hmma_without_local_memory(arch, tmp_path):
         # S = Q K^T (hi, lo of Q) and O += P V (hi, lo of P), plus the f32 cache's cross terms
         assert len(hmma) >= 32, f"{name}: {len(hmma)} HMMA"
         assert not [op for op in ops if op.startswith(("LDL", "STL"))], f"{name}: local memory"
-    # the row kernel stays FP32
-    assert not [op for op in fns["attn_bf16_hd128"] if op.startswith("HMMA")]
+    # the row kernel stays FP32 and stages K/V with 16-byte loads
+    row = fns["attn_bf16_hd128"]
+    assert not [op for op in row if op.startswith("HMMA")]
+    assert [op for op in row if op.startswith("LDG.E.128")], "attn_bf16_hd128: no 16-byte loads"
+    assert not [op for op in row if op.startswith("LDG.E.U16")], "attn_bf16_hd128: 2-byte loads"
 
 
 @pytest.fixture(scope="module")

@@ -20,6 +20,12 @@ PREFILL_ROWS = 64  # query rows (token x head of one group) per prefill block
 PREFILL_MIN_T = 9
 
 
+def row_kernel_rows(t: int, group: int) -> int:
+    """Query rows (warps) per block of the row kernel attn_<kv>_hd<N>: a block covers a decode
+    step's whole group (up to 8 heads) so that each KV head is read once."""
+    return min(8, max(4, t * group))
+
+
 @dataclass(frozen=True)
 class KVView:
     """One layer's cached keys or values, (nkv, length, hd) inside a (nkv, cap, hd) buffer."""
@@ -197,8 +203,8 @@ class AttentionLaunchers(DeviceOpsBase):
         if t == 0:
             return out
         g = nh // nkv
-        prefill = self.prefill_tensor_cores and t >= PREFILL_MIN_T and hd in PREFILL_HEAD_DIMS
-        rows_per_block = PREFILL_ROWS if prefill else 4
+        prefill = t >= PREFILL_MIN_T and hd in PREFILL_HEAD_DIMS and self._prefill_ok(k.dtype, hd)
+        rows_per_block = PREFILL_ROWS if prefill else row_kernel_rows(t, g)
         blocks = -(-(t * g) // rows_per_block) * nkv
         if nsplit is None:
             # split the keys only when there are few blocks to spread over the GPU
@@ -219,11 +225,27 @@ class AttentionLaunchers(DeviceOpsBase):
         args = [ptr(q.ptr), ptr(k.buf.ptr), ptr(v.buf.ptr), f32(k.scale), f32(v.scale)]
         args += [ptr(out.ptr), ptr(part_o.ptr), ptr(part_ml.ptr), i32(t), i32(nh), i32(nkv)]
         args += [i32(k.cap), i32(start), ptr(0), i32(split_len)]
-        self._launch("attention.cu", name, grid, (128,), args)
+        block = 128 if prefill else 32 * rows_per_block
+        self._launch("attention.cu", name, grid, (block,), args)
         if nsplit > 1:
             args = [ptr(part_o.ptr), ptr(part_ml.ptr), ptr(out.ptr), i32(nsplit), i32(t * nh)]
             self._launch("attention.cu", "attn_combine", (t * nh,), (128,), [*args, i32(hd)])
         return out
+
+    def _prefill_ok(self, kv_dtype: str, hd: int) -> bool:
+        """The tensor-core prefill for (kv_dtype, hd), checked once against its portable build
+        on a real device (attention_check.py); the emulator runs the portable MMA anyway."""
+        if not self.prefill_tensor_cores:
+            return False
+        if self.rt.name not in ("cuda", "hip"):
+            return True
+        checked = self.__dict__.setdefault("_prefill_checked", {})
+        if (kv_dtype, hd) not in checked:
+            checked[kv_dtype, hd] = True  # the check's own launch takes the tensor-core path
+            from atlas_cli.backend.ops.attention_check import check_prefill
+
+            checked[kv_dtype, hd] = check_prefill(self, kv_dtype, hd)
+        return checked[kv_dtype, hd]
 
     def _as_kv(self, x) -> KVView:
         if isinstance(x, KVView):
