@@ -6,7 +6,6 @@ code object uses v_wmma without scratch. Where a toolchain is missing the test s
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import re
@@ -106,7 +105,7 @@ NV_CASES = [
     (23, 8, 1, 128, 5, "bf16", None),  # GQA 8: 184 rows of one KV head
     (40, 4, 2, 128, 7, "f32", None),
     (11, 4, 2, 256, 5, "f32", None),  # head_dim 256: two warps per 16 rows
-    (20, 6, 1, 256, 3, "bf16", 2),  # Qwen3.5 geometry (GQA 6), split-K
+    (20, 6, 1, 256, 100, "bf16", 2),  # Qwen3.5 geometry (GQA 6), split-K
     (17, 4, 2, 256, 0, "fp8", None),
 ]
 
@@ -121,7 +120,7 @@ AMD_CASES = [
     (37, 9, 3, 64, 0, "bf16", None),  # two warps per 16 rows on AMD
     (33, 6, 1, 64, 100, "f32", 3),
     (40, 4, 2, 128, 7, "f32", None),  # four warps per 16 rows
-    (20, 6, 1, 256, 3, "bf16", 2),
+    (20, 6, 1, 256, 100, "bf16", 2),
 ]
 
 
@@ -136,7 +135,8 @@ def test_short_batches_keep_the_row_kernel(nv_ops):
     for t, hd in ((1, 64), (native_attention.PREFILL_MIN_T - 1, 64), (12, 8)):
         nv_ops.launched.clear()
         checks._attention_case(nv_ops, rng, t, 4, 2, hd, 3, "bf16", None)
-        assert nv_ops.launched == [f"attn_bf16_hd{hd}"], nv_ops.launched
+        attn = [name for name in nv_ops.launched if name.startswith("attn")]
+        assert attn == [f"attn_bf16_hd{hd}"], nv_ops.launched
 
 
 @pytest.mark.parametrize(
@@ -164,10 +164,8 @@ def test_first_use_check_against_the_portable_build(nv_ops, monkeypatch, tmp_pat
     stays correct on the row kernel."""
     from atlas_cli.backend.ops import attention_check
 
-    ops = copy.copy(nv_ops)
+    ops = _ops({})
     ops.rt = _EmuAsDevice(nv_ops.rt.cache_dir, {})
-    ops._fns, ops.__dict__["_prefill_checked"] = {}, {}
-    ops.launched, ops.grids = [], []
     monkeypatch.setattr(attention_check, "_verdict_path", lambda *a: tmp_path / "verdict.json")
     if broken:
         monkeypatch.setattr(attention_check, "compare", lambda *a: 0.5)
