@@ -1,11 +1,11 @@
 // Prefill attention on tensor cores: attn_prefill_<kv>_hd<HD> (included by attention.cu).
 //
 // Same contract as attn_<kv>_hd<HD> (causal GQA against the cache, split-K partials for
-// attn_combine) for T >= ATTN_PREFILL_MIN_T new tokens. A block of 4 warps owns up to 64 query
-// rows of one KV head (row = t * G + g, so a group's heads share every K/V tile); each warp
-// owns 16 rows (or, for the wide heads, half the head dims of 16 rows: DSPLIT == 2, the pair of
-// warps adds its partial scores through shared memory). Keys are staged KT at a time into shared
-// memory as bf16 pairs (K row-major, V transposed so both are the MMA's "col" operand); fp8
+// attn_combine) for prefill (T >= native_attention.PREFILL_MIN_T new tokens). A block of 4
+// warps owns up to 64 query rows of one KV head (row = t * G + g, so a group's heads share every
+// K/V tile); each warp owns 16 rows, or for the wide heads 1/DSPLIT of the head dims of 16 rows
+// (the DSPLIT warps add their partial scores through shared memory, and the block makes DSPLIT
+// passes). Keys are staged KT at a time into shared memory as bf16 pairs (K row-major, V transposed so both are the MMA's "col" operand); fp8
 // and f32 caches are converted while staging. S = Q K^T and O += P V run on 16x16 bf16 MMA
 // tiles with float32 accumulation, and the online softmax is float32 in registers.
 //
