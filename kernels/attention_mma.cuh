@@ -5,8 +5,9 @@
 // warps owns up to 64 query rows of one KV head (row = t * G + g, so a group's heads share every
 // K/V tile); each warp owns 16 rows, or for the wide heads 1/DSPLIT of the head dims of 16 rows
 // (the DSPLIT warps add their partial scores through shared memory, and the block makes DSPLIT
-// passes). Keys are staged KT at a time into shared memory as bf16 pairs (K row-major, V transposed so both are the MMA's "col" operand); fp8
-// and f32 caches are converted while staging. S = Q K^T and O += P V run on 16x16 bf16 MMA
+// passes). Keys are staged KT at a time into shared memory as bf16 pairs (K row-major, V
+// transposed, so both are the MMA's "col" operand); fp8 and f32 caches are converted while
+// staging. S = Q K^T and O += P V run on 16x16 bf16 MMA
 // tiles with float32 accumulation, and the online softmax is float32 in registers.
 //
 // Precision: bf16 K/V (and fp8, whose 4-bit significands are exact in bf16) are exact
