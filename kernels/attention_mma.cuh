@@ -186,7 +186,8 @@ ATLAS_DEV u32 e4m3x2_to_bf16x2(u32 two) {
     unsigned int h2;
     unsigned short in = (unsigned short)two;
     asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(in));
-    return pack_bf16(bf16_rn(f16_to_f32((u16)(h2 & 0xffffu))), bf16_rn(f16_to_f32((u16)(h2 >> 16))));
+    return pack_bf16(bf16_rn(f16_to_f32((u16)(h2 & 0xffffu))),
+                     bf16_rn(f16_to_f32((u16)(h2 >> 16))));
 #else
     return pack_bf16(bf16_rn(e4m3_to_f32_portable((u8)two)),
                      bf16_rn(e4m3_to_f32_portable((u8)(two >> 8))));
@@ -268,7 +269,8 @@ ATLAS_DEV void stage_kv(const void* __restrict__ kc, const void* __restrict__ vc
         for (int i = 0; i < 8; i++) {
             int sh = (i & 1) * 16;
             // dim d+i of keys ka (low half) and ka + 1 (high half)
-            vt[(d + i) * VSTR + p] = ((h0[i / 2] >> sh) & 0xffffu) | (((h1[i / 2] >> sh) & 0xffffu) << 16);
+            vt[(d + i) * VSTR + p] =
+                ((h0[i / 2] >> sh) & 0xffffu) | (((h1[i / 2] >> sh) & 0xffffu) << 16);
             if (S::PARTS == 2)
                 vt[HD * VSTR + (d + i) * VSTR + p] =
                     ((l0[i / 2] >> sh) & 0xffffu) | (((l1[i / 2] >> sh) & 0xffffu) << 16);
