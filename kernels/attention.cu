@@ -11,8 +11,8 @@
 //   each KV head is read once per step) and walks the keys in tiles staged in shared memory
 //   with 16-byte loads, with an online softmax (flash-attention style). Split-K over the key
 //   axis: grid (ceil(T*G/R), nkv, nsplit), block 32 R. With nsplit == 1 the normalised output
-//   goes straight to `out` (T, nh, hd); otherwise each split writes unnormalised partials and attn_combine merges them
-//   (flash-decoding). `start_ptr`, when not null, overrides `start` from device memory so that
+//   goes straight to `out` (T, nh, hd); otherwise each split writes unnormalised partials and
+//   attn_combine merges them (flash-decoding). `start_ptr`, when not null, overrides `start` from device memory so that
 //   a captured graph can replay the decode step at a new position.
 // attn_combine: out (T, nh, hd) from part_o (nsplit, T, nh, hd) and part_ml (nsplit, T, nh, 2).
 //   Grid (T * nh), block 32..256.
