@@ -6,21 +6,48 @@
 // attn_<kv>_hd<HD>: causal GQA attention of T new queries (positions start..start+T-1) against
 //   cache positions 0..start+T-1 (query t sees keys 0..start+t).  Reference:
 //   numpy_ref.attention(q, k, v, start) on the decoded cache. q (T, nh, hd) f32; query head
-//   hq uses kv head hq / (nh / nkv). One logical warp per (token, head) row; a block holds 4
-//   rows of one kv head and walks the keys in tiles staged in shared memory, with an online
-//   softmax (flash-attention style). Split-K over the key axis: grid (ceil(T*G/4), nkv,
-//   nsplit), block 128. With nsplit == 1 the normalised output goes straight to `out`
-//   (T, nh, hd); otherwise each split writes unnormalised partials and attn_combine merges them
-//   (flash-decoding). `start_ptr`, when not null, overrides `start` from device memory so that
+//   hq uses kv head hq / (nh / nkv). One logical warp per (token, head) row; a block holds
+//   R = blockDim / 32 <= 8 rows of one kv head (a decode step's whole group up to G = 8, so
+//   each KV head is read once per step) and walks the keys in tiles staged in shared memory
+//   with 16-byte loads, with an online softmax (flash-attention style). Split-K over the key
+//   axis: grid (ceil(T*G/R), nkv, nsplit), block 32 R. With nsplit == 1 the normalised output
+//   goes straight to `out` (T, nh, hd); otherwise each split writes unnormalised partials and
+//   attn_combine merges them (flash-decoding). `start_ptr`, when not null, overrides `start` from device memory so that
 //   a captured graph can replay the decode step at a new position.
 // attn_combine: out (T, nh, hd) from part_o (nsplit, T, nh, hd) and part_ml (nsplit, T, nh, 2).
 //   Grid (T * nh), block 32..256.
+// attn_prefill_<kv>_hd<HD> (attention_mma.cuh): the same contract on tensor cores for
+//   prefill, 64 rows per block. Grid (ceil(T*G/64), nkv, nsplit), block 128.
 #include "atlas_common.cuh"
 
 #define KV_BF16 0
 #define KV_FP8 1
 #define KV_F32 2  // float32 cache: exact parity with the numpy reference, for debugging
-#define ATTN_ROWS 4  // warps (query rows) per block
+#define ATTN_ROWS 8  // most warps (query rows) per block: a decode block covers a group of 8
+
+#include "attention_mma.cuh"
+
+// cache elements idx..idx+7 (idx a multiple of 8) as floats, in one 16-byte (bf16, f32: two),
+// 8-byte (fp8) load
+template <int KV>
+ATLAS_DEV void kv_load8(const void* __restrict__ c, long long idx, float* x) {
+    if (KV == KV_BF16) {
+        AttnU4 v = *(const AttnU4*)((const u16*)c + idx);
+        u32 w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) x[2 * i] = bf16_lo(w[i]), x[2 * i + 1] = bf16_hi(w[i]);
+    } else if (KV == KV_F32) {
+        const AttnU4* f = (const AttnU4*)((const float*)c + idx);
+        AttnU4 a = f[0], b = f[1];
+        u32 w[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+        for (int i = 0; i < 8; i++) x[i] = __uint_as_float(w[i]);
+    } else {
+        AttnU2 v = *(const AttnU2*)((const u8*)c + idx);
+#pragma unroll
+        for (int i = 0; i < 8; i++) x[i] = e4m3_to_f32((u8)((i < 4 ? v.x : v.y) >> (8 * (i & 3))));
+    }
+}
 
 template <int KV>
 ATLAS_DEV float kv_load(const void* __restrict__ c, long long i) {
@@ -78,8 +105,8 @@ ATLAS_DEV void attn_body(const float* __restrict__ q, const void* __restrict__ k
     __shared__ float qs[ATTN_ROWS][HD];
     if (start_ptr) start = *start_ptr;
     int lane = lane_id(), w = warp_id(), tid = threadIdx.x;
-    int G = nh / nkv, hk = blockIdx.y;
-    int row = blockIdx.x * ATTN_ROWS + w;
+    int G = nh / nkv, hk = blockIdx.y, rpb = (int)(blockDim.x / ATLAS_WARP);  // rows per block
+    int row = blockIdx.x * rpb + w;
     bool valid = row < T * G;
     int t = valid ? row / G : 0;
     int head = hk * G + (valid ? row % G : 0);
@@ -87,7 +114,7 @@ ATLAS_DEV void attn_body(const float* __restrict__ q, const void* __restrict__ k
     float qscale = 1.0f / sqrtf((float)HD);
     for (int d = lane; d < HD; d += ATLAS_WARP)
         qs[w][d] = valid ? q[((long long)t * nh + head) * HD + d] * qscale : 0.0f;
-    int last_row = min((int)(blockIdx.x * ATTN_ROWS + ATTN_ROWS - 1), T * G - 1);
+    int last_row = min((int)(blockIdx.x * rpb + rpb - 1), T * G - 1);
     int k_begin = blockIdx.z * split_len;
     int k_end = min(k_begin + split_len, start + last_row / G + 1);  // block-uniform
     float m = -atlas_inf(), l = 0.0f, o[DPL];
@@ -96,16 +123,22 @@ ATLAS_DEV void attn_body(const float* __restrict__ q, const void* __restrict__ k
     int j = lane % KT, part = lane / KT;
     for (int k0 = k_begin; k0 < k_end; k0 += KT) {
         __syncthreads();  // the previous tile (and qs on the first pass) is complete
-        for (int e = tid; e < KT * HD; e += blockDim.x) {
-            int jj = e / HD, d = e % HD, kk = k0 + jj;
-            float kv = 0.0f, vv = 0.0f;
+        // 8 dims of one key per step, vector loads
+        for (int e = tid; e < KT * (HD / 8); e += blockDim.x) {
+            int jj = e / (HD / 8), d = (e % (HD / 8)) * 8, kk = k0 + jj;
+            float kx[8], vx[8];
+#pragma unroll
+            for (int i = 0; i < 8; i++) kx[i] = vx[i] = 0.0f;
             if (kk < k_end) {
                 long long idx = ((long long)hk * cap + kk) * HD + d;
-                kv = kv_load<KV>(kc, idx) * kscale;
-                vv = kv_load<KV>(vc, idx) * vscale;
+                kv_load8<KV>(kc, idx, kx);
+                kv_load8<KV>(vc, idx, vx);
             }
-            ks[jj][d] = kv;
-            vs[jj][d] = vv;
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                ks[jj][d + i] = kx[i] * kscale;
+                vs[jj][d + i] = vx[i] * vscale;
+            }
         }
         __syncthreads();
         float s = 0.0f;
@@ -153,7 +186,7 @@ ATLAS_DEV void attn_body(const float* __restrict__ q, const void* __restrict__ k
 }
 
 #define ATTN_ENTRY(HD, KVNAME, KV)                                                              \
-    extern "C" __global__ void __launch_bounds__(128)                                           \
+    extern "C" __global__ void __launch_bounds__(256)                                           \
         attn_##KVNAME##_hd##HD(const float* __restrict__ q, const void* __restrict__ kc,        \
                                const void* __restrict__ vc, float kscale, float vscale,         \
                                float* __restrict__ out, float* __restrict__ part_o,             \
@@ -170,6 +203,25 @@ ATTN_ENTRIES(32)
 ATTN_ENTRIES(64)
 ATTN_ENTRIES(128)
 ATTN_ENTRIES(256)
+
+// (128, 1): without the minimum, ptxas caps the small fp8 variants at 80 registers and spills
+#define ATTN_PREFILL_ENTRY(HD, KVNAME, KV)                                                      \
+    extern "C" __global__ void __launch_bounds__(128, 1) attn_prefill_##KVNAME##_hd##HD(        \
+        const float* __restrict__ q, const void* __restrict__ kc, const void* __restrict__ vc,  \
+        float kscale, float vscale, float* __restrict__ out, float* __restrict__ part_o,        \
+        float* __restrict__ part_ml, int T, int nh, int nkv, int cap, int start,                \
+        const i32* start_ptr, int split_len) {                                                  \
+        attn_prefill_body<HD, KV>(q, kc, vc, kscale, vscale, out, part_o, part_ml, T, nh, nkv,  \
+                                  cap, start, start_ptr, split_len);                            \
+    }
+#define ATTN_PREFILL_ENTRIES(HD)                                                         \
+    ATTN_PREFILL_ENTRY(HD, bf16, KV_BF16) ATTN_PREFILL_ENTRY(HD, fp8, KV_FP8)           \
+        ATTN_PREFILL_ENTRY(HD, f32, KV_F32)
+ATTN_PREFILL_ENTRIES(16)  // MMA k-steps are 16 dims: no hd 8 variant
+ATTN_PREFILL_ENTRIES(32)
+ATTN_PREFILL_ENTRIES(64)
+ATTN_PREFILL_ENTRIES(128)
+ATTN_PREFILL_ENTRIES(256)
 
 extern "C" __global__ void __launch_bounds__(256)
     attn_combine(const float* __restrict__ part_o, const float* __restrict__ part_ml,

@@ -13,6 +13,17 @@ from atlas_cli.backend.ops.runtime import f32, i32, ptr
 
 KV_DTYPES = ("bf16", "fp8", "f32")
 ATTN_HEAD_DIMS = (8, 16, 32, 64, 128, 256)  # attention.cu's attn_*_hd<N>
+PREFILL_HEAD_DIMS = (16, 32, 64, 128, 256)  # attention_mma.cuh's attn_prefill_*_hd<N>
+PREFILL_ROWS = 64  # query rows (token x head of one group) per prefill block
+# Below this many new tokens the row kernel runs: decode (T = 1) and speculative verify
+# batches (T <= 8, the GEMV's column limit), where a 64-row tile would be mostly empty.
+PREFILL_MIN_T = 9
+
+
+def row_kernel_rows(t: int, group: int) -> int:
+    """Query rows (warps) per block of the row kernel attn_<kv>_hd<N>: a block covers a decode
+    step's whole group (up to 8 heads) so that each KV head is read once."""
+    return min(8, max(4, t * group))
 
 
 @dataclass(frozen=True)
@@ -148,6 +159,10 @@ class KVCache(KVCacheBase):
 
 
 class AttentionLaunchers(DeviceOpsBase):
+    # Prefill on the tensor-core kernel; off where its first-use check against the portable
+    # build failed (attention_check.py), and then the row kernel runs every T.
+    prefill_tensor_cores = True
+
     def kv_write(self, k, cache_buf, cap: int, start: int, dtype: str, scale: float) -> None:
         """cache (nkv, cap, hd)[:, start:start+T] = encode(k (T, nkv, hd) / scale)."""
         k = self._f32(k, "kv_write k")
@@ -188,57 +203,49 @@ class AttentionLaunchers(DeviceOpsBase):
         if t == 0:
             return out
         g = nh // nkv
+        prefill = t >= PREFILL_MIN_T and hd in PREFILL_HEAD_DIMS and self._prefill_ok(k.dtype, hd)
+        rows_per_block = PREFILL_ROWS if prefill else row_kernel_rows(t, g)
+        blocks = -(-(t * g) // rows_per_block) * nkv
         if nsplit is None:
-            # split the keys only when there are few query rows to spread over the GPU
-            nsplit = 1 if t * g * nkv >= 256 else max(1, min(32, s // 512))
+            # split the keys only when there are few blocks to spread over the GPU
+            if prefill:
+                nsplit = 1 if blocks >= 64 else max(1, min(32, s // 1024))
+            else:
+                nsplit = 1 if t * g * nkv >= 256 else max(1, min(32, s // 512))
         split_len = -(-s // nsplit)
-        split_len = -(-split_len // 32) * 32
+        split_len = -(-split_len // 64) * 64
         nsplit = -(-s // split_len)
         if nsplit > 1:
             part_o = self.empty((nsplit, t, nh, hd))
             part_ml = self.empty((nsplit, t, nh, 2))
         else:
             part_o = part_ml = out
-        grid = (-(-(t * g) // 4), nkv, nsplit)
-        self._launch(
-            "attention.cu",
-            f"attn_{k.dtype}_hd{hd}",
-            grid,
-            (128,),
-            [
-                ptr(q.ptr),
-                ptr(k.buf.ptr),
-                ptr(v.buf.ptr),
-                f32(k.scale),
-                f32(v.scale),
-                ptr(out.ptr),
-                ptr(part_o.ptr),
-                ptr(part_ml.ptr),
-                i32(t),
-                i32(nh),
-                i32(nkv),
-                i32(k.cap),
-                i32(start),
-                ptr(0),
-                i32(split_len),
-            ],
-        )
+        name = f"attn_prefill_{k.dtype}_hd{hd}" if prefill else f"attn_{k.dtype}_hd{hd}"
+        grid = (-(-(t * g) // rows_per_block), nkv, nsplit)
+        args = [ptr(q.ptr), ptr(k.buf.ptr), ptr(v.buf.ptr), f32(k.scale), f32(v.scale)]
+        args += [ptr(out.ptr), ptr(part_o.ptr), ptr(part_ml.ptr), i32(t), i32(nh), i32(nkv)]
+        args += [i32(k.cap), i32(start), ptr(0), i32(split_len)]
+        block = 128 if prefill else 32 * rows_per_block
+        self._launch("attention.cu", name, grid, (block,), args)
         if nsplit > 1:
-            self._launch(
-                "attention.cu",
-                "attn_combine",
-                (t * nh,),
-                (128,),
-                [
-                    ptr(part_o.ptr),
-                    ptr(part_ml.ptr),
-                    ptr(out.ptr),
-                    i32(nsplit),
-                    i32(t * nh),
-                    i32(hd),
-                ],
-            )
+            args = [ptr(part_o.ptr), ptr(part_ml.ptr), ptr(out.ptr), i32(nsplit), i32(t * nh)]
+            self._launch("attention.cu", "attn_combine", (t * nh,), (128,), [*args, i32(hd)])
         return out
+
+    def _prefill_ok(self, kv_dtype: str, hd: int) -> bool:
+        """The tensor-core prefill for (kv_dtype, hd), checked once against its portable build
+        on a real device (attention_check.py); the emulator runs the portable MMA anyway."""
+        if not self.prefill_tensor_cores:
+            return False
+        if self.rt.name not in ("cuda", "hip"):
+            return True
+        checked = self.__dict__.setdefault("_prefill_checked", {})
+        if (kv_dtype, hd) not in checked:
+            checked[kv_dtype, hd] = True  # the check's own launch takes the tensor-core path
+            from atlas_cli.backend.ops.attention_check import check_prefill
+
+            checked[kv_dtype, hd] = check_prefill(self, kv_dtype, hd)
+        return checked[kv_dtype, hd]
 
     def _as_kv(self, x) -> KVView:
         if isinstance(x, KVView):

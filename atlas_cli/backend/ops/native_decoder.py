@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from atlas_cli.backend.ops.native_array import DeviceArray, DeviceWeight
-from atlas_cli.backend.ops.native_attention import ATTN_HEAD_DIMS
+from atlas_cli.backend.ops.native_attention import ATTN_HEAD_DIMS, row_kernel_rows
 from atlas_cli.backend.ops.runtime import f32, i32, i64, ptr
 
 PRO_NONE, PRO_NORM, PRO_GATE = 0, 1, 2  # decode.cu DG_NONE, DG_NORM, DG_GATE
@@ -320,8 +320,9 @@ class DeviceDecoder:
         args += [ptr(out.ptr), ptr(part_o.ptr), ptr(part_ml.ptr), i32(1), i32(nh), i32(nkv)]
         args += [i32(cap), i32(0), ptr(self.pos.ptr), i32(split_len)]
         g = nh // nkv
-        grid = (-(-g // 4), nkv, nsplit)
-        launches = [Launch("attention.cu", f"attn_{kv.dtype}_hd{hd}", grid, (128,), args)]
+        rows = row_kernel_rows(1, g)
+        grid = (-(-g // rows), nkv, nsplit)
+        launches = [Launch("attention.cu", f"attn_{kv.dtype}_hd{hd}", grid, (32 * rows,), args)]
         if nsplit > 1:
             args = [ptr(part_o.ptr), ptr(part_ml.ptr), ptr(out.ptr), i32(nsplit), i32(nh)]
             launches.append(Launch("attention.cu", "attn_combine", (nh,), (128,), [*args, i32(hd)]))
