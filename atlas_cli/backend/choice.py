@@ -56,10 +56,10 @@ def choose_call(
     """Whether the answer to `ids` should open with `opening` (a call) or not (a reply):
     see the module docstring. `null_ids`: the same prompt with the question content-free."""
     log_p, cached = opening_logprob(engine, ids, opening)
-    home = engine.pool.current
+    home, before = engine.pool.current, list(engine.pool.slots)
     log_p_null, _ = opening_logprob(engine, null_ids, opening)
-    if engine.pool.current is not home:  # a slot forked for the content-free prompt only
-        engine.erase_slot(engine.pool.current.id)
+    if all(engine.pool.current is not s for s in before):  # forked for this prompt only
+        engine.return_to(home)
     margin = _calibrated_margin(log_p, log_p_null)
     return Choice(margin > 0, log_p, log_p_null, cached)
 

@@ -362,6 +362,17 @@ class Engine:
         self.pool.trim()
         return len(ids), path.stat().st_size
 
+    def return_to(self, slot: Slot) -> None:
+        """Drop the sequence in use and make `slot` current again: a prompt scored on the
+        side (tool_choice auto's content-free one, backend/choice.py) leaves nothing behind."""
+        side = self.pool.current
+        if side is slot:
+            return
+        self.pool.slots.remove(side)
+        self.pool.current = slot
+        if self.speculator is not None:
+            self._switch_mtp(slot)
+
     def erase_slot(self, slot_id: int) -> int:
         """Drop a slot; returns how many tokens it held."""
         previous = self.pool.current
