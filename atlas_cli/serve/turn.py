@@ -7,7 +7,6 @@ import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from atlas_cli.backend.choice import choose_call
 from atlas_cli.backend.constraint import Constraint, new_constraint
 from atlas_cli.backend.engine import GenerationStats
 from atlas_cli.backend.sample import SamplingParams
@@ -62,7 +61,7 @@ def call_or_reply(engine, prompt: Prompt, reply: Constraint | None) -> Decide | 
     calls = answer_constraint(engine, prompt, decision.calls_grammar)
 
     def decide(engine) -> Decided:
-        choice = choose_call(engine, prompt.ids, decision.null_ids, decision.opening)
+        choice = engine.choose_call(prompt.ids, decision.null_ids, decision.opening)
         log.debug("tool_choice auto: call=%s (margin %.2f)", choice.call, choice.margin)
         return Decided(calls if choice.call else reply, choice.cached_tokens)
 
