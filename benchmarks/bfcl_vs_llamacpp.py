@@ -10,6 +10,7 @@ grammar-constrained function calling), runs `atlas bench bfcl --url ... -o json`
 with the same flags (function-calling mode, tool_choice auto, temperature 0 unless told
 otherwise), and prints correct/total per category for both, with protocol errors. The JSON
 results are kept in --out. The file is the one `atlas show MODEL` names in the store.
+`--also "atlas before=old/atlas.json"` adds a column from an earlier run (another commit).
 """
 
 from __future__ import annotations
@@ -128,7 +129,10 @@ def table(results: dict[str, dict]) -> str:
         cells = []
         for engine in engines:
             doc = results[engine]
-            t = doc["summary"] if name == "overall" else doc["categories"][name]
+            t = doc["summary"] if name == "overall" else doc["categories"].get(name)
+            if t is None:  # an --also run without this category
+                cells.append("-")
+                continue
             errors = f" ({t['protocol_errors']} protocol errors)" if t["protocol_errors"] else ""
             cells.append(f"{t['correct']}/{t['total']}{errors}")
         label = f"**{name}**" if name == "overall" else name
@@ -156,6 +160,13 @@ def main() -> None:
     p.add_argument(
         "--reuse", action="store_true", help="take an engine's result from --out if it is there"
     )
+    p.add_argument(
+        "--also",
+        action="append",
+        default=[],
+        metavar="LABEL=FILE",
+        help="one more column from an earlier result file (repeatable)",
+    )
     args = p.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     path = gguf_path(args.model)
@@ -167,6 +178,11 @@ def main() -> None:
         results[engine] = (
             json.loads(kept.read_text()) if reuse else bench(engine, args.model, path, args)
         )
+    for extra in args.also:
+        label, sep, file = extra.partition("=")
+        if not sep or not Path(file).is_file():
+            raise SystemExit(f"--also takes LABEL=FILE with an existing file, got {extra!r}")
+        results[label] = json.loads(Path(file).read_text())
     mode = args.mode + (f", tool_choice {args.tool_choice}" if args.mode == "fc" else "")
     limit = f"first {args.limit} cases" if args.limit else "all cases"
     print(f"BFCL v4 ({mode}, {limit} per category, temperature 0), {path.name}\n")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import math
 import socket
 import threading
 import time
@@ -13,6 +14,7 @@ from types import SimpleNamespace
 
 import uvicorn
 
+from atlas_cli.backend.choice import Choice
 from atlas_cli.backend.defaults import RunDefaults
 from atlas_cli.backend.engine import TokenEvent
 
@@ -77,6 +79,10 @@ class ScriptedEngine:
         self.cached_ids: list[int] = []
         self.script: list[str] = []
         self.prompts: list[list[int]] = []
+
+    def choose_call(self, ids, null_ids, opening) -> Choice:
+        """tool_choice auto's decision: a reply (the script is the answer either way)."""
+        return Choice(False, -math.inf, -math.inf)
 
     def generate(self, ids, *, max_tokens, sampling, stop, stats, **_):
         self.prompts.append(list(ids))

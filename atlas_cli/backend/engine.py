@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from atlas_cli.backend.cache import Cache
+from atlas_cli.backend.choice import Choice, choose_call
 from atlas_cli.backend.constraint import Constraint
 from atlas_cli.backend.models.base import BaseModel
 from atlas_cli.backend.ops.native_sample import NONFINITE, ChainSettings
@@ -374,6 +375,22 @@ class Engine:
                 self._switch_mtp(slot)
         self.pool.trim()
         return len(ids), path.stat().st_size
+
+    def choose_call(self, ids: list[int], null_ids: list[int], opening: list[int]) -> Choice:
+        """tool_choice auto's call-or-reply for a model with no call syntax of its own
+        (backend/choice.py)."""
+        return choose_call(self, ids, null_ids, opening)
+
+    def return_to(self, slot: Slot) -> None:
+        """Drop the sequence in use and make `slot` current again: a prompt scored on the
+        side (tool_choice auto's content-free one, backend/choice.py) leaves nothing behind."""
+        side = self.pool.current
+        if side is slot:
+            return
+        self.pool.slots.remove(side)
+        self.pool.current = slot
+        if self.speculator is not None:
+            self._switch_mtp(slot)
 
     def erase_slot(self, slot_id: int) -> int:
         """Drop a slot; returns how many tokens it held."""

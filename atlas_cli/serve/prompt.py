@@ -11,9 +11,10 @@ instruction and starts the answer with `{` (see `JsonCutter` for the other half)
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from atlas_cli.backend.choice import CONTENT_FREE
 from atlas_cli.backend.constraint import grammar_tokenizer
 from atlas_cli.backend.tokenizer import TextTokenizer
 from atlas_cli.errors import TemplateError
@@ -22,7 +23,7 @@ from atlas_cli.serve.errors import APIError, bad_param, check_text_fits
 from atlas_cli.serve.grammar import GrammarRequest, build_grammar
 from atlas_cli.serve.protocol import Message, NamedToolChoice, ResponseFormat, Tool
 from atlas_cli.serve.toolcalls import HermesParser, NoToolParser, ToolParser
-from atlas_cli.serve.toolcalls.tags import THINK_OPEN
+from atlas_cli.serve.toolcalls.tags import THINK_OPEN, TOOL_CALL_OPEN
 
 RESERVED_TEMPLATE_KEYS = {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token"}
 
@@ -64,6 +65,17 @@ JSON_PROMPT = "Answer with one valid JSON object and nothing else."
 
 
 @dataclass(frozen=True)
+class CallDecision:
+    """`auto` for a model with no tool syntax of its own (its template renders no tools):
+    call or reply is decided before the answer starts (backend/choice.py), then the answer
+    is held to `calls_grammar` (a call) or to the prompt's own lazy grammar (a reply)."""
+
+    null_ids: list[int]  # the prompt with the last turn content-free
+    opening: list[int]  # the call's opening tag, as tokens
+    calls_grammar: str
+
+
+@dataclass(frozen=True)
 class Prompt:
     ids: list[int]
     text: str
@@ -72,6 +84,7 @@ class Prompt:
     tools: list[dict] | None = None  # tools whose calls to parse out of the answer
     json_mode: bool = False
     grammar: str | None = None  # what the answer must fit (serve/grammar.py), prefill included
+    decision: CallDecision | None = None  # auto's call-or-reply, where it is decided first
 
 
 @dataclass
@@ -261,7 +274,38 @@ def build_chat_prompt(
         check_text_fits(text, tokenizer.fewest_tokens(text + prefill), opts.context)
     ids = tokenizer.encode(text + prefill, add_special_tokens=True)
     grammar = answer_grammar(tokenizer, opts, tools_active, opened_think)
-    return Prompt(ids, text, prefill, opened_think, tool_dicts, json_mode, grammar)
+    decision = None
+    if grammar is not None and tools_active and pass_tools is None and not json_mode:
+        decision = call_decision(tokenizer, opts, rendered, kwargs, text)
+    return Prompt(ids, text, prefill, opened_think, tool_dicts, json_mode, grammar, decision)
+
+
+def call_decision(
+    tokenizer: TextTokenizer,
+    opts: ChatOptions,
+    rendered: list[dict[str, Any]],
+    kwargs: dict[str, Any],
+    text: str,
+) -> CallDecision | None:
+    """The decision for `auto` where the server wrote the tool list (the template knows no
+    tools, so the model has no call syntax of its own); None where the answer has no single
+    decision point (another tool_choice, reasoning first, nothing to make content-free)."""
+    if opts.tool_choice not in (None, "auto") or not opts.add_generation_prompt:
+        return None
+    if THINK_OPEN in (tokenizer.chat_template or "") or not rendered:
+        return None
+    if rendered[-1]["role"] not in ("user", "tool"):
+        return None
+    null = [*rendered[:-1], {**rendered[-1], "content": CONTENT_FREE}]
+    null_text = render(tokenizer, null, None, True, kwargs)
+    if opts.context is not None and tokenizer.fewest_tokens(null_text) >= opts.context:
+        return None
+    calls = answer_grammar(tokenizer, replace(opts, tool_choice="required"), True, False)
+    if calls is None or null_text == text:
+        return None
+    null_ids = tokenizer.encode(null_text, add_special_tokens=True)
+    opening = tokenizer.encode(TOOL_CALL_OPEN, add_special_tokens=False)
+    return CallDecision(null_ids, opening, calls)
 
 
 def answer_grammar(

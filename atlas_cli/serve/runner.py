@@ -29,12 +29,26 @@ T = TypeVar("T")
 
 
 @dataclass(frozen=True)
+class Decided:
+    """What a job's `decide` chose, and how many prompt tokens were cached before it ran
+    (its own forwards leave the prompt cached: the answer's usage reports this count)."""
+
+    constraint: Constraint | None
+    cached_tokens: int
+
+
+# picks the answer's constraint on the engine thread, just before it starts (tool_choice auto)
+Decide = Callable[[Engine], Decided]
+
+
+@dataclass(frozen=True)
 class Job:
     ids: list[int]
     max_tokens: int
     sampling: SamplingParams
     stop: tuple[str, ...] = ()
     constraint: Constraint | None = None  # the grammar the answer must fit
+    decide: Decide | None = None  # when given, it chooses the constraint instead
 
 
 class Generation:
@@ -86,6 +100,13 @@ class Generation:
             self.loop.call_soon_threadsafe(_set_done, self._done)
 
 
+def _add_decision(stats: GenerationStats, decided: Decided, spent_s: float) -> None:
+    stats.cached_tokens = decided.cached_tokens
+    stats.prompt_s += spent_s
+    stats.ttft_s += spent_s if stats.completion_tokens else 0.0
+    stats.total_s += spent_s
+
+
 def _set_done(fut: asyncio.Future) -> None:
     if not fut.done():
         fut.set_result(None)
@@ -126,16 +147,20 @@ class EngineRunner:
             gen._finish(None)
             return
         m.running.inc()
-        job, stats, error = gen.job, gen.stats, None
-        events = self.engine.generate(
-            job.ids,
-            max_tokens=job.max_tokens,
-            sampling=job.sampling,
-            stop=job.stop,
-            stats=stats,
-            constraint=job.constraint,
-        )
+        job, stats, error, events, decided = gen.job, gen.stats, None, None, None
         try:
+            constraint = job.constraint
+            if job.decide is not None:
+                decided = job.decide(self.engine)
+                constraint = decided.constraint
+            events = self.engine.generate(
+                job.ids,
+                max_tokens=job.max_tokens,
+                sampling=job.sampling,
+                stop=job.stop,
+                stats=stats,
+                constraint=constraint,
+            )
             for event in events:
                 if gen.cancelled:
                     break
@@ -144,7 +169,10 @@ class EngineRunner:
         except Exception as exc:  # reported to the request that caused it, not the server
             error = exc
         finally:
-            events.close()
+            if events is not None:
+                events.close()
+            if decided is not None:  # the decision's forwards were part of the prompt's work
+                _add_decision(stats, decided, time.perf_counter() - start - stats.total_s)
             m.running.dec()
             self._record(gen, stats)
             gen._finish(error)

@@ -3,6 +3,7 @@ and the final tally that every endpoint formats its own way."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -12,8 +13,10 @@ from atlas_cli.backend.sample import SamplingParams
 from atlas_cli.errors import GrammarError
 from atlas_cli.serve.errors import APIError, check_fits
 from atlas_cli.serve.prompt import JsonCutter, Prompt, valid_json
-from atlas_cli.serve.runner import EngineRunner, Generation, Job
+from atlas_cli.serve.runner import Decide, Decided, EngineRunner, Generation, Job
 from atlas_cli.serve.toolcalls import Event, NoToolParser, ParsedMessage, ToolCall, ToolParser
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -37,14 +40,32 @@ class Outcome:
         }
 
 
-def answer_constraint(engine, prompt: Prompt) -> Constraint | None:
-    """The prompt's grammar compiled for this answer (a bad schema is the client's 400)."""
-    if prompt.grammar is None:
+def answer_constraint(engine, prompt: Prompt, grammar: str | None = None) -> Constraint | None:
+    """The prompt's grammar (or `grammar`) compiled for this answer (a bad schema is the
+    client's 400)."""
+    grammar = prompt.grammar if grammar is None else grammar
+    if grammar is None:
         return None
     try:
-        return new_constraint(engine.tokenizer, prompt.grammar, prompt.prefill)
+        return new_constraint(engine.tokenizer, grammar, prompt.prefill)
     except GrammarError as exc:
         raise APIError(400, str(exc), code="invalid_grammar") from None
+
+
+def call_or_reply(engine, prompt: Prompt, reply: Constraint | None) -> Decide | None:
+    """`auto`'s decision (prompt.CallDecision), run on the engine thread before the answer:
+    the calls grammar when the model's calibrated likelihoods favour a call, else `reply`."""
+    decision = prompt.decision
+    if decision is None or reply is None:
+        return None
+    calls = answer_constraint(engine, prompt, decision.calls_grammar)
+
+    def decide(engine) -> Decided:
+        choice = engine.choose_call(prompt.ids, decision.null_ids, decision.opening)
+        log.debug("tool_choice auto: call=%s (margin %.2f)", choice.call, choice.margin)
+        return Decided(calls if choice.call else reply, choice.cached_tokens)
+
+    return decide
 
 
 class Turn:
@@ -68,7 +89,9 @@ class Turn:
         # calls are looked for only when the request offers tools; reasoning always
         self.parser = (parser if prompt.tools else NoToolParser)(prompt.tools)
         constraint = answer_constraint(runner.engine, prompt)
-        self.job = Job(prompt.ids, min(max_tokens or room, room), sampling, tuple(stop), constraint)
+        decide = call_or_reply(runner.engine, prompt, constraint)
+        limit = min(max_tokens or room, room)
+        self.job = Job(prompt.ids, limit, sampling, tuple(stop), constraint, decide)
         self.gen: Generation | None = None
         self.outcome: Outcome | None = None
         self._cut = False
