@@ -22,7 +22,10 @@ import os
 import sys
 from pathlib import Path
 
-KERNEL_FILES = ("cpu_ir.py", "cpu_kernels.py", "cpu_decode.py")
+KERNEL_FILES = ("cpu_ir.py", "cpu_ir_int8.py", "cpu_kernels.py", "cpu_decode.py")
+# Forces the instructions of the integer dot products (cpu_ir_int8.dot_isa), which are chosen
+# when a kernel compiles: the value is part of every kernel's cache stamp.
+ISA_ENV = "ATLAS_CPU_ISA"
 _HERE = Path(__file__).resolve().parent
 
 
@@ -109,10 +112,14 @@ def configure() -> None:
 
 @functools.cache
 def kernel_sources_digest() -> str:
-    """sha256 over the kernel files, as they were when this process first asked."""
+    """sha256 over the kernel files (and a forced instruction set), as they were when this
+    process first asked."""
     h = hashlib.sha256()
     for name in KERNEL_FILES:
         h.update((_HERE / name).read_bytes())
+    forced = os.environ.get(ISA_ENV)
+    if forced:
+        h.update(f"isa={forced}".encode())
     return h.hexdigest()
 
 
