@@ -279,10 +279,90 @@ def _load_floats(b, ptr, n: int):
     return b.load(b.bitcast(ptr, ty.as_pointer()), align=4)
 
 
+class _Row:
+    """What the code of one row dot works with: the row's blocks, the x planes, accumulators."""
+
+    def __init__(self, b, isa, type_id, row, xqrow, xfrow, nbv):
+        self.b, self.isa, self.emit = b, isa, _INT_EMITTERS[type_id]
+        self.elems, self.nbytes = BLOCKS[type_id]
+        self.row, self.xqrow = row, xqrow
+        self.cols = b.mul(nbv, _i64(self.elems))
+        ng = b.sdiv(self.cols, _i64(32))
+        # xf: unit d/256 per 32-group, then the sums per 32-group, then per 16
+        self.planes = (xfrow, b.gep(xfrow, [ng]), b.gep(xfrow, [b.mul(ng, _i64(2))]))
+        zero = ir.Constant(_V16F, [0.0] * 16)
+        self.accs = [cgutils.alloca_once_value(b, zero) for _ in range(2)]
+        self.accm = {  # offset terms by vector width (a step has 1, 2, 8 or 16; unused ones
+            n: cgutils.alloca_once_value(b, ir.Constant(ir.VectorType(_F32, n), [0.0] * n))
+            for n in (1, 2, 8, 16)
+        }  # compile to nothing)
+
+    def step(self, first, count: int) -> None:
+        """Accumulate blocks first .. first + count - 1 (count 1 or 2)."""
+        b, elems, nbytes = self.b, self.elems, self.nbytes
+        blk = self.emit(b, b.gep(self.row, [b.mul(first, _i64(nbytes))]))
+        if count == 2:
+            second = b.gep(self.row, [b.mul(b.add(first, _i64(1)), _i64(nbytes))])
+            blk = blk.join(b, self.emit(b, second))
+        groups = len(blk.codes)  # 32-groups of x in this step
+        g0 = b.mul(first, _i64(elems // 32))
+        dx = _load_floats(b, b.gep(self.planes[0], [g0]), groups)
+        if blk.per16:
+            dx = b.shuffle_vector(dx, dx, _mask([i // 2 for i in range(2 * groups)]))
+        lane_scales = b.fmul(blk.scales, dx, flags=_FAST)
+        if blk.offsets is not None:
+            n = blk.offsets.type.count
+            if blk.per16:
+                at = b.gep(self.planes[2], [b.mul(g0, _i64(2))])
+            else:
+                at = b.gep(self.planes[1], [g0])
+            term = b.fmul(blk.offsets, _load_floats(b, at, n), flags=_FAST)
+            b.store(b.fadd(b.load(self.accm[n]), term, flags=_FAST), self.accm[n])
+        base = b.mul(first, _i64(elems))  # the step's first element of x
+        per_lane = 4 if blk.per16 else 8  # lanes of one scale
+        for i in range(0, groups, 2):
+            codes = blk.codes[i : i + 2]
+            lanes = self.pair(codes, blk.signed, b.add(base, _i64(32 * i)))
+            first_scale = i * 8 // per_lane
+            mask = _mask([first_scale + k // per_lane for k in range(16)])
+            if len(codes) == 1:  # upper lanes are zeros: any scale
+                mask = _mask([first_scale] * 16)
+            spread = b.shuffle_vector(lane_scales, lane_scales, mask)
+            acc = self.accs[(i // 2) % 2]
+            b.store(b.fadd(b.load(acc), b.fmul(lanes, spread, flags=_FAST), flags=_FAST), acc)
+
+    def pair(self, codes, signed: bool, xstart):
+        """<16 x float>: the lane sums of one or two 32-code pieces (contiguous in x) with x.
+        x is two planes of int8, x = d/256 * (256 * hi + lo): lanes = (dot(hi) << 8) + dot(lo)
+        (|lane| < 2^23, so its float32 is exact)."""
+        b = self.b
+        planes = [b.gep(self.xqrow, [xstart]), b.gep(self.xqrow, [b.add(xstart, self.cols)])]
+        if len(codes) == 2:
+            joined = _join(b, *codes)
+            xs = [b.load(b.bitcast(p, _V64B.as_pointer()), align=1) for p in planes]
+        else:  # the odd last block of a 32-element format: the upper half is zeros
+            zeros = ir.Constant(_V32B, [0] * 32)
+            joined = _join(b, codes[0], zeros)
+            xs = [
+                _join(b, b.load(b.bitcast(p, _V32B.as_pointer()), align=1), zeros) for p in planes
+            ]
+        high = b.shl(_dot4(b, self.isa, joined, xs[0], signed), ir.Constant(_V16I, [8] * 16))
+        return b.sitofp(_dot4(b, self.isa, joined, xs[1], signed, acc=high), _V16F)
+
+    def total(self):
+        b = self.b
+        out = ir.Constant(_F32, 0.0)
+        parts = [(16, b.fadd(b.load(self.accs[0]), b.load(self.accs[1]), flags=_FAST))]
+        parts += [(n, b.load(acc)) for n, acc in self.accm.items()]
+        for n, v in parts:
+            fnty = ir.FunctionType(_F32, [_F32, ir.VectorType(_F32, n)])
+            fn = cgutils.get_or_insert_function(b.module, fnty, f"llvm.vector.reduce.fadd.v{n}f32")
+            out = b.fadd(out, b.call(fn, [ir.Constant(_F32, -0.0), v], fastmath=_FAST), flags=_FAST)
+        return out
+
+
 def _make_row_dot_int8(type_id: int, isa: str):
-    emit = _INT_EMITTERS[type_id]
-    elems, nbytes = BLOCKS[type_id]
-    step = 2 if elems == 32 else 1  # blocks per loop step: a step holds whole 64-byte pairs
+    step = 2 if BLOCKS[type_id][0] == 32 else 1  # blocks per loop step: whole 64-byte pairs
 
     @intrinsic
     def row_dot_int8(typingctx, w, woff, xq, xqoff, xf, xfoff, nblocks):
@@ -296,88 +376,15 @@ def _make_row_dot_int8(type_id: int, isa: str):
             row = b.gep(_ptr(context, b, ats[0], wv), [woffv])
             xqrow = b.gep(_ptr(context, b, ats[2], xqv), [xqoffv])
             xfrow = b.gep(_ptr(context, b, ats[4], xfv), [xfoffv])
-            cols = b.mul(nbv, _i64(elems))
-            ng = b.sdiv(cols, _i64(32))
-            # xf: unit d/256 per 32-group, then the sums per 32-group, then per 16
-            planes = (xfrow, b.gep(xfrow, [ng]), b.gep(xfrow, [b.mul(ng, _i64(2))]))
-            zero = ir.Constant(_V16F, [0.0] * 16)
-            accs = [cgutils.alloca_once_value(b, zero) for _ in range(2)]
-            accm = {  # offset terms, by vector width (a step has 1, 2, 8 or 16); unused ones
-                n: cgutils.alloca_once_value(b, ir.Constant(ir.VectorType(_F32, n), [0.0] * n))
-                for n in (1, 2, 8, 16)
-            }  # compile to nothing
-
-            def run(first, count):
-                """Blocks first .. first + count - 1 (count <= step)."""
-                blk = emit(b, b.gep(row, [b.mul(first, _i64(nbytes))]))
-                if count == 2:
-                    second = b.gep(row, [b.mul(b.add(first, _i64(1)), _i64(nbytes))])
-                    blk = blk.join(b, emit(b, second))
-                groups = len(blk.codes)  # 32-groups of x in this step
-                g0 = b.mul(first, _i64(elems // 32))
-                dx = _load_floats(b, b.gep(planes[0], [g0]), groups)
-                if blk.per16:
-                    dx = b.shuffle_vector(dx, dx, _mask([i // 2 for i in range(2 * groups)]))
-                lane_scales = b.fmul(blk.scales, dx, flags=_FAST)
-                if blk.offsets is not None:
-                    n = blk.offsets.type.count
-                    at = b.gep(planes[2], [b.mul(g0, _i64(2))]) if blk.per16 else None
-                    sums = _load_floats(b, at or b.gep(planes[1], [g0]), n)
-                    term = b.fmul(blk.offsets, sums, flags=_FAST)
-                    b.store(b.fadd(b.load(accm[n]), term, flags=_FAST), accm[n])
-                base = b.mul(first, _i64(elems))  # the step's first element of x
-                per_lane = 4 if blk.per16 else 8  # lanes of one scale
-                for i in range(0, groups, 2):
-                    codes = blk.codes[i : i + 2]
-                    lanes = _pair(b, codes, blk.signed, xqrow, cols, b.add(base, _i64(32 * i)))
-                    first_scale = i * 8 // per_lane
-                    mask = _mask([first_scale + k // per_lane for k in range(16)])
-                    if len(codes) == 1:  # upper lanes are zeros: any scale
-                        mask = _mask([first_scale] * 16)
-                    spread = b.shuffle_vector(lane_scales, lane_scales, mask)
-                    acc = accs[(i // 2) % 2]
-                    b.store(
-                        b.fadd(b.load(acc), b.fmul(lanes, spread, flags=_FAST), flags=_FAST), acc
-                    )
-
+            r = _Row(b, isa, type_id, row, xqrow, xfrow, nbv)
             with cgutils.for_range(b, b.sdiv(nbv, _i64(step))) as loop:
-                run(b.mul(loop.index, _i64(step)), step)
+                r.step(b.mul(loop.index, _i64(step)), step)
             if step > 1:
                 with b.if_then(b.icmp_signed("!=", b.srem(nbv, _i64(step)), _i64(0))):
-                    run(b.sub(nbv, _i64(1)), 1)
-            total = b.fadd(b.load(accs[0]), b.load(accs[1]), flags=_FAST)
-            fnty = ir.FunctionType(_F32, [_F32, _V16F])
-            reduce = cgutils.get_or_insert_function(
-                b.module, fnty, "llvm.vector.reduce.fadd.v16f32"
-            )
-            out = b.call(reduce, [ir.Constant(_F32, -0.0), total], fastmath=_FAST)
-            for n, acc in accm.items():
-                vty = ir.VectorType(_F32, n)
-                fn = cgutils.get_or_insert_function(
-                    b.module, ir.FunctionType(_F32, [_F32, vty]), f"llvm.vector.reduce.fadd.v{n}f32"
-                )
-                part = b.call(fn, [ir.Constant(_F32, -0.0), b.load(acc)], fastmath=_FAST)
-                out = b.fadd(out, part, flags=_FAST)
-            return out
+                    r.step(b.sub(nbv, _i64(1)), 1)
+            return r.total()
 
         return sig, codegen
-
-    def _pair(b, codes, signed, xqrow, cols, xstart):
-        """<16 x float>: the lane sums of one or two 32-code pieces (contiguous in x) with x.
-        x is two planes of int8, x = d/256 * (256 * hi + lo): lanes = (dot(hi) << 8) + dot(lo)
-        (|lane| < 2^23, so its float32 is exact)."""
-        planes = [b.gep(xqrow, [xstart]), b.gep(xqrow, [b.add(xstart, cols)])]
-        if len(codes) == 2:
-            joined = _join(b, *codes)
-            xs = [b.load(b.bitcast(p, _V64B.as_pointer()), align=1) for p in planes]
-        else:  # the odd last block of a 32-element format: the upper half is zeros
-            zeros = ir.Constant(_V32B, [0] * 32)
-            joined = _join(b, codes[0], zeros)
-            xs = [
-                _join(b, b.load(b.bitcast(p, _V32B.as_pointer()), align=1), zeros) for p in planes
-            ]
-        high = b.shl(_dot4(b, isa, joined, xs[0], signed), ir.Constant(_V16I, [8] * 16))
-        return b.sitofp(_dot4(b, isa, joined, xs[1], signed, acc=high), _V16F)
 
     return row_dot_int8
 
