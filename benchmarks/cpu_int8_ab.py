@@ -40,7 +40,7 @@ def per_shape(model, rounds: int) -> None:
             seen.setdefault((short, m.shape, m.type_id), m)
     rng = np.random.default_rng(0)
     print(f"{'matrix':<24} {'shape':>14} {'type':>5} {'f32 us':>9} {'int8 us':>9} {'ratio':>6}")
-    for (short, shape, tid), m in sorted(seen.items(), key=str):
+    for (short, shape, _type), m in sorted(seen.items(), key=str):
         x = rng.standard_normal((1, shape[1])).astype(np.float32)
         out = np.empty((1, shape[0]), np.float32)
         reps = max(1, int(2e8 / (shape[0] * shape[1])))

@@ -1,9 +1,11 @@
 """Numba kernels of the fast CPU path: products straight on GGUF blocks, and attention.
 
 Weights stay in their GGUF blocks; a row's blocks are decoded by the LLVM IR of cpu_ir.py,
-dispatched here on the format. Activations and accumulators are float32 (llama.cpp instead
-rounds x to int8 first). Every @njit function is cached on disk (`cache=True`), stamped with
-all the kernel files (cpu_numba.py). Shapes: H hidden size, I MLP size, S cached positions.
+dispatched here on the format. Decode products by default round x to two int8 planes
+(`quantize_x`) and use the integer dots of cpu_ir_int8.py (`gemv_batch_int8`, `any_dot`);
+`gemv_batch` and prefill keep x in float32. Every @njit function is cached on disk
+(`cache=True`), stamped with all the kernel files (cpu_numba.py). Shapes: H hidden size,
+I MLP size, S cached positions.
 """
 
 from __future__ import annotations
