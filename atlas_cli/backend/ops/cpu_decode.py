@@ -17,14 +17,17 @@ from atlas_cli.backend.ops.cpu_kernels import (
     BLOCKS,
     GROUP,
     Q8_0,
+    XF,
+    any_dot,
     attention,
     fast_exp,
     gather_rows,
     gemm,
     gemv_batch,
+    gemv_batch_int8,
     group_sums,
+    quantize_x,
     row_dequant,
-    row_dot,
     tile_dots,
 )
 
@@ -122,6 +125,7 @@ def decode_step(
     scores,  # float32 scratch (nq, cap)
     x,  # float32 scratch (H,): the residual stream
     out,  # float32 (H,): the final normed hidden state
+    int8,  # products on int8-rounded activations (cpu_ir_int8) where the format has them
 ):
     n_layers = mats.shape[0]
     hd = kc.shape[3]
@@ -130,7 +134,10 @@ def decode_step(
     nq = n_heads * hd
     xn = np.empty(hidden, np.float32)
     att = np.empty(nq, np.float32)
-    xs = np.empty(max(hidden, inter, nq) // GROUP, np.float32)  # 32-group sums of the input
+    widest = max(hidden, inter, nq)
+    xs = np.empty(widest // GROUP, np.float32)  # 32-group sums of the input
+    xq = np.empty(2 * widest, np.int8)  # the input rounded to int8 (quantize_x), with
+    xf = np.empty(widest // GROUP * XF, np.float32)  # its scales and sums
 
     half = inv_freq.shape[0]
     cos = np.empty(half, np.float32)
@@ -144,16 +151,17 @@ def decode_step(
     for layer in range(n_layers):
         _attention_block(
             w, mats[layer], perm_q, perm_k, pos, norms[layer, 0], bias[layer], qk_norm[layer],
-            use_qk_norm, cos, sin, eps, kc[layer], vc[layer], qkv, scores, x, xn, att, xs,
+            use_qk_norm, cos, sin, eps, kc[layer], vc[layer], qkv, scores, x, xn, att, xs, xq,
+            xf, int8,
         )  # fmt: skip
-        _mlp_block(w, mats[layer], norms[layer, 1], eps, x, xn, act, xs)
+        _mlp_block(w, mats[layer], norms[layer, 1], eps, x, xn, act, xs, xq, xf, int8)
     _rms_norm_into(x, final_norm, eps, out)
 
 
 @njit(parallel=True, cache=True, fastmath=True)
 def _attention_block(
     w, m, perm_q, perm_k, pos, norm, bias, qk_norm, use_qk_norm, cos, sin, eps, kc, vc, qkv,
-    scores, x, xn, att, xs,
+    scores, x, xn, att, xs, xq, xf, int8,
 ):  # fmt: skip
     """x += o_proj(attention(rms_norm(x))) for one layer: m (7, 4) its matrices, bias and
     qk_norm its rows, kc/vc (nkv, cap, hd) its cache (position `pos` is written here)."""
@@ -166,7 +174,7 @@ def _attention_block(
     n_pos = pos + 1
     inv_sqrt = np.float32(1.0 / math.sqrt(hd))
     _rms_norm_into(x, norm, eps, xn)
-    group_sums(xn, xs[: hidden // GROUP])
+    _prepare_input(xn, xs, xq, xf, int8)
     for r in prange(n_qkv):
         if r < nq:
             t, off, rb, nb, src = m[Q, 0], m[Q, 1], m[Q, 2], m[Q, 3], perm_q[r]
@@ -174,7 +182,7 @@ def _attention_block(
             t, off, rb, nb, src = m[K, 0], m[K, 1], m[K, 2], m[K, 3], perm_k[r - nq]
         else:
             t, off, rb, nb, src = m[V, 0], m[V, 1], m[V, 2], m[V, 3], r - nq - nk
-        qkv[r] = row_dot(t, w, off + src * rb, xn, 0, xs, 0, nb) + bias[r]
+        qkv[r] = any_dot(int8, t, w, off + src * rb, xn, xs, xq, xf, nb) + bias[r]
     q = qkv[:nq]
     k = qkv[nq : nq + nk]
     v = qkv[nq + nk :]
@@ -201,24 +209,37 @@ def _attention_block(
             scores[h0 : h0 + group],
             att[h0 * hd : (h0 + group) * hd],
         )
-    group_sums(att, xs[: nq // GROUP])
+    _prepare_input(att, xs, xq, xf, int8)
     for r in prange(hidden):
-        x[r] += row_dot(m[O, 0], w, m[O, 1] + r * m[O, 2], att, 0, xs, 0, m[O, 3])
+        x[r] += any_dot(int8, m[O, 0], w, m[O, 1] + r * m[O, 2], att, xs, xq, xf, m[O, 3])
+
+
+@njit(cache=True)
+def _prepare_input(v, xs, xq, xf, int8):
+    """What the row dots read of the input v besides v: its 32-group sums, and where `int8`
+    its int8 rounding (quantize_x)."""
+    n = v.shape[0]
+    group_sums(v, xs[: n // GROUP])
+    if int8:
+        quantize_x(v, xq[: 2 * n], xf[: n // GROUP * XF])
 
 
 @njit(parallel=True, cache=True, fastmath=True)
-def _mlp_block(w, m, norm, eps, x, xn, act, xs):
+def _mlp_block(w, m, norm, eps, x, xn, act, xs, xq, xf, int8):
     """x += down(silu(gate(h)) * up(h)), h = rms_norm(x), for one layer's matrices m (7, 4)."""
-    hidden, inter = x.shape[0], act.shape[0]
+    hidden = x.shape[0]
     _rms_norm_into(x, norm, eps, xn)
-    group_sums(xn, xs[: hidden // GROUP])
-    for r in prange(inter):
-        g = row_dot(m[GATE, 0], w, m[GATE, 1] + r * m[GATE, 2], xn, 0, xs, 0, m[GATE, 3])
-        u = row_dot(m[UP, 0], w, m[UP, 1] + r * m[UP, 2], xn, 0, xs, 0, m[UP, 3])
+    _prepare_input(xn, xs, xq, xf, int8)
+    gt, go, grb, gnb = m[GATE, 0], m[GATE, 1], m[GATE, 2], m[GATE, 3]
+    ut, uo, urb, unb = m[UP, 0], m[UP, 1], m[UP, 2], m[UP, 3]
+    for r in prange(act.shape[0]):
+        g = any_dot(int8, gt, w, go + r * grb, xn, xs, xq, xf, gnb)
+        u = any_dot(int8, ut, w, uo + r * urb, xn, xs, xq, xf, unb)
         act[r] = g / (np.float32(1.0) + fast_exp(-g)) * u
-    group_sums(act, xs[: inter // GROUP])
+    _prepare_input(act, xs, xq, xf, int8)
+    dt, do, drb, dnb = m[DOWN, 0], m[DOWN, 1], m[DOWN, 2], m[DOWN, 3]
     for r in prange(hidden):
-        x[r] += row_dot(m[DOWN, 0], w, m[DOWN, 1] + r * m[DOWN, 2], act, 0, xs, 0, m[DOWN, 3])
+        x[r] += any_dot(int8, dt, w, do + r * drb, act, xs, xq, xf, dnb)
 
 
 # -- start-up --------------------------------------------------------------------------------
@@ -235,6 +256,7 @@ def warm_up() -> None:
     perm = np.arange(32, dtype=np.int64)
     x = np.zeros((1, hidden), np.float32)
     gemv_batch(Q8_0, w, 0, rb, nb, perm, x, np.empty((1, 32), np.float32))
+    gemv_batch_int8(Q8_0, w, 0, rb, nb, perm, x, np.empty((1, 32), np.float32))
     x = np.zeros((GEMV_WARM_TOKENS, hidden), np.float32)
     gemm(Q8_0, w, 0, rb, nb, perm, x, np.empty((GEMV_WARM_TOKENS, 32), np.float32))
     gather_rows(Q8_0, w, 0, rb, nb, np.zeros(2, np.int64), np.empty((2, hidden), np.float32))
@@ -267,6 +289,7 @@ def warm_up() -> None:
         np.empty((heads, 4), np.float32),
         np.empty(hidden, np.float32),
         np.empty(hidden, np.float32),
+        True,
     )
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 from dataclasses import dataclass
 
 import numba
@@ -35,6 +36,21 @@ NAME = "cpu"
 KEEP_QUANTIZED = True  # load_model keeps GGUF blocks (QuantizedTensor) for this backend
 
 GEMV_MAX_TOKENS = 4  # up to this many tokens, products dot each row's blocks directly
+# Decode products on int8-rounded activations (docs/architecture.md): "int8" (the default) or
+# "float32", the activations as they are (slower, closer to the reference).
+ACTIVATIONS_ENV = "ATLAS_CPU_ACTIVATIONS"
+ACTIVATIONS = ("int8", "float32")
+
+
+def int8_activations() -> bool:
+    """Whether decode products round x to int8 (ATLAS_CPU_ACTIVATIONS; read on every call, so
+    a process can compare both)."""
+    value = os.environ.get(ACTIVATIONS_ENV, "int8")
+    if value not in ACTIVATIONS:
+        from atlas_cli.errors import UsageError
+
+        raise UsageError(f"{ACTIVATIONS_ENV} must be int8 or float32, got {value!r}")
+    return value == "int8"
 
 
 @dataclass(frozen=True)
@@ -136,7 +152,12 @@ def linear(x: np.ndarray, w, bias: np.ndarray | None = None) -> np.ndarray:
     if w.in_perm is not None:  # the input in the stored column order
         x2 = np.ascontiguousarray(x2[:, w.in_perm])
     out = np.empty((x2.shape[0], rows), np.float32)
-    kernel = _k.gemv_batch if x2.shape[0] <= GEMV_MAX_TOKENS else _k.gemm
+    if x2.shape[0] > GEMV_MAX_TOKENS:
+        kernel = _k.gemm
+    elif w.type_id in _k.INT8_TYPES and int8_activations():
+        kernel = _k.gemv_batch_int8
+    else:
+        kernel = _k.gemv_batch
     kernel(*w.kernel_args, w.perm, x2, out)
     if bias is not None:
         out += bias
@@ -306,7 +327,7 @@ class FusedDecoder:
             self.buf, self.mats, self.perm_q, self.perm_k, self.embed,
             int(self.embed_perm[token]), pos, self.norms, self.final_norm, self.bias,
             self.qk_norm, self.use_qk_norm, self.inv_freq, self.eps, cache.k, cache.v,
-            self.qkv, self.act, self.scores, self.x, out,
+            self.qkv, self.act, self.scores, self.x, out, int8_activations(),
         )  # fmt: skip
         return out[None, :]
 

@@ -1,9 +1,11 @@
 """Numba kernels of the fast CPU path: products straight on GGUF blocks, and attention.
 
 Weights stay in their GGUF blocks; a row's blocks are decoded by the LLVM IR of cpu_ir.py,
-dispatched here on the format. Activations and accumulators are float32 (llama.cpp instead
-rounds x to int8 first). Every @njit function is cached on disk (`cache=True`), stamped with
-all the kernel files (cpu_numba.py). Shapes: H hidden size, I MLP size, S cached positions.
+dispatched here on the format. Decode products by default round x to two int8 planes
+(`quantize_x`) and use the integer dots of cpu_ir_int8.py (`gemv_batch_int8`, `any_dot`);
+`gemv_batch` and prefill keep x in float32. Every @njit function is cached on disk
+(`cache=True`), stamped with all the kernel files (cpu_numba.py). Shapes: H hidden size,
+I MLP size, S cached positions.
 """
 
 from __future__ import annotations
@@ -44,6 +46,16 @@ from atlas_cli.backend.ops.cpu_ir import (  # noqa: F401  (BLOCKS, F16, ...: thi
     dot_q6_k,
     dot_q8_0,
     f32_from_bits,
+)
+from atlas_cli.backend.ops.cpu_ir_int8 import (  # noqa: F401  (INT8_TYPES, XF: this path's facts)
+    INT8_TYPES,
+    XF,
+    idot_q4_0,
+    idot_q4_1,
+    idot_q4_k,
+    idot_q5_k,
+    idot_q6_k,
+    idot_q8_0,
 )
 
 cpu_numba.configure()
@@ -96,6 +108,36 @@ def row_dot(t, w, woff, x, xoff, xs, xsoff, nb):
 
 
 @njit(cache=True)
+def row_dot_int8(t, w, woff, xq, xqoff, xf, xfoff, nb):
+    """row_dot on the int8-quantized x (quantize_x); only for the types in INT8_TYPES."""
+    if t == Q4_K:
+        return idot_q4_k(w, woff, xq, xqoff, xf, xfoff, nb)
+    if t == Q6_K:
+        return idot_q6_k(w, woff, xq, xqoff, xf, xfoff, nb)
+    if t == Q8_0:
+        return idot_q8_0(w, woff, xq, xqoff, xf, xfoff, nb)
+    if t == Q5_K:
+        return idot_q5_k(w, woff, xq, xqoff, xf, xfoff, nb)
+    if t == Q4_1:
+        return idot_q4_1(w, woff, xq, xqoff, xf, xfoff, nb)
+    return idot_q4_0(w, woff, xq, xqoff, xf, xfoff, nb)
+
+
+@njit(cache=True, inline="always")
+def has_int8_dot(t):
+    return t in INT8_TYPES
+
+
+@njit(cache=True, inline="always")
+def any_dot(int8, t, w, woff, x, xs, xq, xf, nb):
+    """One row's dot with the token's x: on the int8 x where `int8` and the type has an integer
+    kernel, else on the float32 x (with its 32-group sums xs)."""
+    if int8 and has_int8_dot(t):
+        return row_dot_int8(t, w, woff, xq, 0, xf, 0, nb)
+    return row_dot(t, w, woff, x, 0, xs, 0, nb)
+
+
+@njit(cache=True)
 def row_dequant(t, w, woff, out, ooff, nb):
     """Write the float32 values of one stored row into out[ooff:]."""
     if t == Q4_1:
@@ -128,6 +170,37 @@ def group_sums(x, xs):
         xs[g] = s
 
 
+@njit(cache=True)  # no fast-math: numpy reproduces it exactly (tests)
+def quantize_x(x, xq, xf):
+    """Round the 1-D x (n,) to two int8 planes per 32-group: with d = max|x| / 127,
+    xq[:n] = hi = rint(x / d) (llama.cpp's Q8_0) and xq[n:] = lo = rint((x - d * hi) * 256 / d),
+    so x ~ d/256 * (256 * hi + lo) to within d/512. xf (XF * ng,) gets d/256 per group, then
+    d/256 times the sum of (256 * hi + lo) over each group, then over each 16-half."""
+    n = x.shape[0]
+    ng = n // GROUP
+    for g in range(ng):
+        amax = np.float32(0.0)
+        for i in range(GROUP * g, GROUP * g + GROUP):
+            amax = max(amax, abs(x[i]))
+        d = amax / np.float32(127.0)
+        inv = np.float32(1.0) / d if d > 0 else np.float32(0.0)
+        sums = [0, 0]
+        for half in range(2):
+            s = 0
+            for i in range(GROUP * g + 16 * half, GROUP * g + 16 * half + 16):
+                hi = min(max(np.rint(x[i] * inv), np.float32(-127.0)), np.float32(127.0))
+                r = (x[i] - hi * d) * inv * np.float32(256.0)
+                lo = min(max(np.rint(r), np.float32(-127.0)), np.float32(127.0))
+                xq[i], xq[n + i] = np.int8(hi), np.int8(lo)
+                s += np.int32(hi) * 256 + np.int32(lo)
+            sums[half] = s
+        unit = d / np.float32(256.0)
+        xf[g] = unit
+        xf[ng + g] = unit * np.float32(sums[0] + sums[1])
+        xf[2 * ng + 2 * g] = unit * np.float32(sums[0])
+        xf[2 * ng + 2 * g + 1] = unit * np.float32(sums[1])
+
+
 # ---------------------------------------------------------------------------------------------
 # Matrix products on a stored matrix: w is the flat uint8 buffer, the matrix starts at byte
 # `off`, stored row `perm[r]` is logical row r (llama.cpp's Q/K row order, undone for free).
@@ -147,6 +220,22 @@ def gemv_batch(t, w, off, rowbytes, nb, perm, x, out):
         woff = off + perm[r] * rowbytes
         for i in range(n_tok):
             out[i, r] = row_dot(t, w, woff, xf, i * cols, xs, i * ng, nb)
+
+
+@njit(parallel=True, cache=True, fastmath=True)
+def gemv_batch_int8(t, w, off, rowbytes, nb, perm, x, out):
+    """gemv_batch with x rounded to int8 per 32-group and integer dot products (INT8_TYPES)."""
+    n_tok, cols = x.shape
+    rows = perm.shape[0]
+    ng = cols // GROUP
+    xq = np.empty(n_tok * 2 * cols, np.int8)  # per token: its two planes
+    xf = np.empty(n_tok * ng * XF, np.float32)
+    for i in range(n_tok):
+        quantize_x(x[i], xq[i * 2 * cols : (i + 1) * 2 * cols], xf[i * ng * XF : (i + 1) * ng * XF])
+    for r in prange(rows):
+        woff = off + perm[r] * rowbytes
+        for i in range(n_tok):
+            out[i, r] = row_dot_int8(t, w, woff, xq, i * 2 * cols, xf, i * ng * XF, nb)
 
 
 @njit(parallel=True, cache=True)

@@ -4,8 +4,9 @@
   have to happen before numba is first imported.
 - The disk cache: numba stamps a cached function with the contents (or, in older releases, the
   mtime) of its own source file only. The kernels span several files (the LLVM IR of the block
-  formats in cpu_ir.py, the loops in cpu_kernels.py, the fused decode step in cpu_decode.py),
-  and a change to a callee must recompile its callers, so their stamp covers all of them.
+  formats in cpu_ir.py and of their integer dots in cpu_ir_int8.py, the loops in
+  cpu_kernels.py, the fused decode step in cpu_decode.py), and a change to a callee must
+  recompile its callers, so their stamp covers all of them.
 - Where that cache lives: with atlas's other derived data (store.paths.cache_dir()/numba), not
   next to the sources in site-packages, which may be read-only and is lost on reinstall.
 - The first load compiles for about a minute: `compile_notice` says so on stderr, terminal or
@@ -22,7 +23,10 @@ import os
 import sys
 from pathlib import Path
 
-KERNEL_FILES = ("cpu_ir.py", "cpu_kernels.py", "cpu_decode.py")
+KERNEL_FILES = ("cpu_ir.py", "cpu_ir_int8.py", "cpu_kernels.py", "cpu_decode.py")
+# Forces the instructions of the integer dot products (cpu_ir_int8.dot_isa), which are chosen
+# when a kernel compiles: the value is part of every kernel's cache stamp.
+ISA_ENV = "ATLAS_CPU_ISA"
 _HERE = Path(__file__).resolve().parent
 
 
@@ -109,10 +113,14 @@ def configure() -> None:
 
 @functools.cache
 def kernel_sources_digest() -> str:
-    """sha256 over the kernel files, as they were when this process first asked."""
+    """sha256 over the kernel files (and a forced instruction set), as they were when this
+    process first asked."""
     h = hashlib.sha256()
     for name in KERNEL_FILES:
         h.update((_HERE / name).read_bytes())
+    forced = os.environ.get(ISA_ENV)
+    if forced:
+        h.update(f"isa={forced}".encode())
     return h.hexdigest()
 
 
