@@ -48,15 +48,19 @@ def test_the_environment_and_the_default(monkeypatch):
 def test_the_key_follows_the_load_options(monkeypatch):
     from atlas_cli.commands.run import LoadSpec
 
-    spec = LoadSpec("smollm2-135m", None, None, None, None, None, None)
-    same = LoadSpec("smollm2-135m", None, None, None, None, None, None)
-    assert registry.key_of(spec.key_fields()) == registry.key_of(same.key_fields())
-    other = LoadSpec("smollm2-135m", None, 4096, None, None, None, None)
-    assert registry.key_of(other.key_fields()) != registry.key_of(spec.key_fields())
-    before = registry.key_of(LoadSpec("m", None, None, None, None, None, None).key_fields())
-    monkeypatch.setenv("ATLAS_DEVICE", "cpu")
-    after = registry.key_of(LoadSpec("m", None, None, None, None, None, None).key_fields())
-    assert before != after
+    def key(ctx_size=None):
+        spec = LoadSpec("smollm2-135m", None, ctx_size, None, None, None, None)
+        return registry.key_of(spec.key_fields())
+
+    first = key()
+    assert key() == first and key(4096) != first
+    monkeypatch.setenv("ATLAS_KEEP_ALIVE", "1h")  # how long a worker stays: the same worker
+    assert key() == first
+    for var, value in [("ATLAS_DEVICE", "cpu"), ("ATLAS_CPU_ACTIVATIONS", "float32")]:
+        monkeypatch.setenv(var, value)  # what it computes: another worker
+        assert key() != first
+        monkeypatch.delenv(var)
+    assert key() == first
 
 
 def test_a_bad_keep_alive_fails_before_loading(tmp_path, monkeypatch):

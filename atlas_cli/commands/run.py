@@ -113,6 +113,9 @@ def run(
         typer.echo(result.stats_block(), err=True)
 
 
+NOT_IN_KEY = ("ATLAS_KEEP_ALIVE",)  # how long a worker stays, not what it computes
+
+
 @dataclass(frozen=True)
 class LoadSpec:
     """What decides which model a run loads and how: one keep-alive worker per distinct spec."""
@@ -126,12 +129,15 @@ class LoadSpec:
     threads: int | None
 
     def key_fields(self) -> dict[str, Any]:
-        """The spec as the worker key sees it: a path made absolute, and the environment
-        variables that pick the device and the thread count."""
+        """The spec as the worker key sees it: a path made absolute, and the ATLAS_*
+        environment."""
         fields = dict(self.__dict__)
         if existing_path(self.model) is not None:
             fields["model"] = os.path.abspath(self.model)
-        fields["env"] = {k: os.environ.get(k) for k in ("ATLAS_DEVICE", "ATLAS_THREADS")}
+        # every ATLAS_* setting may change what the model computes (device, threads, the CPU
+        # path's activations and instruction set): a worker serves only the settings it has
+        fields["env"] = {k: v for k, v in sorted(os.environ.items())
+                         if k.startswith("ATLAS_") and k not in NOT_IN_KEY}  # fmt: skip
         return fields
 
     def open(self):
