@@ -80,6 +80,37 @@ def test_quantize_x_matches_its_numpy_model(rng):
     assert np.abs(back - x).max() <= np.repeat(xf[:32], 32).max() * 256 / 512 * 1.01
 
 
+FIRST_FROM_A_FAST_MATH_CALLER = """
+import numpy as np
+from numba import njit
+from atlas_cli.backend.ops import cpu_kernels
+from tests.test_cpu_int8 import quantize_model
+
+@njit(fastmath=True)
+def fast_caller(x, xq, xf):
+    cpu_kernels.quantize_x(x, xq, xf)
+
+x = np.random.default_rng(11).standard_normal(1024).astype(np.float32)
+x[5] = 40.0
+xq, xf = np.empty(2048, np.int8), np.empty(32 * cpu_kernels.XF, np.float32)
+fast_caller(x, xq, xf)  # compiles (and caches) quantize_x for a fast-math caller first
+want_q, want_f = quantize_model(x)
+for q, f in [(xq, xf), (np.empty_like(xq), np.empty_like(xf))]:
+    cpu_kernels.quantize_x(x, q, f)  # the cached version, called directly
+    assert np.array_equal(q, want_q) and np.array_equal(f, want_f), "not exact"
+print("exact")
+"""
+
+
+def test_quantize_x_stays_exact_when_a_fast_math_caller_compiles_it_first(tmp_path):
+    """numba gives a callee its first caller's fast-math unless the callee sets it: compiled
+    first for a fast-math caller (in a fresh kernel cache), quantize_x must still be exact."""
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path), PYTHONPATH=str(Path(__file__).parents[1]))
+    cmd = [sys.executable, "-c", FIRST_FROM_A_FAST_MATH_CALLER]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and done.stdout.strip() == "exact", done.stderr[-2000:]
+
+
 def _exact_case(type_id: int, rng) -> tuple[cpu_fast.PackedMatrix, np.ndarray, np.ndarray]:
     """(matrix, x, exact float64 x @ W^T) with integer weights and x a multiple of 1/256 whose
     per-group maximum is 127: the quantized x equals x, and every partial sum of the kernel

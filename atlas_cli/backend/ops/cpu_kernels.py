@@ -4,8 +4,11 @@ Weights stay in their GGUF blocks; a row's blocks are decoded by the LLVM IR of 
 dispatched here on the format. Decode products by default round x to two int8 planes
 (`quantize_x`) and use the integer dots of cpu_ir_int8.py (`gemv_batch_int8`, `any_dot`);
 `gemv_batch` and prefill keep x in float32. Every @njit function is cached on disk
-(`cache=True`), stamped with all the kernel files (cpu_numba.py). Shapes: H hidden size,
-I MLP size, S cached positions.
+(`cache=True`), stamped with all the kernel files (cpu_numba.py). The exact ones (the
+dequantizers, `quantize_x`) say `fastmath=False`: numba compiles a callee with the fast-math of
+the caller that first needs it unless the callee sets it, and caches that version (quantize_x
+first compiled for gemv_batch_int8 divided by 127 as a multiply by 1/127, one ulp off numpy).
+Shapes: H hidden size, I MLP size, S cached positions.
 """
 
 from __future__ import annotations
@@ -137,7 +140,7 @@ def any_dot(int8, t, w, woff, x, xs, xq, xf, nb):
     return row_dot(t, w, woff, x, 0, xs, 0, nb)
 
 
-@njit(cache=True)
+@njit(cache=True, fastmath=False)
 def row_dequant(t, w, woff, out, ooff, nb):
     """Write the float32 values of one stored row into out[ooff:]."""
     if t == Q4_1:
@@ -170,7 +173,7 @@ def group_sums(x, xs):
         xs[g] = s
 
 
-@njit(cache=True)  # no fast-math: numpy reproduces it exactly (tests)
+@njit(cache=True, fastmath=False)  # numpy reproduces it exactly (tests)
 def quantize_x(x, xq, xf):
     """Round the 1-D x (n,) to two int8 planes per 32-group: with d = max|x| / 127,
     xq[:n] = hi = rint(x / d) (llama.cpp's Q8_0) and xq[n:] = lo = rint((x - d * hi) * 256 / d),
@@ -241,7 +244,7 @@ def gemv_batch_int8(t, w, off, rowbytes, nb, perm, x, out):
             out[i, r] = row_dot_int8(t, w, woff, xq, i * 2 * cols, xf, i * ng * XF, nb)
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, fastmath=False)
 def dequant_rows(t, w, off, rowbytes, nb, perm, r0, out):
     """out (R, cols) = float32 values of logical rows r0 .. r0 + R - 1."""
     rows, cols = out.shape
@@ -250,7 +253,7 @@ def dequant_rows(t, w, off, rowbytes, nb, perm, r0, out):
         row_dequant(t, w, off + perm[r0 + i] * rowbytes, of, i * cols, nb)
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, fastmath=False)
 def gather_rows(t, w, off, rowbytes, nb, ids, out):
     """Embedding lookup: out (T, cols) = float32 values of rows `ids` (stored order)."""
     cols = out.shape[1]
