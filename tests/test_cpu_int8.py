@@ -53,8 +53,7 @@ def quantize_model(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     with np.errstate(divide="ignore"):
         inv = np.where(d > 0, f(1.0) / d, f(0.0)).astype(f)
     hi = np.clip(np.rint(g * inv[:, None]), -127, 127).astype(f)
-    residual = (g.astype(np.float64) - hi.astype(np.float64) * d[:, None]).astype(f)
-    lo = np.clip(np.rint(residual * inv[:, None] * f(256.0)), -127, 127)
+    lo = np.clip(np.rint((g - hi * d[:, None]) * inv[:, None] * f(256.0)), -127, 127)
     value = hi.astype(np.int64) * 256 + lo.astype(np.int64)
     unit = d / f(256.0)
     halves = value.reshape(-1, 2, 16).sum(axis=2)
@@ -205,7 +204,7 @@ def test_integer_dot_on_random_blocks(type_id, n_tok, rng, monkeypatch):
     x[:, 7] = 25.0  # an outlier in one group
     got = cpu_fast.linear(x, w)  # int8: the default
     xhat = np.stack([_dequantized_x(xi) for xi in x])
-    assert rel_err(got, xhat @ dense.T) < 1e-5  # the same arithmetic, up to float32 sums
+    assert rel_err(got, xhat @ dense.T) < 2e-6  # the same arithmetic, up to float32 sums
     want = x.astype(np.float64) @ dense.T
     assert rel_err(got, want) < 1e-4  # the rounding of x (< 1/(127 * 512) of each group's max)
     monkeypatch.setenv("ATLAS_CPU_ACTIVATIONS", "float32")

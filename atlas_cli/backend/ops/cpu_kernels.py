@@ -192,10 +192,7 @@ def quantize_x(x, xq, xf):
             s = 0
             for i in range(GROUP * g + 16 * half, GROUP * g + 16 * half + 16):
                 hi = min(max(np.rint(x[i] * inv), np.float32(-127.0)), np.float32(127.0))
-                # the residual exactly (float64 holds x - hi * d without rounding), then
-                # rounded once: the same whether or not the compiler fuses a multiply-add
-                r = np.float32(np.float64(x[i]) - np.float64(hi) * np.float64(d))
-                r = r * inv * np.float32(256.0)
+                r = (x[i] - hi * d) * inv * np.float32(256.0)
                 lo = min(max(np.rint(r), np.float32(-127.0)), np.float32(127.0))
                 xq[i], xq[n + i] = np.int8(hi), np.int8(lo)
                 s += np.int32(hi) * 256 + np.int32(lo)
