@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
-import subprocess
 import tempfile
 from pathlib import Path
 
@@ -18,10 +16,9 @@ import numpy as np
 import pytest
 
 from atlas_cli.backend.ops import native_attention, runtime_emu
-from atlas_cli.backend.ops import runtime as rt
+from tests import machine_code
 from tests.gpu import checks
 
-KERNELS = rt.kernels_dir()
 PREFILL = [
     f"attn_prefill_{kv}_hd{hd}" for hd in (16, 32, 64, 128, 256) for kv in ("bf16", "fp8", "f32")
 ]
@@ -182,52 +179,10 @@ def test_first_use_check_against_the_portable_build(nv_ops, monkeypatch, tmp_pat
 
 # ---- machine code ------------------------------------------------------------------------
 
-SASS_FN = re.compile(r"Function : (\S+)")
-
-
-def _cuobjdump() -> str | None:
-    found = shutil.which("cuobjdump")
-    if found and shutil.which("nvdisasm"):
-        return found
-    try:
-        import nvidia
-    except ImportError:
-        return None
-    for root in nvidia.__path__:
-        for exe in Path(root).glob("cu*/bin/cuobjdump"):
-            if (exe.parent / "nvdisasm").exists():
-                return str(exe)
-    return None
-
-
-def _sass(arch: str, tmp: Path) -> dict[str, list[str]]:
-    nvcc, tool = shutil.which("nvcc"), _cuobjdump()
-    if nvcc is None or tool is None:
-        pytest.skip("nvcc and cuobjdump/nvdisasm needed")
-    known = subprocess.run([nvcc, "--list-gpu-arch"], capture_output=True, text=True).stdout
-    if f"compute_{arch[3:]}" not in known:
-        pytest.skip(f"this nvcc does not know {arch}")
-    out = tmp / f"attention-{arch}.cubin"
-    cmd = [nvcc, "-cubin", f"-arch={arch}", "-O3", f"-I{KERNELS}", "-o", str(out)]
-    subprocess.run([*cmd, str(KERNELS / "attention.cu")], check=True, capture_output=True)
-    env = dict(os.environ, PATH=f"{Path(tool).parent}{os.pathsep}{os.environ['PATH']}")
-    text = subprocess.run(
-        [tool, "-sass", str(out)], check=True, capture_output=True, text=True, env=env
-    ).stdout
-    fns: dict[str, list[str]] = {}
-    name = None
-    for line in text.splitlines():
-        if m := SASS_FN.search(line):
-            name = m.group(1)
-            fns[name] = []
-        elif name and (m := re.search(r"/\*[0-9a-f]{4,}\*/\s+(.*?)\s*;", line)):
-            fns[name].append(re.sub(r"^@!?U?P\w+\s+", "", m.group(1)).split()[0])
-    return fns
-
 
 @pytest.mark.parametrize("arch", ["sm_90", "sm_121"])
-def test_prefill_sass_uses_hmma_without_local_memory(arch, tmp_path):
-    fns = _sass(arch, tmp_path)
+def test_prefill_sass_uses_hmma_without_local_memory(arch):
+    fns = machine_code.opcodes(machine_code.cubin("attention.cu", arch, nvrtc_too=False))
     for name in PREFILL:
         ops = fns[name]
         hmma = [op for op in ops if op.startswith("HMMA.16816.F32.BF16")]
@@ -242,21 +197,13 @@ def test_prefill_sass_uses_hmma_without_local_memory(arch, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def gfx1151(tmp_path_factory) -> str:
-    clang = next((c for c in ("clang++-19", "clang++-20", "clang++-18") if shutil.which(c)), None)
-    if clang is None or not Path("/usr/include/hip/hip_runtime.h").exists():
-        pytest.skip("clang-19 and the HIP headers not installed")
-    out = tmp_path_factory.mktemp("gfx") / "attention.s"
-    cmd = [clang, "-x", "hip", "--offload-arch=gfx1151", "-nogpulib", "--cuda-device-only"]
-    cmd += ["-S", "-O3", f"-I{KERNELS}", "-o", str(out), str(KERNELS / "attention.cu")]
-    subprocess.run(cmd, check=True, capture_output=True)
-    return out.read_text()
+def gfx1151() -> str:
+    return machine_code.gfx1151_asm("attention.cu")
 
 
 def test_gfx1151_prefill_uses_wmma_without_scratch(gfx1151):
     for name in PREFILL:
-        start = gfx1151.index(f"{name}:")
-        body = gfx1151[start : gfx1151.index(".Lfunc_end", start)]
+        body = machine_code.amd_function(gfx1151, name)
         wmma = re.findall(r"\bv_wmma_f32_16x16x16_bf16\b", body)
         assert len(wmma) >= 8, f"{name}: {len(wmma)} v_wmma"
         assert "scratch_" not in body, f"{name}: scratch memory"

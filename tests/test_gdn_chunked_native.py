@@ -9,15 +9,12 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
-import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from atlas_cli.backend.ops import native_gdn, numpy_ref, runtime_emu
-from atlas_cli.backend.ops import runtime as rt
+from tests import machine_code
 
 TOL = 1e-5  # max|diff| / max|ref|, outputs and final state
 CHUNKED = ("gdn_chunk_prep", "gdn_chunk_scan")
@@ -177,65 +174,23 @@ def test_qwen35_fixture_prefill_through_the_chunked_kernels(monkeypatch, always_
 
 # ---- machine code ----------------------------------------------------------------------------
 
-KERNELS = rt.kernels_dir()
 
-
-def _cuobjdump() -> str | None:
-    """cuobjdump with nvdisasm beside it or on PATH (a toolkit's, or the NVIDIA wheels')."""
-    found = shutil.which("cuobjdump")
-    if found and shutil.which("nvdisasm"):
-        return found
-    try:
-        import nvidia
-    except ImportError:
-        return None
-    for root in nvidia.__path__:
-        for exe in Path(root).glob("cu*/bin/cuobjdump"):
-            if (exe.parent / "nvdisasm").exists():
-                return str(exe)
-    return None
-
-
-def test_sm90_gdn_kernels_use_no_local_memory(tmp_path):
-    from atlas_cli.backend.ops import nvrtc
-
-    tool = _cuobjdump()
-    if tool is None:
-        pytest.skip("cuobjdump/nvdisasm not installed")
-    cubin = tmp_path / "gdn.cubin"
-    if shutil.which("nvcc"):
-        cmd = ["nvcc", "-cubin", "-arch=sm_90", "-O3", f"-I{KERNELS}", "-o", str(cubin)]
-        subprocess.run([*cmd, str(KERNELS / "gdn.cu")], check=True, capture_output=True)
-    elif nvrtc.available():
-        cubin.write_bytes(
-            nvrtc.compile_source(rt.expand_source("gdn.cu"), "gdn.cu", "sm_90").binary
-        )
-    else:
-        pytest.skip("neither nvcc nor NVRTC installed")
-    env = dict(os.environ, PATH=f"{Path(tool).parent}{os.pathsep}{os.environ['PATH']}")
-    sass = subprocess.run(
-        [tool, "-sass", str(cubin)], check=True, capture_output=True, text=True, env=env
-    ).stdout
-    bodies = dict(re.findall(r"Function : (\S+)\n(.*?)(?=\n\s*Function : |\Z)", sass, re.S))
+def test_sm90_gdn_kernels_use_no_local_memory():
+    fns = machine_code.opcodes(machine_code.cubin("gdn.cu", "sm_90"))
     for name in (*CHUNKED, "gdn_recurrent"):
-        assert name in bodies, f"{name} not in the cubin"
-        assert not re.search(r"\b(LDL|STL)\b", bodies[name]), f"{name} uses local memory"
-        assert "FFMA" in bodies[name]
+        assert name in fns, f"{name} not in the cubin"
+        ops = fns[name]
+        assert not [op for op in ops if op.startswith(("LDL", "STL"))], f"{name} uses local memory"
+        assert [op for op in ops if op.startswith("FFMA")]
     # the barrier-separated tiles: every inner product is float32 FMA, no tensor-core path
-    assert "HMMA" not in bodies["gdn_chunk_scan"]
+    assert not [op for op in fns["gdn_chunk_scan"] if op.startswith("HMMA")]
 
 
-def test_gfx1151_gdn_kernels_use_no_scratch(tmp_path):
-    clang = next((c for c in ("clang++-19", "clang++-20") if shutil.which(c)), None)
-    if clang is None or not Path("/usr/include/hip/hip_runtime.h").exists():
-        pytest.skip("clang-19 and the HIP headers not installed")
-    out = tmp_path / "gdn.s"
-    cmd = [clang, "-x", "hip", "--offload-arch=gfx1151", "-nogpulib", "--cuda-device-only"]
-    cmd += ["-S", "-O3", f"-I{KERNELS}", "-o", str(out), str(KERNELS / "gdn.cu")]
-    subprocess.run(cmd, check=True, capture_output=True)
+def test_gfx1151_gdn_kernels_use_no_scratch():
+    asm = machine_code.gfx1151_asm("gdn.cu")
     # without the device libraries (-nogpulib) the math and id builtins stay calls: these
     # figures are the kernel's own frame and registers
-    meta = out.read_text().split("amdhsa.kernels:")[1]
+    meta = asm.split("amdhsa.kernels:")[1]
     for name in CHUNKED:
         entry = meta[meta.index(f".name:           {name}") :][:2000]
         entry = entry[: entry.index(".wavefront_size")]

@@ -8,17 +8,13 @@ is missing the test skips.
 from __future__ import annotations
 
 import collections
-import os
 import re
-import subprocess
-import tempfile
-from pathlib import Path
 
 import pytest
 
 from atlas_cli.backend.ops import nvrtc
 from atlas_cli.backend.ops import runtime as rt
-from tests.test_kernels_sass import KERNELS, SASS_LINE, _clang, _cuobjdump
+from tests import machine_code
 
 GEMM_FORMATS = ("f32", "f16", "bf16", "q4_0", "q4_1", "q8_0", "q4_k", "q5_k", "q6_k", "nvfp4")
 # bf16 parts of the dequantized weight (gemm.cu gm_wparts): exact in one for bf16 and NVFP4
@@ -34,25 +30,7 @@ def products(fmt: str) -> int:
 
 def _disassemble(cubin: bytes) -> dict[str, collections.Counter]:
     """Entry point -> its SASS opcodes (with modifiers), counted."""
-    tool = _cuobjdump()
-    if tool is None:
-        pytest.skip("cuobjdump/nvdisasm not installed (the [test] extra has them)")
-    with tempfile.TemporaryDirectory() as d:
-        path = Path(d) / "k.cubin"
-        path.write_bytes(cubin)
-        env = dict(os.environ, PATH=f"{Path(tool).parent}{os.pathsep}{os.environ['PATH']}")
-        text = subprocess.run(
-            [tool, "-sass", str(path)], check=True, capture_output=True, text=True, env=env
-        ).stdout
-    fns: dict[str, collections.Counter] = {}
-    name = None
-    for line in text.splitlines():
-        if m := re.search(r"Function : (\S+)", line):
-            name = m.group(1)
-            fns[name] = collections.Counter()
-        elif name and (m := SASS_LINE.search(line)):
-            fns[name][re.sub(r"^@!?U?P\w+\s+", "", m.group(2)).split()[0]] += 1
-    return fns
+    return {name: collections.Counter(ops) for name, ops in machine_code.opcodes(cubin).items()}
 
 
 @pytest.fixture(scope="module", params=["sm_90", "sm_121"])
@@ -102,18 +80,10 @@ def test_gemm_portable_build_has_no_tensor_core_instruction():
         assert not any(op.startswith("HMMA") for op in c) and c["FFMA"] >= 64, f"{name}: {c}"
 
 
-def test_gfx1151_gemm_uses_wmma_without_scratch(tmp_path):
-    clang = _clang()
-    if clang is None or not Path("/usr/include/hip/hip_runtime.h").exists():
-        pytest.skip("clang-19 and the HIP headers not installed")
-    out = tmp_path / "gemm.s"
-    cmd = [clang, "-x", "hip", "--offload-arch=gfx1151", "-nogpulib", "--cuda-device-only"]
-    cmd += ["-S", "-O3", f"-I{KERNELS}", "-o", str(out), str(KERNELS / "gemm.cu")]
-    subprocess.run(cmd, check=True, capture_output=True)
-    asm = out.read_text()
+def test_gfx1151_gemm_uses_wmma_without_scratch():
+    asm = machine_code.gfx1151_asm("gemm.cu")
     for fmt in GEMM_FORMATS:
-        start = asm.index(f"gemm_{fmt}:")
-        body = asm[start : asm.index(".Lfunc_end", start)]
+        body = machine_code.amd_function(asm, f"gemm_{fmt}")
         # the k16 slices are a loop (unrolled, their LDS loads would not fit the VGPRs): one
         # slice's 2 tiles x the kept products
         want = 2 * products(fmt)

@@ -8,10 +8,7 @@ toolchain is missing the test skips. The misaligned-row fallback is checked on t
 from __future__ import annotations
 
 import collections
-import os
 import re
-import shutil
-import subprocess
 import tempfile
 from pathlib import Path
 from types import SimpleNamespace
@@ -19,68 +16,14 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from atlas_cli.backend.ops import nvrtc, runtime_emu
-from atlas_cli.backend.ops import runtime as rt
-
-KERNELS = rt.kernels_dir()
-SASS_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
-
-
-def _cuobjdump() -> str | None:
-    """cuobjdump (it needs nvdisasm beside it or on PATH): a toolkit's, or the
-    nvidia-cuda-cuobjdump + nvidia-cuda-nvdisasm wheels'."""
-    found = shutil.which("cuobjdump")
-    if found and shutil.which("nvdisasm"):
-        return found
-    try:
-        import nvidia  # namespace package of the NVIDIA wheels
-    except ImportError:
-        return None
-    for root in nvidia.__path__:
-        for exe in Path(root).glob("cu*/bin/cuobjdump"):
-            if (exe.parent / "nvdisasm").exists():
-                return str(exe)
-    return None
-
-
-def _sm90_cubin(tmp: Path) -> bytes:
-    nvcc = shutil.which("nvcc")
-    if nvcc:
-        out = tmp / "gemv.cubin"
-        cmd = [nvcc, "-cubin", "-arch=sm_90", "-O3", f"-I{KERNELS}", "-o", str(out)]
-        subprocess.run([*cmd, str(KERNELS / "gemv.cu")], check=True, capture_output=True)
-        return out.read_bytes()
-    if nvrtc.available():
-        return nvrtc.compile_source(rt.expand_source("gemv.cu"), "gemv.cu", "sm_90").binary
-    pytest.skip("neither nvcc nor NVRTC installed")
+from atlas_cli.backend.ops import runtime_emu
+from tests import machine_code
 
 
 @pytest.fixture(scope="module")
-def sass() -> dict[str, list[str]]:
+def sass() -> dict[str, list[tuple[int, str]]]:
     """gemv.cu for sm_90: entry point -> its instructions (predicates dropped)."""
-    tool = _cuobjdump()
-    if tool is None:
-        pytest.skip(
-            "cuobjdump/nvdisasm not installed (pip install nvidia-cuda-cuobjdump "
-            "nvidia-cuda-nvdisasm)"
-        )
-    with tempfile.TemporaryDirectory() as d:
-        cubin = Path(d) / "gemv.cubin"
-        cubin.write_bytes(_sm90_cubin(Path(d)))
-        env = dict(os.environ, PATH=f"{Path(tool).parent}{os.pathsep}{os.environ['PATH']}")
-        text = subprocess.run(
-            [tool, "-sass", str(cubin)], check=True, capture_output=True, text=True, env=env
-        ).stdout
-    fns: dict[str, list[tuple[int, str]]] = {}
-    name = None
-    for line in text.splitlines():
-        m = re.search(r"Function : (\S+)", line)
-        if m:
-            name = m.group(1)
-            fns[name] = []
-        elif name and (m := SASS_LINE.search(line)):
-            fns[name].append((int(m.group(1), 16), re.sub(r"^@!?U?P\w+\s+", "", m.group(2))))
-    return fns
+    return machine_code.sass(machine_code.cubin("gemv.cu", "sm_90"))
 
 
 def _sass_loops(ins: list[tuple[int, str]]) -> list[list[str]]:
@@ -175,28 +118,7 @@ def test_sm90_gemv_uses_no_local_memory(sass):
 @pytest.fixture(scope="module")
 def decode_sass(sass) -> dict[str, list[tuple[int, str]]]:
     """decode.cu (the fused decode step) for sm_90, as `sass` reads gemv.cu."""
-    nvcc = shutil.which("nvcc")
-    if not nvcc:
-        pytest.skip("nvcc not installed")
-    tool = _cuobjdump()
-    with tempfile.TemporaryDirectory() as d:
-        out = Path(d) / "decode.cubin"
-        cmd = [nvcc, "-cubin", "-arch=sm_90", "-O3", f"-I{KERNELS}", "-o", str(out)]
-        subprocess.run([*cmd, str(KERNELS / "decode.cu")], check=True, capture_output=True)
-        env = dict(os.environ, PATH=f"{Path(tool).parent}{os.pathsep}{os.environ['PATH']}")
-        text = subprocess.run(
-            [tool, "-sass", str(out)], check=True, capture_output=True, text=True, env=env
-        ).stdout
-    fns: dict[str, list[tuple[int, str]]] = {}
-    name = None
-    for line in text.splitlines():
-        m = re.search(r"Function : (\S+)", line)
-        if m:
-            name = m.group(1)
-            fns[name] = []
-        elif name and (m := SASS_LINE.search(line)):
-            fns[name].append((int(m.group(1), 16), re.sub(r"^@!?U?P\w+\s+", "", m.group(2))))
-    return fns
+    return machine_code.sass(machine_code.cubin("decode.cu", "sm_90", nvrtc_too=False))
 
 
 # Open: in decode.cu the Q4_0 / Q4_1 tile loop is not found with 16-byte loads (gemv.cu's is,
@@ -226,28 +148,13 @@ def test_sm90_dgemv_loop_uses_128_bit_loads(decode_sass, fmt):
 # ---- gfx1151 -------------------------------------------------------------------------------
 
 
-def _clang() -> str | None:
-    for name in ("clang++-19", "clang++-20", "clang++-18"):
-        if shutil.which(name):
-            return name
-    return None
-
-
 @pytest.fixture(scope="module")
-def gfx1151(tmp_path_factory) -> str:
-    clang = _clang()
-    if clang is None or not Path("/usr/include/hip/hip_runtime.h").exists():
-        pytest.skip("clang-19 and the HIP headers not installed")
-    out = tmp_path_factory.mktemp("gfx") / "gemv.s"
-    cmd = [clang, "-x", "hip", "--offload-arch=gfx1151", "-nogpulib", "--cuda-device-only"]
-    cmd += ["-S", "-O3", f"-I{KERNELS}", "-o", str(out), str(KERNELS / "gemv.cu")]
-    subprocess.run(cmd, check=True, capture_output=True)
-    return out.read_text()
+def gfx1151() -> str:
+    return machine_code.gfx1151_asm("gemv.cu")
 
 
 def _amd_loops(asm: str, name: str) -> list[collections.Counter]:
-    start = asm.index(f"{name}:")
-    lines = asm[start : asm.index(".Lfunc_end", start)].splitlines()
+    lines = machine_code.amd_function(asm, name).splitlines()
     labels, loops = {}, []
     for i, line in enumerate(lines):
         if m := re.match(r"(\.LBB\w+):", line):
