@@ -208,7 +208,12 @@ def kv_net(request):
 
 
 def _cold(net, prompt: list[int], then: tuple[int, ...]) -> np.ndarray:
+    """A fresh engine's logits for `prompt`, then `then`: prefilled in the same pieces as the
+    engines under test (checkpoints at MARK), so that a difference is the cache's, not that of
+    another kernel (a piece over 8 tokens takes the GEMM instead of the GEMV, whose rounding can
+    flip a bf16 KV entry)."""
     engine = Engine(net, None, 64, draft=0)
+    engine.message_starts = frozenset({MARK})
     logits, _ = engine.prefill(prompt)
     return np.stack([np.asarray(logits), *(np.asarray(engine.step(t)) for t in then)])
 
