@@ -223,6 +223,8 @@ def main() -> None:
     ap.add_argument("--llama-python", default=sys.executable, help="Python with llama_cpp")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.depth_tg and args.depth < 1:
+        ap.error("--depth must be at least 1 (the prompt before --depth-tg); --depth-tg 0 skips")
     if args.worker:
         work = work_atlas if args.worker == "atlas" else work_llama
         print(json.dumps(work(args)))

@@ -189,6 +189,27 @@ def test_random_schemas_at_the_mask_level(gtok, syntax):
         assert not fits(gtok, auto, "Let me look.\n" + render(name + "x", args))
 
 
+def test_arguments_the_function_does_not_name_are_closed_off(gtok):
+    """BFCL's tool lists (like most) name their arguments and say nothing of others: a call
+    must not invent one (JSON Schema alone would allow it)."""
+    names = {"location": {"type": "string"}, "unit": {"type": "string"}}
+    params = {"type": "dict", "required": ["location"], "properties": names}
+    grammar = build_grammar(GrammarRequest({"weather": params}, "required"), gtok.is_special)
+    assert fits(gtok, grammar, hermes_call("weather", {"location": "Riga, Latvia"}))
+    assert fits(gtok, grammar, hermes_call("weather", {"location": "Riga", "unit": "celsius"}))
+    assert not fits(gtok, grammar, hermes_call("weather", {"location": "Riga", "description": "x"}))
+
+
+def test_arguments_a_schema_allows_stay_allowed(gtok):
+    """Closing off unnamed arguments is a default: a schema that asks for them keeps them."""
+    open_args = {"type": "object", "properties": {"a": {"type": "integer"}},
+                 "additionalProperties": True}  # fmt: skip
+    free = {"type": "object"}  # no properties named: any object
+    for params in (open_args, free):
+        grammar = build_grammar(GrammarRequest({"f": params}, "required"), gtok.is_special)
+        assert fits(gtok, grammar, hermes_call("f", {"a": 1, "extra": "x"}))
+
+
 def test_reasoning_is_never_constrained(gtok):
     tools = {"f": {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}}
     call = hermes_call("f", {"a": 1})

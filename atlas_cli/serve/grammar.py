@@ -195,9 +195,16 @@ _TYPE_NAMES = {
 
 
 def _object_schema(params: Any) -> dict:
-    """A tool's parameters as an object schema (OpenAI allows them missing or untyped)."""
+    """A tool's parameters as an object schema (OpenAI allows them missing or untyped).
+
+    Arguments the function does not name are closed off unless the schema allows them
+    (JSON Schema's default would let a call carry keys the callee rejects; OpenAI's strict
+    mode and llama.cpp's grammars close them too): on the default model, 9 of the first 20 of
+    BFCL's live_simple calls had invented keys such as "description"."""
     schema = _standard_types(params) if isinstance(params, Mapping) else {}
     schema.setdefault("type", "object")
+    if isinstance(schema.get("properties"), Mapping) and schema["properties"]:
+        schema.setdefault("additionalProperties", False)
     return schema
 
 

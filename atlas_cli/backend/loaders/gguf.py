@@ -423,7 +423,7 @@ def _qwen35_tensor(
     dk, dv = config["linear_key_head_dim"], config["linear_value_head_dim"]
     r = nv // nk
     leaf = target.rsplit(".", 2)[-2] + "." + target.rsplit(".", 1)[-1]
-    if "linear_attn." in target:
+    if "linear_attn." in target and r > 1:  # one value head per key head: HF's order already
         # rows that carry value heads: whole (possibly quantized) rows move, so blocks stay intact
         if leaf in ("in_proj_qkv.weight", "conv1d.weight"):
             raw = np.concatenate([raw[: 2 * nk * dk], grouped_rows(raw[2 * nk * dk :], nk, r, dv)])

@@ -44,7 +44,7 @@ Q, K, V, O, GATE, UP, DOWN = range(7)
 
 
 @njit(cache=True, fastmath=True)
-def _rms_norm_into(x, w, eps, out):
+def rms_norm_into(x, w, eps, out):
     n = x.shape[0]
     ss = np.float32(0.0)
     for i in range(n):
@@ -55,7 +55,7 @@ def _rms_norm_into(x, w, eps, out):
 
 
 @njit(cache=True, fastmath=True)
-def _rope_neox(v, n_heads, hd, cos, sin):
+def rope_neox(v, n_heads, hd, cos, sin):
     """In place on v (n_heads * hd,): rotate_half RoPE on the first 2 * len(cos) dims of each
     head (as numpy_ref.rope)."""
     half = cos.shape[0]
@@ -69,7 +69,7 @@ def _rope_neox(v, n_heads, hd, cos, sin):
 
 
 @njit(cache=True, fastmath=True)
-def _attend_group(q, keys, vals, n_pos, scale, scores, out):
+def attend_group(q, keys, vals, n_pos, scale, scores, out):
     """Attention of one GQA group's query heads q (g * hd,) over keys/vals (>= n_pos, hd);
     scores (g, >= n_pos) scratch; writes out (g * hd,)."""
     g = scores.shape[0]
@@ -154,8 +154,8 @@ def decode_step(
             use_qk_norm, cos, sin, eps, kc[layer], vc[layer], qkv, scores, x, xn, att, xs, xq,
             xf, int8,
         )  # fmt: skip
-        _mlp_block(w, mats[layer], norms[layer, 1], eps, x, xn, act, xs, xq, xf, int8)
-    _rms_norm_into(x, final_norm, eps, out)
+        mlp_block(w, mats[layer], norms[layer, 1], eps, x, xn, act, xs, xq, xf, int8)
+    rms_norm_into(x, final_norm, eps, out)
 
 
 @njit(parallel=True, cache=True, fastmath=True)
@@ -173,8 +173,8 @@ def _attention_block(
     group = n_heads // n_kv
     n_pos = pos + 1
     inv_sqrt = np.float32(1.0 / math.sqrt(hd))
-    _rms_norm_into(x, norm, eps, xn)
-    _prepare_input(xn, xs, xq, xf, int8)
+    rms_norm_into(x, norm, eps, xn)
+    prepare_input(xn, xs, xq, xf, int8)
     for r in prange(n_qkv):
         if r < nq:
             t, off, rb, nb, src = m[Q, 0], m[Q, 1], m[Q, 2], m[Q, 3], perm_q[r]
@@ -189,18 +189,18 @@ def _attention_block(
     if use_qk_norm:
         for h in range(n_heads):
             seg = q[h * hd : (h + 1) * hd]
-            _rms_norm_into(seg, qk_norm[0], eps, seg)
+            rms_norm_into(seg, qk_norm[0], eps, seg)
         for h in range(n_kv):
             seg = k[h * hd : (h + 1) * hd]
-            _rms_norm_into(seg, qk_norm[1], eps, seg)
-    _rope_neox(q, n_heads, hd, cos, sin)
-    _rope_neox(k, n_kv, hd, cos, sin)
+            rms_norm_into(seg, qk_norm[1], eps, seg)
+    rope_neox(q, n_heads, hd, cos, sin)
+    rope_neox(k, n_kv, hd, cos, sin)
     for h in range(n_kv):
         kc[h, pos, :] = k[h * hd : (h + 1) * hd]
         vc[h, pos, :] = v[h * hd : (h + 1) * hd]
     for kvh in prange(n_kv):  # the query heads of one KV head share each key and value read
         h0 = kvh * group
-        _attend_group(
+        attend_group(
             q[h0 * hd : (h0 + group) * hd],
             kc[kvh],
             vc[kvh],
@@ -209,13 +209,13 @@ def _attention_block(
             scores[h0 : h0 + group],
             att[h0 * hd : (h0 + group) * hd],
         )
-    _prepare_input(att, xs, xq, xf, int8)
+    prepare_input(att, xs, xq, xf, int8)
     for r in prange(hidden):
         x[r] += any_dot(int8, m[O, 0], w, m[O, 1] + r * m[O, 2], att, xs, xq, xf, m[O, 3])
 
 
 @njit(cache=True)
-def _prepare_input(v, xs, xq, xf, int8):
+def prepare_input(v, xs, xq, xf, int8):
     """What the row dots read of the input v besides v: its 32-group sums, and where `int8`
     its int8 rounding (quantize_x)."""
     n = v.shape[0]
@@ -225,18 +225,18 @@ def _prepare_input(v, xs, xq, xf, int8):
 
 
 @njit(parallel=True, cache=True, fastmath=True)
-def _mlp_block(w, m, norm, eps, x, xn, act, xs, xq, xf, int8):
+def mlp_block(w, m, norm, eps, x, xn, act, xs, xq, xf, int8):
     """x += down(silu(gate(h)) * up(h)), h = rms_norm(x), for one layer's matrices m (7, 4)."""
     hidden = x.shape[0]
-    _rms_norm_into(x, norm, eps, xn)
-    _prepare_input(xn, xs, xq, xf, int8)
+    rms_norm_into(x, norm, eps, xn)
+    prepare_input(xn, xs, xq, xf, int8)
     gt, go, grb, gnb = m[GATE, 0], m[GATE, 1], m[GATE, 2], m[GATE, 3]
     ut, uo, urb, unb = m[UP, 0], m[UP, 1], m[UP, 2], m[UP, 3]
     for r in prange(act.shape[0]):
         g = any_dot(int8, gt, w, go + r * grb, xn, xs, xq, xf, gnb)
         u = any_dot(int8, ut, w, uo + r * urb, xn, xs, xq, xf, unb)
         act[r] = g / (np.float32(1.0) + fast_exp(-g)) * u
-    _prepare_input(act, xs, xq, xf, int8)
+    prepare_input(act, xs, xq, xf, int8)
     dt, do, drb, dnb = m[DOWN, 0], m[DOWN, 1], m[DOWN, 2], m[DOWN, 3]
     for r in prange(hidden):
         x[r] += any_dot(int8, dt, w, do + r * drb, act, xs, xq, xf, dnb)
@@ -253,6 +253,7 @@ def warm_up() -> None:
     hidden, hd, heads, kv, inter = 32, 16, 2, 1, 32
     nb, rb = 1, BLOCKS[Q8_0][1]  # one Q8_0 block per 32-wide row
     w = np.zeros(64 * rb, np.uint8)
+    w.flags.writeable = False  # as a GGUF memory map: numba types read-only arrays apart
     perm = np.arange(32, dtype=np.int64)
     x = np.zeros((1, hidden), np.float32)
     gemv_batch(Q8_0, w, 0, rb, nb, perm, x, np.empty((1, 32), np.float32))
@@ -293,12 +294,12 @@ def warm_up() -> None:
     )
 
 
-def kernels_cached() -> bool:
-    """Whether numba's disk cache already holds the kernels for this source file (so loading
-    takes a fraction of a second instead of a compile). Best effort: numba's cache index is
-    not public API, and any surprise counts as cached."""
+def kernels_cached(kernel=None) -> bool:
+    """Whether numba's disk cache already holds `kernel` (default: decode_step, for this
+    source file), so loading takes a fraction of a second instead of a compile. Best effort:
+    numba's cache index is not public API, and any surprise counts as cached."""
     try:
-        return bool(decode_step._cache._cache_file._load_index())
+        return bool((kernel or decode_step)._cache._cache_file._load_index())
     except Exception:
         return True
 

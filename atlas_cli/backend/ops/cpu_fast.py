@@ -339,7 +339,12 @@ def _proj_key(layer: int, name: str) -> str:
 
 def fuse_decoder(model) -> FusedDecoder | None:
     """A FusedDecoder for `model` (a LlamaModel), or None when its weights or shape are outside
-    what decode_step handles; the model then runs op by op."""
+    what decode_step handles; the model then runs op by op. Qwen3.5 (hybrid) models get
+    cpu_qwen35's step."""
+    if hasattr(model.args, "layer_types"):
+        from atlas_cli.backend.ops import cpu_qwen35
+
+        return cpu_qwen35.fuse(model)
     a, w = model.args, model.w
     if a.hidden_size % _k.GROUP or a.dim_per_head % 2 or a.partial_rotary_factor != 1.0:
         return None
