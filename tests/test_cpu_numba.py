@@ -8,7 +8,7 @@ import hashlib
 import numpy as np
 from numba.core.caching import FunctionCache
 
-from atlas_cli.backend.ops import cpu_decode, cpu_kernels, cpu_numba
+from atlas_cli.backend.ops import cpu_decode, cpu_kernels, cpu_numba, cpu_qwen35
 
 
 def test_kernel_stamp_covers_every_kernel_file():
@@ -17,7 +17,8 @@ def test_kernel_stamp_covers_every_kernel_file():
     for name in cpu_numba.KERNEL_FILES:
         h.update((here / name).read_bytes())
     assert cpu_numba.kernel_sources_digest() == h.hexdigest()
-    for fn in (cpu_kernels.row_dot, cpu_kernels.gemm, cpu_decode.decode_step):
+    kernels = (cpu_kernels.row_dot, cpu_kernels.gemm, cpu_decode.decode_step, cpu_qwen35.gdn_layer)
+    for fn in kernels:
         locator = fn._cache._impl.locator
         assert type(locator).__name__ == "KernelFilesLocator"
         assert locator.get_source_stamp()[1] == h.hexdigest()

@@ -5,8 +5,8 @@
 - The disk cache: numba stamps a cached function with the contents (or, in older releases, the
   mtime) of its own source file only. The kernels span several files (the LLVM IR of the block
   formats in cpu_ir.py and of their integer dots in cpu_ir_int8.py, the loops in
-  cpu_kernels.py, the fused decode step in cpu_decode.py), and a change to a callee must
-  recompile its callers, so their stamp covers all of them.
+  cpu_kernels.py, the fused decode steps in cpu_decode.py and cpu_qwen35.py), and a change
+  to a callee must recompile its callers, so their stamp covers all of them.
 - Where that cache lives: with atlas's other derived data (store.paths.cache_dir()/numba), not
   next to the sources in site-packages, which may be read-only and is lost on reinstall.
 - The first load compiles for about a minute: `compile_notice` says so on stderr, terminal or
@@ -23,7 +23,13 @@ import os
 import sys
 from pathlib import Path
 
-KERNEL_FILES = ("cpu_ir.py", "cpu_ir_int8.py", "cpu_kernels.py", "cpu_decode.py")
+KERNEL_FILES = (
+    "cpu_ir.py",
+    "cpu_ir_int8.py",
+    "cpu_kernels.py",
+    "cpu_decode.py",
+    "cpu_qwen35.py",
+)
 # Forces the instructions of the integer dot products (cpu_ir_int8.dot_isa), which are chosen
 # when a kernel compiles: the value is part of every kernel's cache stamp.
 ISA_ENV = "ATLAS_CPU_ISA"
