@@ -29,6 +29,7 @@ from atlas_cli.backend.formats import QuantizedWeight, WeightFormat
 from atlas_cli.backend.ops import cpu_decode as _d
 from atlas_cli.backend.ops import cpu_kernels as _k
 from atlas_cli.backend.ops import cpu_numba
+from atlas_cli.backend.ops import cpu_qwen35 as _q35
 from atlas_cli.backend.ops import numpy_ref as _ref
 from atlas_cli.backend.ops.numpy_ref import *  # noqa: F403  (ops this backend does not override)
 
@@ -342,9 +343,7 @@ def fuse_decoder(model) -> FusedDecoder | None:
     what decode_step handles; the model then runs op by op. Qwen3.5 (hybrid) models get
     cpu_qwen35's step."""
     if hasattr(model.args, "layer_types"):
-        from atlas_cli.backend.ops import cpu_qwen35
-
-        return cpu_qwen35.fuse(model)
+        return fuse_qwen35(model)
     a, w = model.args, model.w
     if a.hidden_size % _k.GROUP or a.dim_per_head % 2 or a.partial_rotary_factor != 1.0:
         return None
@@ -372,3 +371,183 @@ def fuse_decoder(model) -> FusedDecoder | None:
     if inter % _k.GROUP or (a.num_attention_heads * a.dim_per_head) % _k.GROUP:
         return None
     return FusedDecoder(model, buf, packed)
+
+
+# ---------------------------------------------------------------------------------------------
+# Fused Qwen3.5 decode (the kernels: cpu_qwen35.py)
+
+_GDN = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj")
+_ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
+_MLP = ("gate_proj", "up_proj", "down_proj")
+
+
+def _desc(m) -> tuple[int, int, int, int, int]:
+    return (m.type_id, m.offset, m.row_bytes, m.blocks_per_row, m.shape[0])
+
+
+def _buffers(mats) -> tuple[np.ndarray, ...]:
+    """The matrices' buffers as one numba type (read-only plain arrays: a GGUF memory map is
+    read-only, a reordered copy is not), so that a kernel can index the tuple at run time."""
+    views = []
+    for m in mats:
+        view = np.asarray(m.buf).view(np.ndarray)
+        view.flags.writeable = False
+        views.append(view)
+    return tuple(views)
+
+
+def _stored_in_order(m) -> bool:
+    """Whether the kernels can read m's rows at row * row bytes (no row or column order)."""
+    return (
+        isinstance(m, PackedMatrix)
+        and m.in_perm is None
+        and np.array_equal(m.perm, np.arange(m.shape[0]))
+    )
+
+
+class FusedQwen35:
+    """A Qwen3.5 decode step with one numba call per layer (gdn_layer or gated_attention_layer,
+    then mlp_block) on the host HybridCache. Built by `fuse`; reads the same packed weights as
+    the op path."""
+
+    def __init__(self, model, layers: list[dict]):
+        a = model.args
+        self.model, self.layers = model, layers
+        self.eps = float(a.rms_norm_eps)
+        self.embed = model.w["model.embed_tokens.weight"]
+        self.final_norm = _unit_offset(model.w["model.norm.weight"])
+        self.inv_freq = np.ascontiguousarray(model.inv_freq, np.float32)
+        nv, dv, hd = a.linear_num_value_heads, a.linear_value_head_dim, a.head_dim
+        nq, nk = a.num_attention_heads * hd, a.num_key_value_heads * hd
+        widest = max(a.hidden_size, a.intermediate_size, nv * dv, nq)
+        self.xn = np.empty(a.hidden_size, np.float32)
+        self.xs = np.empty(widest // _k.GROUP, np.float32)
+        self.xq = np.empty(2 * widest, np.int8)
+        self.xf = np.empty(widest // _k.GROUP * _k.XF, np.float32)
+        self.act = np.empty(a.intermediate_size, np.float32)
+        self.gdn_proj = np.empty(a.conv_channels + nv * dv + 2 * nv, np.float32)
+        self.core = np.empty(nv * dv, np.float32)
+        self.attn_proj = np.empty(2 * nq + 2 * nk, np.float32)
+        self.qk = np.empty(nq + nk, np.float32)
+        self.att = np.empty(nq, np.float32)
+        self.scores = np.empty((a.num_attention_heads, 0), np.float32)
+        # the kernels before the weights are first read, then the compiler's pages let go
+        # (as cpu_fast.FusedDecoder)
+        if not (_d.kernels_cached() and _d.kernels_cached(_q35.gdn_layer)):
+            cpu_numba.compile_notice()
+        _d.warm_up()
+        _q35.warm_up()
+        _d.release_compiler_memory()
+
+    def decode(self, token: int, cache, pos: int) -> np.ndarray:
+        """One token at position `pos`: updates `cache` (this position's K/V, every linear
+        layer's state) and returns the final normed hidden state (1, H)."""
+        int8 = int8_activations()
+        if self.scores.shape[1] < cache.capacity:
+            self.scores = np.empty((self.scores.shape[0], cache.capacity), np.float32)
+        angles = np.float32(pos) * self.inv_freq  # float32, as numpy_ref.rope
+        cos, sin = np.cos(angles), np.sin(angles)
+        x = embedding(self.embed, np.array([token]))[0]
+        scratch = (self.xn, self.xs, self.xq, self.xf, int8)
+        for i, layer in enumerate(self.layers):
+            if "conv_w" in layer:
+                state = cache.linear[i]
+                _q35.gdn_layer(
+                    x, layer["norm"], self.eps, layer["descs"], layer["bufs"],
+                    layer["out_perm"], layer["conv_w"], state.conv, state.recurrent,
+                    layer["a_neg"], layer["dt_bias"], layer["gnorm"], layer["n_kh"],
+                    self.gdn_proj, self.xn, self.core, *scratch[1:],
+                )  # fmt: skip
+            else:
+                kv = cache.kv[i]
+                _q35.gated_attention_layer(
+                    x, layer["norm"], self.eps, layer["descs"], layer["bufs"],
+                    layer["q_norm"], layer["k_norm"], cos, sin, pos, kv.k, kv.v,
+                    self.attn_proj, self.qk, self.att, self.scores, *scratch,
+                )  # fmt: skip
+            _d.mlp_block(layer["mlp_buf"], layer["mlp"], layer["post_norm"], self.eps, x,
+                      self.xn, self.act, *scratch[1:])  # fmt: skip
+        out = np.empty_like(x)
+        _d.rms_norm_into(x, self.final_norm, self.eps, out)
+        return out[None, :]
+
+    def logits_for(self, hidden):
+        """The op path's lm_head (models/qwen3_5.py asks the fused step first)."""
+        return None
+
+
+def _unit_offset(w) -> np.ndarray:
+    """A (1 + w) norm weight as the plain weight rms_norm_into multiplies by (float32, as
+    numpy_ref.rms_norm computes it)."""
+    return np.asarray(w, np.float32) + np.float32(1.0)
+
+
+def fuse_qwen35(model) -> FusedQwen35 | None:
+    """A FusedQwen35 for `model` (a Qwen3_5Model on the fast CPU ops), or None when a weight or
+    shape is outside what the kernels take; the model then runs op by op."""
+    a, w = model.args, model.w
+    hd, nh = a.head_dim, a.num_attention_heads
+    widths = (a.hidden_size, a.intermediate_size, a.value_dim, nh * hd)
+    if (
+        any(n % _k.GROUP for n in widths)
+        or hd % 2
+        or a.linear_num_value_heads % a.linear_num_key_heads
+    ):
+        return None
+    if 2 * len(model.inv_freq) > hd:
+        return None
+    layers = []
+    for i, kind in enumerate(a.layer_types):
+        p = f"model.layers.{i}."
+        mlp = [w.get(f"{p}mlp.{n}.weight") for n in _MLP]
+        if not all(_stored_in_order(m) for m in mlp):
+            return None
+        if len({m.buf.__array_interface__["data"][0] for m in mlp}) != 1:
+            return None  # mlp_block reads the three from one buffer
+        table = np.zeros((7, 4), np.int64)  # cpu_decode's layout: rows GATE, UP, DOWN
+        for row, m in zip((_d.GATE, _d.UP, _d.DOWN), mlp, strict=True):
+            table[row] = _desc(m)[:4]
+        layer = {
+            "norm": _unit_offset(w[p + "input_layernorm.weight"]),
+            "post_norm": _unit_offset(w[p + "post_attention_layernorm.weight"]),
+            "mlp": table,
+            "mlp_buf": mlp[0].buf,
+        }
+        if kind == "linear_attention":
+            q = p + "linear_attn."
+            mats = [w.get(f"{q}{n}.weight") for n in _GDN]
+            out = mats[-1]
+            if not all(_stored_in_order(m) for m in mats[:-1]):
+                return None
+            if not isinstance(out, PackedMatrix) or not np.array_equal(
+                out.perm, np.arange(out.shape[0])
+            ):
+                return None
+            cols = out.shape[1]
+            layer |= {
+                "descs": np.array([_desc(m) for m in mats], np.int64),
+                "bufs": _buffers(mats),
+                "out_perm": np.arange(cols) if out.in_perm is None else out.in_perm,
+                "conv_w": np.ascontiguousarray(w[q + "conv1d.weight"], np.float32),
+                "a_neg": np.ascontiguousarray(w[q + "A"], np.float32),
+                "dt_bias": np.ascontiguousarray(w[q + "dt_bias"], np.float32),
+                "gnorm": np.ascontiguousarray(w[q + "norm.weight"], np.float32),
+                "n_kh": a.linear_num_key_heads,
+            }
+        else:
+            q = p + "self_attn."
+            mats = [w.get(f"{q}{n}.weight") for n in _ATTN]
+            if not all(_stored_in_order(m) for m in mats):
+                return None
+            if mats[0].shape[0] != 2 * nh * hd or any(
+                w.get(f"{q}{n}.bias") is not None for n in _ATTN
+            ):
+                return None  # ungated or biased attention: the op path
+            layer |= {
+                "descs": np.array([_desc(m) for m in mats], np.int64),
+                "bufs": _buffers(mats),
+                "q_norm": _unit_offset(w[q + "q_norm.weight"]),
+                "k_norm": _unit_offset(w[q + "k_norm.weight"]),
+            }
+        layers.append(layer)
+    return FusedQwen35(model, layers)
