@@ -407,12 +407,12 @@ def _stored_in_order(m) -> bool:
 
 class FusedQwen35:
     """A Qwen3.5 decode step with one numba call per layer (gdn_layer or gated_attention_layer,
-    then mlp_block) on the host HybridCache. Built by `fuse`; reads the same packed weights as
-    the op path."""
+    then mlp_block) on the host HybridCache. Built by `fuse_qwen35`; reads the same packed
+    weights as the op path."""
 
     def __init__(self, model, layers: list[dict]):
         a = model.args
-        self.model, self.layers = model, layers
+        self.layers = layers
         self.eps = float(a.rms_norm_eps)
         self.embed = model.w["model.embed_tokens.weight"]
         self.final_norm = _unit_offset(model.w["model.norm.weight"])
