@@ -121,6 +121,11 @@ def ensure_fits(what: str, est: FitEstimate, smaller: list[str] = ()) -> None:
     )
 
 
+def cpu_kv_dtype(device: str) -> str:
+    """The KV cache type of a CPU device by default: the fast path's f16, the reference's f32."""
+    return "f32" if device == "cpu-ref" else "f16"
+
+
 UNQUANTIZED_GGUF = frozenset({"F32", "F16", "BF16"})  # GGUF types the CPU dequantizes
 
 
@@ -142,7 +147,8 @@ def recipe_estimate(
 ) -> FitEstimate:
     """Weights + KV cache of a recipe variant at its default context, from the recipe's facts
     alone: the estimate `atlas show`, `list --available` and `pull` print, and the one
-    `check_loaded` makes once the weights are open. On the CPU the KV cache is float32;
+    `check_loaded` makes once the weights are open. On the CPU the KV cache is f16 (f32 on
+    cpu-ref);
     on a GPU it takes the recipe's KV dtype (else bf16). `device` tells cpu from cpu-ref."""
     m = recipe.model
     defaults = recipe.defaults_for(variant)
@@ -150,7 +156,7 @@ def recipe_estimate(
     shape = KVShape(m.kv_layers, m.kv_heads, m.head_dim, m.state_bytes)
     if hw_class == "cpu":
         device = device if device == "cpu-ref" else "cpu"
-        kv_dtype = "f32"
+        kv_dtype = cpu_kv_dtype(device)
     else:
         device = hw_class
         kv_dtype = defaults.kv_cache_dtype if defaults.kv_cache_dtype in DTYPE_BYTES else "bf16"
@@ -206,15 +212,16 @@ def check_loaded(
     context: int,
     device: str,
     alternatives: Callable[[], list[str]] | None = None,
+    kv_dtype: str | None = None,
 ) -> FitEstimate:
     """The check `session.load` runs on the CPU backends before materializing weights.
-    `alternatives` names smaller models to suggest (asked only when it does not fit)."""
+    `alternatives` names smaller models to suggest (asked only when it does not fit);
+    `kv_dtype` is --kv-type (None: the device's default, `cpu_kv_dtype`)."""
     from atlas_cli.hardware import system_memory
 
     _, available = system_memory()
-    est = estimate(
-        weight_bytes(weights), shape_from_config(config), context, "f32", available, "cpu"
-    )
+    kv = kv_dtype or cpu_kv_dtype(device)
+    est = estimate(weight_bytes(weights), shape_from_config(config), context, kv, available, "cpu")
     if not est.fits:
         ensure_fits(name, est, alternatives() if alternatives else [])
     return est

@@ -77,7 +77,7 @@ def load(
 
     def fit_check(config, weights, context):
         suggest = lambda: locate.alternatives(path)  # noqa: E731  (asked only on a refusal)
-        fit.check_loaded(path.name, config, weights, context, device, suggest)
+        fit.check_loaded(path.name, config, weights, context, device, suggest, kv_dtype)
 
     model = backend.load(
         path,

@@ -3,8 +3,8 @@
 Per op on random blocks of every supported GGUF type; the fused decode step on small random
 Llama/Qwen3 models (with and without Q/K permutation, biases, q/k norms, cache growth); and the
 real default model: logits within 1e-3 of the reference and the golden greedy answer. Decode
-products here run on float32 activations (ATLAS_CPU_ACTIVATIONS=float32); test_cpu_int8.py
-covers the default, int8 ones.
+products here run on float32 activations (ATLAS_CPU_ACTIVATIONS) and a float32 KV cache
+(--kv-type f32); test_cpu_int8.py and test_cpu_kv.py cover the defaults.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from atlas_cli.backend import cache as cache_module
+from atlas_cli.backend.cache import GROW_STEP, StackedKVCache
 from atlas_cli.backend.loaders import gguf, quant
 from atlas_cli.backend.ops import cpu_decode, cpu_fast, cpu_kernels, numpy_ref
 from atlas_cli.backend.sample import SamplingOverrides
@@ -72,8 +74,9 @@ def rng():
 
 @pytest.fixture(autouse=True)
 def float32_activations(monkeypatch):
-    """These bounds are the float32-activation path's; the int8 one (the default for decode)
-    is held to its own in test_cpu_int8.py."""
+    """These bounds are the float32 path's (activations and KV cache); the defaults, int8
+    activations and a float16 cache, are held to their own in test_cpu_int8.py and
+    test_cpu_kv.py."""
     monkeypatch.setenv("ATLAS_CPU_ACTIVATIONS", "float32")
 
 
@@ -137,7 +140,7 @@ def test_what_has_no_kernel_falls_back_to_float32(rng):
 # The fused decode step on small random models
 
 
-def tiny_model(rng, *, qk_norm=False, bias=False, permuted=True, type_id=3):
+def tiny_model(rng, *, qk_norm=False, bias=False, permuted=True, type_id=3, kv="f32"):
     """The same random weights as (fast model, reference model). All matrices live in one
     uint8 buffer, as they do in a GGUF memory map."""
     from atlas_cli.backend.models.llama import LlamaModel, ModelArgs
@@ -198,7 +201,10 @@ def tiny_model(rng, *, qk_norm=False, bias=False, permuted=True, type_id=3):
     norm = rng.uniform(0.5, 1.5, hidden).astype(np.float32)
     fast_w["model.norm.weight"] = ref_w["model.norm.weight"] = norm
     cls = Qwen3Model if qk_norm else LlamaModel
-    return cls(args, fast_w, cpu_fast), cls(args, ref_w, numpy_ref)
+    fast = cls(args, fast_w, cpu_fast)
+    if fast.fused is not None:
+        fast.fused.use_kv_type(kv)  # --kv-type
+    return fast, cls(args, ref_w, numpy_ref)
 
 
 def run_tokens(model, ids, decode_from):
@@ -235,12 +241,15 @@ def test_fused_decode_matches_reference(variant, rng):
     assert rel_err(run_tokens(fast, ids, decode_from=7), want) < 1e-4  # prefill, then fused
 
 
-def test_fused_decode_across_cache_growth(rng):
+@pytest.mark.parametrize("lazy", [True, False])
+def test_fused_decode_across_cache_growth(lazy, rng, monkeypatch):
+    monkeypatch.setattr(cache_module, "LAZY_PAGES", lazy)
     fast, ref = tiny_model(rng)
-    n = cpu_fast.GROW_STEP + 6  # the stacked cache doubles past its first 256 positions
+    assert fast.new_cache(1000).lazy is lazy
+    n = GROW_STEP + 6  # where a cache that grows doubles (a lazily mapped one never does)
     ids = rng.integers(0, 300, n).tolist()
-    got = run_tokens(fast, ids, decode_from=cpu_fast.GROW_STEP - 3)
-    want = run_tokens(ref, ids, decode_from=cpu_fast.GROW_STEP - 3)
+    got = run_tokens(fast, ids, decode_from=GROW_STEP - 3)
+    want = run_tokens(ref, ids, decode_from=GROW_STEP - 3)
     assert rel_err(got, want) < 1e-4
 
 
@@ -262,7 +271,7 @@ def test_float_weights_run_op_by_op(rng):
 def smollm2_fast(smollm2_path):
     from atlas_cli.session import open_model
 
-    return open_model(str(smollm2_path), device="cpu")
+    return open_model(str(smollm2_path), device="cpu", kv_dtype="f32")
 
 
 @pytest.mark.slow
@@ -341,8 +350,8 @@ def test_fit_counts_kept_blocks_at_their_size(rng):
 
 
 def test_stacked_cache_grows_and_keeps_contents():
-    cache = cpu_fast.StackedKVCache(2, 3, 8, max_len=600)
-    assert cache.capacity == cpu_fast.GROW_STEP and cache.k.shape == (2, 3, 256, 8)
+    cache = StackedKVCache(2, 3, 8, max_len=600, dtype=np.float32, lazy=False)
+    assert cache.capacity == GROW_STEP and cache.k.shape == (2, 3, 256, 8)
     k = np.arange(5 * 3 * 8, dtype=np.float32).reshape(5, 3, 8)
     keys, _ = cache.update(1, 0, k, -k)
     cache.length = 5

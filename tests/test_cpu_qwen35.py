@@ -19,7 +19,7 @@ from tests.test_cpu_int8 import _greedy_agrees
 VOCAB = 300
 
 
-def tiny_qwen35(rng, type_id: int) -> tuple[Qwen3_5Model, Qwen3_5Model]:
+def tiny_qwen35(rng, type_id: int, kv: str = "f32") -> tuple[Qwen3_5Model, Qwen3_5Model]:
     """The same random weights as (fast model, reference model): hidden 256 (whole K-quant
     super-blocks), 2 key and 4 value heads of 64, gated attention with 2 query heads and
     1 KV head of 128 (RoPE on 32 of their dims), layers linear, full, linear, full."""
@@ -64,7 +64,9 @@ def tiny_qwen35(rng, type_id: int) -> tuple[Qwen3_5Model, Qwen3_5Model]:
         else:
             value = rng.uniform(-0.3, 0.3, shape)  # the (1 + w) norms
         fast_w[name] = ref_w[name] = value.astype(np.float32)
-    return Qwen3_5Model(args, fast_w, cpu_fast), Qwen3_5Model(args, ref_w, numpy_ref)
+    fast = Qwen3_5Model(args, fast_w, cpu_fast)
+    fast.fused.use_kv_type(kv)  # --kv-type
+    return fast, Qwen3_5Model(args, ref_w, numpy_ref)
 
 
 @pytest.fixture(scope="module")
@@ -136,7 +138,9 @@ def test_gguf_fixture_matches_transformers_through_the_fused_step(activations, m
     from atlas_cli.session import open_model
 
     monkeypatch.setenv("ATLAS_CPU_ACTIVATIONS", activations)
-    model = open_model(str(QWEN35_GGUF / "model.gguf"), device="cpu", draft=0).engine.model
+    kv = "f32" if activations == "float32" else None  # int8: the defaults, a float16 cache
+    path = str(QWEN35_GGUF / "model.gguf")
+    model = open_model(path, device="cpu", draft=0, kv_dtype=kv).engine.model
     assert isinstance(model.fused, cpu_fast.FusedQwen35)
     assert model.w["model.layers.0.linear_attn.out_proj.weight"].in_perm is not None
     ref = np.load(QWEN35_GGUF / "reference.npz")

@@ -217,7 +217,7 @@ def test_show_and_list_print_the_one_estimate(monkeypatch, tmp_path):
     }
     assert shown["memory"]["weights_bytes"] == 98_362_432
     text = atlas("show", "smollm2-135m", "--device", "cpu").stdout
-    assert "(98 MB weights + 377 MB KV f32)" in text and "1.2 GB" not in text
+    assert "(98 MB weights + 189 MB KV f16)" in text and "1.2 GB" not in text
     table = atlas("list", "--available", "--device", "cpu").stdout
     assert table.splitlines()[0].split()[:6] == [
         "NAME", "PARAMS", "VARIANT", "FORMAT", "SIZE", "MEMORY"
@@ -236,7 +236,7 @@ def test_pull_prints_the_same_estimate(monkeypatch, tmp_path):
     result = atlas("pull", "smollm2-135m", "--device", "cpu")
     assert result.exit_code == 0, result.output
     (line,) = [x for x in result.stdout.splitlines() if x.strip().startswith("memory:")]
-    assert "(98 MB weights + 377 MB KV f32)" in line and "fits in" in line
+    assert "(98 MB weights + 189 MB KV f16)" in line and "fits in" in line
 
 
 # -- 2: the kernel-compile notice, and where the compiled kernels go ---------------------------

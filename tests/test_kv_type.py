@@ -1,5 +1,6 @@
 """`--kv-type` / `kv_dtype=`: the KV cache type of a model on a native device, the recipe's by
-default, refused before loading when unknown or asked of the CPU."""
+default; on the fast CPU path f16 or f32 (test_cpu_kv.py); refused before loading when
+unknown or not the device's."""
 
 from __future__ import annotations
 
@@ -42,8 +43,10 @@ def test_atlas_run_takes_kv_type(emu_home):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--kv-type", "f16"], "--kv-type must be one of bf16, fp8, f32"),
-        (["--kv-type", "fp8", "--device", "cpu"], "the CPU keeps its KV cache in float32"),
+        (["--kv-type", "f8"], "--kv-type must be one of bf16, fp8, f32, f16"),
+        (["--kv-type", "fp8", "--device", "cpu"], "--device cpu keeps its KV cache in f16 or f32"),
+        (["--kv-type", "f16", "--device", "cpu-ref"], "--device cpu-ref keeps its KV cache in f32"),
+        (["--kv-type", "f16", "--device", "emu"], "f16 is for --device cpu"),
     ],
 )
 def test_bad_kv_types_are_one_line_errors(args, message, monkeypatch, tmp_path):

@@ -168,10 +168,10 @@ def load(
     defaults = defaults or RunDefaults()
     ops = ops if ops is not None else open_device(device)
     native = device in NATIVE_DEVICES
-    ops = _with_kv_dtype(ops, native, kv_dtype, defaults.kv_dtype)
-    t0 = time.perf_counter()
     # the fast CPU path keeps GGUF blocks too, with llama.cpp's Q/K row order undone lazily
     fast = getattr(ops, "KEEP_QUANTIZED", False)
+    ops = _with_kv_dtype(ops, native, fast, kv_dtype, defaults.kv_dtype)
+    t0 = time.perf_counter()
     if path.is_dir():
         opened = _open_hf_directory(path)
     else:
@@ -203,6 +203,8 @@ def load(
     else:
         prepared = {k: ops.prepare_weight(v) if _is_matrix(k, v) else v for k, v in weights.items()}
     net = model_class(args, prepared, ops)
+    if fast and kv_dtype is not None and getattr(net, "fused", None) is not None:
+        net.fused.use_kv_type(kv_dtype)
 
     from atlas_cli.backend.engine import Engine
 
@@ -212,25 +214,36 @@ def load(
 
 def check_kv_type(kv_dtype: str | None) -> None:
     """A --kv-type value, checked before anything loads."""
+    from atlas_cli.backend.cache import HOST_KV_TYPES
     from atlas_cli.backend.ops.native_attention import KV_DTYPES
 
-    if kv_dtype is not None and kv_dtype not in KV_DTYPES:
-        raise UsageError(f"--kv-type must be one of {', '.join(KV_DTYPES)}, got {kv_dtype!r}")
+    known = dict.fromkeys((*KV_DTYPES, *HOST_KV_TYPES))
+    if kv_dtype is not None and kv_dtype not in known:
+        raise UsageError(f"--kv-type must be one of {', '.join(known)}, got {kv_dtype!r}")
 
 
-def _with_kv_dtype(ops, native: bool, given: str | None, recipe: str | None):
+def _with_kv_dtype(ops, native: bool, fast: bool, given: str | None, recipe: str | None):
     """The ops making this model's KV caches: the given type, else the recipe's, else the
-    ops' own (bf16 as `open_device` makes them); the CPU paths keep theirs in float32."""
+    ops' own (bf16 as `open_device` makes them). The fast CPU path takes f16 (its default) or
+    f32 (its decoder is told in `load`), the numpy reference float32 only."""
+    from atlas_cli.backend.cache import HOST_KV_TYPES
+    from atlas_cli.backend.ops.native_attention import KV_DTYPES
+
     check_kv_type(given)
     if not native:
-        if given not in (None, "f32"):
+        allowed = tuple(HOST_KV_TYPES) if fast else ("f32",)
+        if given is not None and given not in allowed:
+            where = "--device cpu" if fast else "--device cpu-ref"
             raise UsageError(
-                f"--kv-type {given}: the CPU keeps its KV cache in float32; bf16 and fp8 are "
-                "for --device cuda, hip or emu"
+                f"--kv-type {given}: {where} keeps its KV cache in {' or '.join(allowed)}; "
+                "bf16 and fp8 are for --device cuda, hip or emu"
             )
         return ops
-    from atlas_cli.backend.ops.native_attention import KV_DTYPES
-
+    if given is not None and given not in KV_DTYPES:
+        raise UsageError(
+            f"--kv-type {given}: --device cuda, hip and emu keep their KV cache in "
+            f"{', '.join(KV_DTYPES)}; f16 is for --device cpu"
+        )
     chosen = given or (recipe if recipe in KV_DTYPES else None) or ops.kv_dtype
     return ops.with_kv_dtype(chosen)
 

@@ -1,8 +1,9 @@
 """KV cache for attention layers, and the hybrid cache of linear-attention models.
 
-Each attention layer keeps keys and values as (nkv, capacity, hd) float32 so that attention
-reads one contiguous slab per head. Capacity grows in steps (doubling) up to the context length:
-a short chat does not pay for 8K positions of memory up front.
+Each attention layer keeps keys and values as (nkv, capacity, hd) float32 (float16 on the fast
+CPU path, which halves the memory and what attention reads at depth: ops/cpu_fast.kv_dtype) so
+that attention reads one contiguous slab per head. Capacity grows in steps (doubling) up to
+the context length: a short chat does not pay for 8K positions of memory up front.
 
 Linear-attention layers (Gated DeltaNet) keep a fixed-size state instead: the last K-1 conv
 inputs and the recurrent matrix. That state summarises the whole prefix and cannot be cut back
@@ -12,6 +13,7 @@ positions) and `truncate` falls back to the latest checkpoint at or before the a
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -19,6 +21,9 @@ from typing import Any, Protocol
 import numpy as np
 
 GROW_STEP = 256
+# What a host cache may hold K/V as (--kv-type on the fast CPU path; the first is its
+# default): float16 halves the memory and what attention reads at depth, as llama.cpp's.
+HOST_KV_TYPES = {"f16": np.float16, "f32": np.float32}
 
 
 class Cache(Protocol):
@@ -108,16 +113,19 @@ class LayerKV:
 
 
 class KVCache(KVCacheBase):
-    """Host float32 keys and values, one LayerKV per layer."""
+    """Host keys and values (float32 or float16), one LayerKV per layer."""
 
-    def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, max_len: int):
+    def __init__(
+        self, n_layers: int, n_kv_heads: int, head_dim: int, max_len: int, dtype=np.float32
+    ):
         self.max_len = max_len
         self.length = 0  # positions filled in every layer
+        self.dtype = np.dtype(dtype)
         cap = min(GROW_STEP, max_len)
         self.layers = [
             LayerKV(
-                np.zeros((n_kv_heads, cap, head_dim), np.float32),
-                np.zeros((n_kv_heads, cap, head_dim), np.float32),
+                np.zeros((n_kv_heads, cap, head_dim), self.dtype),
+                np.zeros((n_kv_heads, cap, head_dim), self.dtype),
             )
             for _ in range(n_layers)
         ]
@@ -151,7 +159,7 @@ class KVCache(KVCacheBase):
     def clone(self, length: int) -> KVCache:
         n = self.reusable(length)
         nkv, _, hd = self.layers[0].k.shape
-        new = type(self)(len(self.layers), nkv, hd, self.max_len)
+        new = type(self)(len(self.layers), nkv, hd, self.max_len, self.dtype)
         new.reserve(n)  # before reading new.layers: growing may rebuild them
         _copy_kv(dict(enumerate(self.layers)), dict(enumerate(new.layers)), n)
         new.length = n
@@ -166,6 +174,71 @@ class KVCache(KVCacheBase):
         self.reserve(n)
         _load_kv(dict(enumerate(self.layers)), arrays, n)
         self.length = n
+
+
+# Where the OS maps fresh zeroed memory lazily (a page is resident once written), a stacked
+# cache maps its whole context at once and never grows.
+LAZY_PAGES = sys.platform.startswith("linux") or sys.platform == "darwin"
+
+
+class StackedKVCache(KVCache):
+    """KVCache whose layers are views of two (L, nkv, capacity, hd) arrays, so the fused decode
+    step reaches every layer's cache through one argument.
+
+    With `lazy` pages the arrays span the whole context from the start: only the positions
+    written become resident, and no growth copies the cache (at 2,048 positions of Qwen3 0.6B
+    a growth held the old and the new 235 MB at once and stalled that step 0.6 s). Without,
+    or when the mapping is refused, it grows like KVCache."""
+
+    def __init__(
+        self,
+        n_layers: int,
+        n_kv_heads: int,
+        head_dim: int,
+        max_len: int,
+        dtype=np.float16,
+        lazy: bool | None = None,  # None: LAZY_PAGES
+    ):
+        self.max_len = max_len
+        self.length = 0
+        self.dtype = np.dtype(dtype)
+        self.reserved = 0  # the most positions asked for: what the cache holds resident
+        self.lazy = False
+        if LAZY_PAGES if lazy is None else lazy:
+            try:
+                self._alloc(np.zeros((n_layers, n_kv_heads, max_len, head_dim), self.dtype))
+                self.lazy = True
+            except MemoryError:  # a system that commits memory up front: grow instead
+                pass
+        if not self.lazy:
+            cap = min(GROW_STEP, max_len)
+            self._alloc(np.zeros((n_layers, n_kv_heads, cap, head_dim), self.dtype))
+
+    def _alloc(self, k: np.ndarray, v: np.ndarray | None = None) -> None:
+        self.k = k
+        self.v = np.zeros_like(k) if v is None else v
+        self.layers = [LayerKV(self.k[i], self.v[i]) for i in range(k.shape[0])]
+
+    @property
+    def capacity(self) -> int:
+        return self.k.shape[2]
+
+    def reserve(self, new_len: int) -> None:
+        cap = grown_capacity(self.capacity, new_len, self.max_len)
+        self.reserved = max(self.reserved, new_len)
+        if cap == self.capacity:
+            return
+        shape = (*self.k.shape[:2], cap, self.k.shape[3])
+        k, v = np.zeros(shape, self.dtype), np.zeros(shape, self.dtype)
+        k[:, :, : self.length] = self.k[:, :, : self.length]
+        v[:, :, : self.length] = self.v[:, :, : self.length]
+        self._alloc(k, v)
+
+    @property
+    def nbytes(self) -> int:
+        """The positions ever reserved with lazy pages (what is resident), else the capacity."""
+        positions = self.reserved if self.lazy else self.capacity
+        return 2 * self.k[:, :, :1].nbytes * positions
 
 
 def saved_length(arrays: dict[str, np.ndarray], max_len: int) -> int:
@@ -184,13 +257,15 @@ def _copy_kv(src: dict[int, LayerKV], dst: dict[int, LayerKV], n: int) -> None:
 
 def _export_kv(layers: dict[int, LayerKV], n: int) -> dict[str, np.ndarray]:
     out = {}
-    for i, layer in layers.items():
-        out[f"k{i}"], out[f"v{i}"] = layer.k[:, :n], layer.v[:, :n]
+    for i, layer in layers.items():  # float32 whatever the cache holds: a slot file is portable
+        out[f"k{i}"] = np.asarray(layer.k[:, :n], np.float32)
+        out[f"v{i}"] = np.asarray(layer.v[:, :n], np.float32)
     return out
 
 
 def _load_kv(layers: dict[int, LayerKV], arrays: dict[str, np.ndarray], n: int) -> None:
-    """Write saved (nkv, n, hd) keys and values into `layers` (reserved for n positions)."""
+    """Write saved (nkv, n, hd) float32 keys and values into `layers` (reserved for n
+    positions; a float16 cache rounds them, exactly for what a float16 cache saved)."""
     for i, layer in layers.items():
         for name, slab in ((f"k{i}", layer.k), (f"v{i}", layer.v)):
             check_saved(arrays, name, (slab.shape[0], n, slab.shape[2]))
@@ -218,7 +293,7 @@ def _grow(layer: LayerKV, cap: int, length: int) -> None:
 
 def _regrown(old: np.ndarray, cap: int, length: int) -> np.ndarray:
     """(nkv, old capacity, hd) -> (nkv, cap, hd) keeping the first `length` positions."""
-    new = np.zeros((old.shape[0], cap, old.shape[2]), np.float32)
+    new = np.zeros((old.shape[0], cap, old.shape[2]), old.dtype)
     new[:, :length] = old[:, :length]
     return new
 
@@ -259,9 +334,11 @@ class HybridCache:
         recurrent_shape: tuple[int, int, int],
         max_len: int,
         max_checkpoints: int = 8,
+        kv_dtype=np.float32,
     ):
         # what `clone` needs to build an empty cache of the same shape
         self._shape = (tuple(layer_types), n_kv_heads, head_dim, conv_shape, recurrent_shape)
+        self.kv_dtype = np.dtype(kv_dtype)  # float32, or float16 (the fast CPU path)
         self.max_len = max_len
         self.length = 0
         self.max_checkpoints = max_checkpoints
@@ -276,8 +353,8 @@ class HybridCache:
                 )
             else:
                 self.kv[i] = LayerKV(
-                    np.zeros((n_kv_heads, cap, head_dim), np.float32),
-                    np.zeros((n_kv_heads, cap, head_dim), np.float32),
+                    np.zeros((n_kv_heads, cap, head_dim), self.kv_dtype),
+                    np.zeros((n_kv_heads, cap, head_dim), self.kv_dtype),
                 )
         self._cap = cap
         # the linear state after each token of the last recorded forward, by length, so that
@@ -419,7 +496,7 @@ class HybridCache:
 
     def _empty(self) -> HybridCache:
         """An empty cache of this one's shape and kind."""
-        return HybridCache(*self._shape, self.max_len, self.max_checkpoints)
+        return HybridCache(*self._shape, self.max_len, self.max_checkpoints, self.kv_dtype)
 
     def _kv_nbytes(self) -> int:
         return sum(layer.k.nbytes + layer.v.nbytes for layer in self.kv.values())

@@ -22,7 +22,9 @@ CtxSize = Annotated[int | None, typer.Option("--ctx-size", help="Context length 
 KvType = Annotated[
     str | None,
     typer.Option(
-        "--kv-type", help="KV cache on cuda, hip, emu: bf16, fp8 or f32.", show_default=False
+        "--kv-type",
+        help="KV cache: bf16, fp8 or f32 on cuda, hip, emu; f16 or f32 on cpu.",
+        show_default=False,
     ),
 ]
 Threads = Annotated[int | None, typer.Option("-t", "--threads", help="CPU threads.")]

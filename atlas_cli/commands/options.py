@@ -94,8 +94,8 @@ KvType = Annotated[
     str | None,
     typer.Option(
         "--kv-type",
-        help="KV cache on cuda, hip and emu: bf16, fp8 (E4M3) or f32 (default: the recipe's, "
-        "bf16). The CPU keeps float32.",
+        help="KV cache: on cuda, hip and emu bf16, fp8 (E4M3) or f32 (default: the recipe's, "
+        "bf16); on cpu f16 (default) or f32.",
         show_default=False,
     ),
 ]

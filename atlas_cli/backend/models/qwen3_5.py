@@ -301,6 +301,9 @@ class Qwen3_5Model(BaseModel):
             (a.linear_num_value_heads, a.linear_key_head_dim, a.linear_value_head_dim),
             max_len,
         )
-        # native ops keep the cache on the device; the host backends use cache.HybridCache
+        # native ops keep the cache on the device; the host backends use cache.HybridCache,
+        # the fast CPU path's fused step in its own KV type
         cache = self.ops.device_hybrid_cache(*shape)
+        if cache is None and self.fused is not None:
+            cache = self.fused.new_cache(*shape)
         return cache if cache is not None else HybridCache(*shape)

@@ -16,6 +16,7 @@ from atlas_cli.backend.ops import cpu_numba
 from atlas_cli.backend.ops.cpu_kernels import (
     BLOCKS,
     GROUP,
+    KV_TILE,
     Q8_0,
     XF,
     any_dot,
@@ -26,6 +27,8 @@ from atlas_cli.backend.ops.cpu_kernels import (
     gemv_batch,
     gemv_batch_int8,
     group_sums,
+    kv_rows,
+    kv_store,
     quantize_x,
     row_dequant,
     tile_dots,
@@ -70,15 +73,18 @@ def rope_neox(v, n_heads, hd, cos, sin):
 
 @njit(cache=True, fastmath=True)
 def attend_group(q, keys, vals, n_pos, scale, scores, out):
-    """Attention of one GQA group's query heads q (g * hd,) over keys/vals (>= n_pos, hd);
-    scores (g, >= n_pos) scratch; writes out (g * hd,)."""
+    """Attention of one GQA group's query heads q (g * hd,) over keys/vals (>= n_pos, hd),
+    float32 or float16 bits (kv_rows); scores (g, >= n_pos) scratch; writes out (g * hd,)."""
     g = scores.shape[0]
     hd = keys.shape[1]
     qs = np.empty((g, hd), np.float32)
     for j in range(g):
         for d in range(hd):
             qs[j, d] = q[j * hd + d] * scale
-    tile_dots(qs, keys, n_pos, scores, 0)
+    tile = np.empty((KV_TILE, hd), np.float32)
+    for s0 in range(0, n_pos, KV_TILE):
+        n = min(KV_TILE, n_pos - s0)
+        tile_dots(qs, kv_rows(keys, s0, n, tile), n, scores, s0)
     acc = np.zeros((g, hd), np.float32)
     for j in range(g):
         best = np.float32(-np.inf)
@@ -92,11 +98,14 @@ def attend_group(q, keys, vals, n_pos, scale, scores, out):
         inv = np.float32(1.0) / total
         for s in range(n_pos):
             scores[j, s] *= inv
-    for s in range(n_pos):
-        for j in range(g):
-            p = scores[j, s]
-            for d in range(hd):
-                acc[j, d] += p * vals[s, d]
+    for s0 in range(0, n_pos, KV_TILE):
+        n = min(KV_TILE, n_pos - s0)
+        rows = kv_rows(vals, s0, n, tile)
+        for s in range(n):
+            for j in range(g):
+                p = scores[j, s0 + s]
+                for d in range(hd):
+                    acc[j, d] += p * rows[s, d]
     for j in range(g):
         for d in range(hd):
             out[j * hd + d] = acc[j, d]
@@ -196,8 +205,8 @@ def _attention_block(
     rope_neox(q, n_heads, hd, cos, sin)
     rope_neox(k, n_kv, hd, cos, sin)
     for h in range(n_kv):
-        kc[h, pos, :] = k[h * hd : (h + 1) * hd]
-        vc[h, pos, :] = v[h * hd : (h + 1) * hd]
+        kv_store(kc[h, pos], k[h * hd : (h + 1) * hd])
+        kv_store(vc[h, pos], v[h * hd : (h + 1) * hd])
     for kvh in prange(n_kv):  # the query heads of one KV head share each key and value read
         h0 = kvh * group
         attend_group(
@@ -247,10 +256,12 @@ def mlp_block(w, m, norm, eps, x, xn, act, xs, xq, xf, int8):
 GEMV_WARM_TOKENS = 8  # any count above cpu_fast.GEMV_MAX_TOKENS: the gemm kernel
 
 
-def warm_up() -> None:
+def warm_up(kv_dtype=np.float16) -> None:
     """Load every kernel a generation uses (from numba's disk cache, or compile it) by running
-    each once on a tiny dummy model with the argument types of real calls."""
-    hidden, hd, heads, kv, inter = 32, 16, 2, 1, 32
+    each once on a tiny dummy model with the argument types of real calls: a KV cache of
+    `kv_dtype` (float16 is passed as its bits)."""
+    kv = np.uint16 if np.dtype(kv_dtype) == np.float16 else np.float32
+    hidden, hd, heads, n_kv, inter = 32, 16, 2, 1, 32
     nb, rb = 1, BLOCKS[Q8_0][1]  # one Q8_0 block per 32-wide row
     w = np.zeros(64 * rb, np.uint8)
     w.flags.writeable = False  # as a GGUF memory map: numba types read-only arrays apart
@@ -262,30 +273,30 @@ def warm_up() -> None:
     gemm(Q8_0, w, 0, rb, nb, perm, x, np.empty((GEMV_WARM_TOKENS, 32), np.float32))
     gather_rows(Q8_0, w, 0, rb, nb, np.zeros(2, np.int64), np.empty((2, hidden), np.float32))
     q = np.ones((2, heads, hd), np.float32)
-    kc = np.ones((kv, 2, hd), np.float32)
+    kc = np.zeros((n_kv, 2, hd), kv)
     attention(q, kc, kc, 0, np.empty_like(q))
     mats = np.zeros((1, 7, 4), np.int64)
     mats[0, :, 0], mats[0, :, 2], mats[0, :, 3] = Q8_0, rb, nb
     mats[0, O, 3] = mats[0, DOWN, 3] = 1  # o_proj and down_proj read 32 columns too
-    cache = np.zeros((1, kv, 4, hd), np.float32)
+    cache = np.zeros((1, n_kv, 4, hd), kv)
     decode_step(
         w,
         mats,
         perm,
-        perm[: kv * hd],
+        perm[: n_kv * hd],
         np.array([Q8_0, 0, rb, nb], np.int64),
         0,
         0,
         np.ones((1, 2, hidden), np.float32),
         np.ones(hidden, np.float32),
-        np.zeros((1, (heads + 2 * kv) * hd), np.float32),
+        np.zeros((1, (heads + 2 * n_kv) * hd), np.float32),
         np.ones((1, 2, hd), np.float32),
         False,
         np.ones(hd // 2, np.float32),
         1e-5,
         cache,
         cache.copy(),
-        np.empty((heads + 2 * kv) * hd, np.float32),
+        np.empty((heads + 2 * n_kv) * hd, np.float32),
         np.empty(inter, np.float32),
         np.empty((heads, 4), np.float32),
         np.empty(hidden, np.float32),

@@ -24,7 +24,7 @@ import numba
 import numpy as np
 
 import atlas_cli.backend.formats as formats
-from atlas_cli.backend.cache import GROW_STEP, KVCache, LayerKV, grown_capacity
+from atlas_cli.backend.cache import HOST_KV_TYPES, HybridCache, StackedKVCache
 from atlas_cli.backend.formats import QuantizedWeight, WeightFormat
 from atlas_cli.backend.ops import cpu_decode as _d
 from atlas_cli.backend.ops import cpu_kernels as _k
@@ -52,6 +52,11 @@ def int8_activations() -> bool:
 
         raise UsageError(f"{ACTIVATIONS_ENV} must be int8 or float32, got {value!r}")
     return value == "int8"
+
+
+def kv_bits(a: np.ndarray) -> np.ndarray:
+    """A KV array as the kernels take it: float32, or float16 as its bits (uint16)."""
+    return a.view(np.uint16) if a.dtype == np.float16 else a
 
 
 @dataclass(frozen=True)
@@ -170,10 +175,12 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int, nsplit=No
     q (T, nh, hd) at positions start..start+T-1; k, v (nkv, S, hd), S = start + T. One task per
     head and block of queries, whatever `nsplit` says."""
     out = np.empty(q.shape, np.float32)
+    if k.dtype != np.float16:
+        k, v = k.astype(np.float32, copy=False), v.astype(np.float32, copy=False)
     _k.attention(
         np.ascontiguousarray(q, np.float32),
-        np.ascontiguousarray(k, np.float32),
-        np.ascontiguousarray(v, np.float32),
+        np.ascontiguousarray(kv_bits(k)),  # one layout, one compiled kernel
+        np.ascontiguousarray(kv_bits(v)),
         start,
         out,
     )
@@ -223,37 +230,15 @@ def single_blas_thread():
 # Fused decode
 
 
-class StackedKVCache(KVCache):
-    """KVCache whose layers are views of two (L, nkv, capacity, hd) arrays, so the fused decode
-    step reaches every layer's cache through one argument. Grows like KVCache."""
-
-    def __init__(self, n_layers: int, n_kv_heads: int, head_dim: int, max_len: int):
-        self.max_len = max_len
-        self.length = 0
-        cap = min(GROW_STEP, max_len)
-        self._alloc(np.zeros((n_layers, n_kv_heads, cap, head_dim), np.float32))
-
-    def _alloc(self, k: np.ndarray, v: np.ndarray | None = None) -> None:
-        self.k = k
-        self.v = np.zeros_like(k) if v is None else v
-        self.layers = [LayerKV(self.k[i], self.v[i]) for i in range(k.shape[0])]
-
-    @property
-    def capacity(self) -> int:
-        return self.k.shape[2]
-
-    def reserve(self, new_len: int) -> None:
-        cap = grown_capacity(self.capacity, new_len, self.max_len)
-        if cap == self.capacity:
-            return
-        shape = (*self.k.shape[:2], cap, self.k.shape[3])
-        k, v = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
-        k[:, :, : self.length] = self.k[:, :, : self.length]
-        v[:, :, : self.length] = self.v[:, :, : self.length]
-        self._alloc(k, v)
-
-
 _PROJ = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def _use_kv_type(decoder, name: str) -> None:
+    dtype = np.dtype(HOST_KV_TYPES[name])
+    if dtype != decoder.kv_dtype:
+        decoder.kv_dtype = dtype
+        _d.warm_up(dtype)  # the attention kernels for that type
+        _d.release_compiler_memory()
 
 
 class FusedDecoder:
@@ -310,13 +295,19 @@ class FusedDecoder:
         self.scores = np.empty((self.n_heads, 0), np.float32)
         # Load the kernels now, before the weights are first read, then let go of the JIT
         # compiler's pages: the two are never resident together (docs/performance.md).
+        self.kv_dtype = np.dtype(np.float16)
         if not _d.kernels_cached():
             cpu_numba.compile_notice()
-        _d.warm_up()
+        _d.warm_up(self.kv_dtype)
         _d.release_compiler_memory()
 
+    def use_kv_type(self, name: str) -> None:
+        """Make the caches this decoder builds hold K/V as `name` (cache.HOST_KV_TYPES; f16
+        by default, f32 with float32 activations is the path closest to the reference)."""
+        _use_kv_type(self, name)
+
     def new_cache(self, max_len: int) -> StackedKVCache:
-        return StackedKVCache(self.n_layers, self.n_kv, self.head_dim, max_len)
+        return StackedKVCache(self.n_layers, self.n_kv, self.head_dim, max_len, self.kv_dtype)
 
     def decode(self, token: int, cache: StackedKVCache, pos: int) -> np.ndarray:
         """Run one token at position `pos` (its K/V land in `cache`); returns the final normed
@@ -327,7 +318,8 @@ class FusedDecoder:
         _d.decode_step(
             self.buf, self.mats, self.perm_q, self.perm_k, self.embed,
             int(self.embed_perm[token]), pos, self.norms, self.final_norm, self.bias,
-            self.qk_norm, self.use_qk_norm, self.inv_freq, self.eps, cache.k, cache.v,
+            self.qk_norm, self.use_qk_norm, self.inv_freq, self.eps, kv_bits(cache.k),
+            kv_bits(cache.v),
             self.qkv, self.act, self.scores, self.x, out, int8_activations(),
         )  # fmt: skip
         return out[None, :]
@@ -433,11 +425,21 @@ class FusedQwen35:
         self.scores = np.empty((a.num_attention_heads, 0), np.float32)
         # the kernels before the weights are first read, then the compiler's pages let go
         # (as cpu_fast.FusedDecoder)
+        self.kv_dtype = np.dtype(np.float16)
         if not (_d.kernels_cached() and _d.kernels_cached(_q35.gdn_layer)):
             cpu_numba.compile_notice()
-        _d.warm_up()
-        _q35.warm_up()
+        _d.warm_up(self.kv_dtype)
+        _q35.warm_up(self.kv_dtype)
         _d.release_compiler_memory()
+
+    def use_kv_type(self, name: str) -> None:
+        """As FusedDecoder.use_kv_type."""
+        _use_kv_type(self, name)
+        _q35.warm_up(self.kv_dtype)
+
+    def new_cache(self, *shape) -> HybridCache:
+        """The model's host HybridCache (`shape` as its arguments), K/V as `kv_dtype`."""
+        return HybridCache(*shape, kv_dtype=self.kv_dtype)
 
     def decode(self, token: int, cache, pos: int) -> np.ndarray:
         """One token at position `pos`: updates `cache` (this position's K/V, every linear
@@ -462,7 +464,7 @@ class FusedQwen35:
                 kv = cache.kv[i]
                 _q35.gated_attention_layer(
                     x, layer["norm"], self.eps, layer["descs"], layer["bufs"],
-                    layer["q_norm"], layer["k_norm"], cos, sin, pos, kv.k, kv.v,
+                    layer["q_norm"], layer["k_norm"], cos, sin, pos, kv_bits(kv.k), kv_bits(kv.v),
                     self.attn_proj, self.qk, self.att, self.scores, *scratch,
                 )  # fmt: skip
             _d.mlp_block(layer["mlp_buf"], layer["mlp"], layer["post_norm"], self.eps, x,

@@ -338,3 +338,43 @@ def f32_from_bits(typingctx, bits):
         return b.bitcast(args[0], _F32)
 
     return sig, codegen
+
+
+def _half_convert(to_float: bool):
+    """An intrinsic converting n elements between float16 bits (uint16) and float32, 16 at a
+    time (one vcvtph2ps / vcvtps2ph with F16C), then one by one. IEEE conversions, no
+    fast-math: float16 -> float32 is exact, float32 -> float16 rounds to nearest even, as
+    numpy's astype does."""
+    src_elem, dst_elem = (_HALF, _F32) if to_float else (_F32, _HALF)
+    convert = "fpext" if to_float else "fptrunc"
+
+    @intrinsic
+    def half_convert(typingctx, src, soff, dst, doff, n):
+        sig = types.none(src, soff, dst, doff, n)
+
+        def codegen(context, b, signature, args):
+            sv, soffv, dv, doffv, nv = args
+            ats = signature.args
+            s = b.bitcast(_ptr(context, b, ats[0], sv), src_elem.as_pointer())
+            d = b.bitcast(_ptr(context, b, ats[2], dv), dst_elem.as_pointer())
+            s, d = b.gep(s, [soffv]), b.gep(d, [doffv])
+            vs, vd = ir.VectorType(src_elem, 16), ir.VectorType(dst_elem, 16)
+            n16 = b.sdiv(nv, _i64(16))
+            with cgutils.for_range(b, n16) as loop:
+                i = b.mul(loop.index, _i64(16))
+                v = b.load(b.bitcast(b.gep(s, [i]), vs.as_pointer()), align=2)
+                out = b.bitcast(b.gep(d, [i]), vd.as_pointer())
+                b.store(getattr(b, convert)(v, vd), out, align=2)
+            with cgutils.for_range(b, b.sub(nv, b.mul(n16, _i64(16)))) as loop:
+                i = b.add(b.mul(n16, _i64(16)), loop.index)
+                b.store(getattr(b, convert)(b.load(b.gep(s, [i])), dst_elem), b.gep(d, [i]))
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return half_convert
+
+
+# widen_half(bits, boff, out, ooff, n): out[ooff:ooff+n] = float32 of the float16 bits
+# bits[boff:boff+n]; narrow_half(x, xoff, bits, boff, n): the reverse (the float16 KV cache).
+widen_half, narrow_half = _half_convert(True), _half_convert(False)

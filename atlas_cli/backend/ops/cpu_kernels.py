@@ -49,6 +49,8 @@ from atlas_cli.backend.ops.cpu_ir import (  # noqa: F401  (BLOCKS, F16, ...: thi
     dot_q6_k,
     dot_q8_0,
     f32_from_bits,
+    narrow_half,
+    widen_half,
 )
 from atlas_cli.backend.ops.cpu_ir_int8 import (  # noqa: F401  (INT8_TYPES, XF: this path's facts)
     INT8_TYPES,
@@ -63,7 +65,8 @@ from atlas_cli.backend.ops.cpu_ir_int8 import (  # noqa: F401  (INT8_TYPES, XF: 
 
 cpu_numba.configure()
 
-from numba import njit, prange  # noqa: E402
+from numba import njit, prange, types  # noqa: E402
+from numba.extending import overload  # noqa: E402
 
 
 @njit(cache=True, fastmath=True, inline="always")
@@ -82,6 +85,49 @@ def fast_exp(x):
     p = p * r + np.float32(5.0000001201e-1)
     p = p * r * r + r + np.float32(1.0)
     return p * f32_from_bits(np.int32((np.int32(n) + np.int32(127)) << np.int32(23)))
+
+
+# ---------------------------------------------------------------------------------------------
+# The KV cache's element types: float32, or float16 held as its bits (uint16: numba has no
+# float16). The kernels reach a cache only through these two, compiled for each type.
+
+KV_TILE = 64  # keys or values widened to float32 at a time: 32 KB at hd 128, in L1/L2
+
+
+def kv_rows(slab, s0, n, scratch):
+    """The float32 rows s0 .. s0+n-1 of a KV slab (S, hd): a view of a float32 slab, or the
+    rows of a float16 one widened into scratch (>= n, hd)."""
+    raise NotImplementedError("numba only")
+
+
+def kv_store(row, x):
+    """row (hd,) of a KV slab = x (float32 (hd,)), rounded to nearest even for float16."""
+    raise NotImplementedError("numba only")
+
+
+@overload(kv_rows)
+def _kv_rows(slab, s0, n, scratch):
+    if slab.dtype == types.uint16:
+
+        def widen(slab, s0, n, scratch):
+            hd = slab.shape[1]
+            for j in range(n):
+                widen_half(slab[s0 + j], 0, scratch[j], 0, hd)
+            return scratch[:n]
+
+        return widen
+    return lambda slab, s0, n, scratch: slab[s0 : s0 + n]
+
+
+@overload(kv_store)
+def _kv_store(row, x):
+    if row.dtype == types.uint16:
+        return lambda row, x: narrow_half(x, 0, row, 0, x.shape[0])
+
+    def copy(row, x):
+        row[:] = x
+
+    return copy
 
 
 # ---------------------------------------------------------------------------------------------
@@ -350,8 +396,9 @@ QUERY_BLOCK = 16
 @njit(parallel=True, cache=True, fastmath=True)
 def attention(q, k, v, start, out):
     """Causal GQA attention (as numpy_ref.attention): q (T, nh, hd) at positions start..,
-    k, v (nkv, S, hd) with S = start + T; out (T, nh, hd). One task per head and block of
-    queries; scores come from tile_dots, so each key feeds a block of queries."""
+    k, v (nkv, S, hd) with S = start + T, float32 or float16 bits (kv_rows); out (T, nh, hd).
+    One task per head and block of queries; scores come from tile_dots, so each key feeds a
+    block of queries."""
     n_tok, n_heads, hd = q.shape
     n_kv = k.shape[0]
     group = n_heads // n_kv
@@ -369,7 +416,10 @@ def attention(q, k, v, start, out):
         scores = np.empty((nq, n_keys), np.float32)
         keys = k[h // group]
         vals = v[h // group]
-        tile_dots(qb, keys, n_keys, scores, 0)
+        tile = np.empty((KV_TILE, hd), np.float32)
+        for s0 in range(0, n_keys, KV_TILE):
+            n = min(KV_TILE, n_keys - s0)
+            tile_dots(qb, kv_rows(keys, s0, n, tile), n, scores, s0)
         for i in range(nq):
             seen = start + i0 + i + 1  # causal: keys 0 .. start + i0 + i
             best = np.float32(-np.inf)
@@ -388,9 +438,12 @@ def attention(q, k, v, start, out):
         # P (nq, S) @ V (S, hd) as dot products with the rows of V^T, so tile_dots' register
         # blocking applies here too
         vt = np.empty((hd, n_keys), np.float32)
-        for s in range(n_keys):
-            for d in range(hd):
-                vt[d, s] = vals[s, d]
+        for s0 in range(0, n_keys, KV_TILE):
+            n = min(KV_TILE, n_keys - s0)
+            rows = kv_rows(vals, s0, n, tile)
+            for s in range(n):
+                for d in range(hd):
+                    vt[d, s0 + s] = rows[s, d]
         ob = np.empty((nq, hd), np.float32)
         tile_dots(scores, vt, hd, ob, 0)
         for i in range(nq):

@@ -27,7 +27,15 @@ from atlas_cli.backend.ops.cpu_decode import (
     rms_norm_into,
     rope_neox,
 )
-from atlas_cli.backend.ops.cpu_kernels import BLOCKS, GROUP, Q8_0, XF, any_dot, fast_exp
+from atlas_cli.backend.ops.cpu_kernels import (
+    BLOCKS,
+    GROUP,
+    Q8_0,
+    XF,
+    any_dot,
+    fast_exp,
+    kv_store,
+)
 
 cpu_numba.configure()
 
@@ -170,8 +178,8 @@ def gated_attention_layer(
     rope_neox(qk[:nq], n_heads, hd, cos, sin)
     rope_neox(qk[nq:], n_kv, hd, cos, sin)
     for h in range(n_kv):
-        kc[h, pos, :] = qk[nq + h * hd : nq + (h + 1) * hd]
-        vc[h, pos, :] = proj[2 * nq + nk + h * hd : 2 * nq + nk + (h + 1) * hd]
+        kv_store(kc[h, pos], qk[nq + h * hd : nq + (h + 1) * hd])
+        kv_store(vc[h, pos], proj[2 * nq + nk + h * hd : 2 * nq + nk + (h + 1) * hd])
     inv_sqrt = np.float32(1.0 / math.sqrt(hd))
     for kvh in prange(n_kv):
         h0 = kvh * group
@@ -193,9 +201,10 @@ def gated_attention_layer(
         x[r] += any_dot(int8, d[0], bufs[3], d[1] + r * d[2], att, xs, xq, xf, d[3])
 
 
-def warm_up() -> None:
+def warm_up(kv_dtype=np.float16) -> None:
     """Load (or compile) both layer kernels with the argument types of real calls, on a tiny
-    model of Q8_0 rows 32 wide (cpu_decode.warm_up does the same for the shared kernels)."""
+    model of Q8_0 rows 32 wide, the KV cache of `kv_dtype` (cpu_decode.warm_up does the same
+    for the shared kernels)."""
     n, rb = 32, BLOCKS[Q8_0][1]
     w = np.zeros(4 * n * rb, np.uint8)
     w.flags.writeable = False  # as a GGUF memory map
@@ -209,7 +218,7 @@ def warm_up() -> None:
         f32((1, n, n)), f32(1), f32(1), f32(n), 1, f32(5 * n), f32(n), f32(n), *scratch, True,
     )  # fmt: skip
     # one head of 32 (query and gate: 64 rows), one KV head, 4 cached positions
-    cache = f32((1, 4, n))
+    cache = np.zeros((1, 4, n), np.uint16 if np.dtype(kv_dtype) == np.float16 else np.float32)
     gated_attention_layer(
         x, f32(n), 1e-6, desc[:4], (w,) * 4, f32(n), f32(n), f32(8), f32(8), 0, cache,
         cache.copy(), f32(4 * n), f32(2 * n), f32(n), f32((1, 4)), f32(n), *scratch, True,
