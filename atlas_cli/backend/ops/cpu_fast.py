@@ -355,7 +355,7 @@ def fuse_decoder(model) -> FusedDecoder | None:
             m = packed[_proj_key(i, n)]
             ref = {"q_proj": q0.perm, "k_proj": k0.perm}.get(n)
             if ref is None:  # decode_step reads these rows in stored order
-                if not np.array_equal(m.perm, np.arange(m.shape[0])):
+                if not _stored_in_order(m):
                     return None
             elif not np.array_equal(m.perm, ref):
                 return None
