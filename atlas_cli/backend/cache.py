@@ -1,8 +1,8 @@
 """KV cache for attention layers, and the hybrid cache of linear-attention models.
 
 Each attention layer keeps keys and values as (nkv, capacity, hd) float32 (float16 on the fast
-CPU path, which halves the memory and what attention reads at depth: ops/cpu_fast.kv_dtype) so
-that attention reads one contiguous slab per head. Capacity grows in steps (doubling) up to
+CPU path by default, `HOST_KV_TYPES`: half the memory and half what attention reads at depth)
+so that attention reads one contiguous slab per head. Capacity grows in steps (doubling) up to
 the context length: a short chat does not pay for 8K positions of memory up front.
 
 Linear-attention layers (Gated DeltaNet) keep a fixed-size state instead: the last K-1 conv
@@ -21,9 +21,10 @@ from typing import Any, Protocol
 import numpy as np
 
 GROW_STEP = 256
-# What a host cache may hold K/V as (--kv-type on the fast CPU path; the first is its
-# default): float16 halves the memory and what attention reads at depth, as llama.cpp's.
+# What a host cache may hold K/V as (--kv-type on the fast CPU path), and that path's default:
+# float16 halves the memory and what attention reads at depth, as llama.cpp's.
 HOST_KV_TYPES = {"f16": np.float16, "f32": np.float32}
+FAST_KV_DTYPE = np.dtype(HOST_KV_TYPES["f16"])
 
 
 class Cache(Protocol):
@@ -196,7 +197,7 @@ class StackedKVCache(KVCache):
         n_kv_heads: int,
         head_dim: int,
         max_len: int,
-        dtype=np.float16,
+        dtype=FAST_KV_DTYPE,
         lazy: bool | None = None,  # None: LAZY_PAGES
     ):
         self.max_len = max_len

@@ -12,6 +12,7 @@ import sys
 
 import numpy as np
 
+from atlas_cli.backend.cache import FAST_KV_DTYPE
 from atlas_cli.backend.ops import cpu_numba
 from atlas_cli.backend.ops.cpu_kernels import (
     BLOCKS,
@@ -256,7 +257,7 @@ def mlp_block(w, m, norm, eps, x, xn, act, xs, xq, xf, int8):
 GEMV_WARM_TOKENS = 8  # any count above cpu_fast.GEMV_MAX_TOKENS: the gemm kernel
 
 
-def warm_up(kv_dtype=np.float16) -> None:
+def warm_up(kv_dtype=FAST_KV_DTYPE) -> None:
     """Load every kernel a generation uses (from numba's disk cache, or compile it) by running
     each once on a tiny dummy model with the argument types of real calls: a KV cache of
     `kv_dtype` (float16 is passed as its bits)."""

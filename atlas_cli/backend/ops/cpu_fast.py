@@ -24,7 +24,7 @@ import numba
 import numpy as np
 
 import atlas_cli.backend.formats as formats
-from atlas_cli.backend.cache import HOST_KV_TYPES, HybridCache, StackedKVCache
+from atlas_cli.backend.cache import FAST_KV_DTYPE, HOST_KV_TYPES, HybridCache, StackedKVCache
 from atlas_cli.backend.formats import QuantizedWeight, WeightFormat
 from atlas_cli.backend.ops import cpu_decode as _d
 from atlas_cli.backend.ops import cpu_kernels as _k
@@ -295,7 +295,7 @@ class FusedDecoder:
         self.scores = np.empty((self.n_heads, 0), np.float32)
         # Load the kernels now, before the weights are first read, then let go of the JIT
         # compiler's pages: the two are never resident together (docs/performance.md).
-        self.kv_dtype = np.dtype(np.float16)
+        self.kv_dtype = FAST_KV_DTYPE
         if not _d.kernels_cached():
             cpu_numba.compile_notice()
         _d.warm_up(self.kv_dtype)
@@ -425,7 +425,7 @@ class FusedQwen35:
         self.scores = np.empty((a.num_attention_heads, 0), np.float32)
         # the kernels before the weights are first read, then the compiler's pages let go
         # (as cpu_fast.FusedDecoder)
-        self.kv_dtype = np.dtype(np.float16)
+        self.kv_dtype = FAST_KV_DTYPE
         if not (_d.kernels_cached() and _d.kernels_cached(_q35.gdn_layer)):
             cpu_numba.compile_notice()
         _d.warm_up(self.kv_dtype)

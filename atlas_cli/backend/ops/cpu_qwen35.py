@@ -20,6 +20,7 @@ import math
 
 import numpy as np
 
+from atlas_cli.backend.cache import FAST_KV_DTYPE
 from atlas_cli.backend.ops import cpu_numba
 from atlas_cli.backend.ops.cpu_decode import (
     attend_group,
@@ -201,7 +202,7 @@ def gated_attention_layer(
         x[r] += any_dot(int8, d[0], bufs[3], d[1] + r * d[2], att, xs, xq, xf, d[3])
 
 
-def warm_up(kv_dtype=np.float16) -> None:
+def warm_up(kv_dtype=FAST_KV_DTYPE) -> None:
     """Load (or compile) both layer kernels with the argument types of real calls, on a tiny
     model of Q8_0 rows 32 wide, the KV cache of `kv_dtype` (cpu_decode.warm_up does the same
     for the shared kernels)."""
