@@ -148,8 +148,8 @@ def recipe_estimate(
     """Weights + KV cache of a recipe variant at its default context, from the recipe's facts
     alone: the estimate `atlas show`, `list --available` and `pull` print, and the one
     `check_loaded` makes once the weights are open. On the CPU the KV cache is f16 (f32 on
-    cpu-ref);
-    on a GPU it takes the recipe's KV dtype (else bf16). `device` tells cpu from cpu-ref."""
+    cpu-ref); on a GPU it takes the recipe's KV dtype (else bf16). `device` tells cpu from
+    cpu-ref."""
     m = recipe.model
     defaults = recipe.defaults_for(variant)
     context = defaults.ctx_size or m.context_length

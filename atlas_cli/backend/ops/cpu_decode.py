@@ -28,6 +28,7 @@ from atlas_cli.backend.ops.cpu_kernels import (
     gemv_batch,
     gemv_batch_int8,
     group_sums,
+    kv_bits,
     kv_rows,
     kv_store,
     quantize_x,
@@ -261,7 +262,6 @@ def warm_up(kv_dtype=FAST_KV_DTYPE) -> None:
     """Load every kernel a generation uses (from numba's disk cache, or compile it) by running
     each once on a tiny dummy model with the argument types of real calls: a KV cache of
     `kv_dtype` (float16 is passed as its bits)."""
-    kv = np.uint16 if np.dtype(kv_dtype) == np.float16 else np.float32
     hidden, hd, heads, n_kv, inter = 32, 16, 2, 1, 32
     nb, rb = 1, BLOCKS[Q8_0][1]  # one Q8_0 block per 32-wide row
     w = np.zeros(64 * rb, np.uint8)
@@ -274,12 +274,12 @@ def warm_up(kv_dtype=FAST_KV_DTYPE) -> None:
     gemm(Q8_0, w, 0, rb, nb, perm, x, np.empty((GEMV_WARM_TOKENS, 32), np.float32))
     gather_rows(Q8_0, w, 0, rb, nb, np.zeros(2, np.int64), np.empty((2, hidden), np.float32))
     q = np.ones((2, heads, hd), np.float32)
-    kc = np.zeros((n_kv, 2, hd), kv)
+    kc = kv_bits(np.zeros((n_kv, 2, hd), kv_dtype))
     attention(q, kc, kc, 0, np.empty_like(q))
     mats = np.zeros((1, 7, 4), np.int64)
     mats[0, :, 0], mats[0, :, 2], mats[0, :, 3] = Q8_0, rb, nb
     mats[0, O, 3] = mats[0, DOWN, 3] = 1  # o_proj and down_proj read 32 columns too
-    cache = np.zeros((1, n_kv, 4, hd), kv)
+    cache = kv_bits(np.zeros((1, n_kv, 4, hd), kv_dtype))
     decode_step(
         w,
         mats,

@@ -54,11 +54,6 @@ def int8_activations() -> bool:
     return value == "int8"
 
 
-def kv_bits(a: np.ndarray) -> np.ndarray:
-    """A KV array as the kernels take it: float32, or float16 as its bits (uint16)."""
-    return a.view(np.uint16) if a.dtype == np.float16 else a
-
-
 @dataclass(frozen=True)
 class PackedMatrix(QuantizedWeight):
     """A (rows, cols) weight as GGUF blocks inside a flat uint8 buffer (usually the memory map
@@ -175,12 +170,10 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int, nsplit=No
     q (T, nh, hd) at positions start..start+T-1; k, v (nkv, S, hd), S = start + T. One task per
     head and block of queries, whatever `nsplit` says."""
     out = np.empty(q.shape, np.float32)
-    if k.dtype != np.float16:
-        k, v = k.astype(np.float32, copy=False), v.astype(np.float32, copy=False)
     _k.attention(
         np.ascontiguousarray(q, np.float32),
-        np.ascontiguousarray(kv_bits(k)),  # one layout, one compiled kernel
-        np.ascontiguousarray(kv_bits(v)),
+        np.ascontiguousarray(_k.kv_bits(k)),  # one layout, one compiled kernel
+        np.ascontiguousarray(_k.kv_bits(v)),
         start,
         out,
     )
@@ -233,11 +226,14 @@ def single_blas_thread():
 _PROJ = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
-def _use_kv_type(decoder, name: str) -> None:
+def _use_kv_type(decoder, name: str, *warm_ups) -> None:
+    """Set `decoder.kv_dtype` to `name`'s; on a change, load the kernels for that type
+    (`warm_ups`), then let go of the compiler's pages again."""
     dtype = np.dtype(HOST_KV_TYPES[name])
     if dtype != decoder.kv_dtype:
         decoder.kv_dtype = dtype
-        _d.warm_up(dtype)  # the attention kernels for that type
+        for warm_up in warm_ups:
+            warm_up(dtype)
         _d.release_compiler_memory()
 
 
@@ -304,7 +300,7 @@ class FusedDecoder:
     def use_kv_type(self, name: str) -> None:
         """Make the caches this decoder builds hold K/V as `name` (cache.HOST_KV_TYPES; f16
         by default, f32 with float32 activations is the path closest to the reference)."""
-        _use_kv_type(self, name)
+        _use_kv_type(self, name, _d.warm_up)
 
     def new_cache(self, max_len: int) -> StackedKVCache:
         return StackedKVCache(self.n_layers, self.n_kv, self.head_dim, max_len, self.kv_dtype)
@@ -318,8 +314,8 @@ class FusedDecoder:
         _d.decode_step(
             self.buf, self.mats, self.perm_q, self.perm_k, self.embed,
             int(self.embed_perm[token]), pos, self.norms, self.final_norm, self.bias,
-            self.qk_norm, self.use_qk_norm, self.inv_freq, self.eps, kv_bits(cache.k),
-            kv_bits(cache.v),
+            self.qk_norm, self.use_qk_norm, self.inv_freq, self.eps, _k.kv_bits(cache.k),
+            _k.kv_bits(cache.v),
             self.qkv, self.act, self.scores, self.x, out, int8_activations(),
         )  # fmt: skip
         return out[None, :]
@@ -434,8 +430,7 @@ class FusedQwen35:
 
     def use_kv_type(self, name: str) -> None:
         """As FusedDecoder.use_kv_type."""
-        _use_kv_type(self, name)
-        _q35.warm_up(self.kv_dtype)
+        _use_kv_type(self, name, _d.warm_up, _q35.warm_up)
 
     def new_cache(self, *shape) -> HybridCache:
         """The model's host HybridCache (`shape` as its arguments), K/V as `kv_dtype`."""
@@ -464,8 +459,8 @@ class FusedQwen35:
                 kv = cache.kv[i]
                 _q35.gated_attention_layer(
                     x, layer["norm"], self.eps, layer["descs"], layer["bufs"],
-                    layer["q_norm"], layer["k_norm"], cos, sin, pos, kv_bits(kv.k), kv_bits(kv.v),
-                    self.attn_proj, self.qk, self.att, self.scores, *scratch,
+                    layer["q_norm"], layer["k_norm"], cos, sin, pos, _k.kv_bits(kv.k),
+                    _k.kv_bits(kv.v), self.attn_proj, self.qk, self.att, self.scores, *scratch,
                 )  # fmt: skip
             _d.mlp_block(layer["mlp_buf"], layer["mlp"], layer["post_norm"], self.eps, x,
                       self.xn, self.act, *scratch[1:])  # fmt: skip

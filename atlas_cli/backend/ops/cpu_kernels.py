@@ -94,6 +94,12 @@ def fast_exp(x):
 KV_TILE = 64  # keys or values widened to float32 at a time: 32 KB at hd 128, in L1/L2
 
 
+def kv_bits(a: np.ndarray) -> np.ndarray:
+    """A KV array as the kernels take it: float16 as its bits (uint16, a view), else float32
+    (the array itself when it is float32 already, so writes land in the cache)."""
+    return a.view(np.uint16) if a.dtype == np.float16 else np.asarray(a, np.float32)
+
+
 def kv_rows(slab, s0, n, scratch):
     """The float32 rows s0 .. s0+n-1 of a KV slab (S, hd): a view of a float32 slab, or the
     rows of a float16 one widened into scratch (>= n, hd)."""

@@ -35,6 +35,7 @@ from atlas_cli.backend.ops.cpu_kernels import (
     XF,
     any_dot,
     fast_exp,
+    kv_bits,
     kv_store,
 )
 
@@ -219,7 +220,7 @@ def warm_up(kv_dtype=FAST_KV_DTYPE) -> None:
         f32((1, n, n)), f32(1), f32(1), f32(n), 1, f32(5 * n), f32(n), f32(n), *scratch, True,
     )  # fmt: skip
     # one head of 32 (query and gate: 64 rows), one KV head, 4 cached positions
-    cache = np.zeros((1, 4, n), np.uint16 if np.dtype(kv_dtype) == np.float16 else np.float32)
+    cache = kv_bits(np.zeros((1, 4, n), kv_dtype))
     gated_attention_layer(
         x, f32(n), 1e-6, desc[:4], (w,) * 4, f32(n), f32(n), f32(8), f32(8), 0, cache,
         cache.copy(), f32(4 * n), f32(2 * n), f32(n), f32((1, 4)), f32(n), *scratch, True,
