@@ -139,12 +139,14 @@ class PlaceholderTokenizer:
 def shape_weight(rt: CountingRuntime, fmt: F.WeightFormat, rows: int, cols: int):
     """A DeviceWeight of `fmt`'s row layout over fake buffers, marked as weight bytes."""
     assert cols % fmt.block_elems == 0, f"{fmt.name}: {cols} columns are not whole blocks"
-    row_bytes = cols // fmt.block_elems * fmt.block_bytes
+    code_bytes, scale_bytes = fmt.device_block_bytes
+    if fmt is F.NVFP4:
+        scale_bytes = 1  # one E4M3 code per block
+    row_bytes = cols // fmt.block_elems * code_bytes
     data = rt.alloc(rows * row_bytes)
     rt.mark_weight(data, row_bytes)
-    scales, srow_bytes = rt.alloc(16), 0
-    if fmt is F.NVFP4:
-        srow_bytes = cols // fmt.block_elems
+    scales, srow_bytes = rt.alloc(16), cols // fmt.block_elems * scale_bytes
+    if srow_bytes:
         scales = rt.alloc(rows * srow_bytes)
         rt.mark_weight(scales, srow_bytes)
     return DeviceWeight(fmt.kernel, rows, cols, data, row_bytes, scales, srow_bytes, 1.0)

@@ -122,7 +122,7 @@ struct DgArgs {
 };
 
 template <int F, bool VEC>
-ATLAS_DEV void dg_body(const DgArgs& a, atlas_f4* xs, float* xsum, atlas_u4* wbuf, float* red) {
+ATLAS_DEV void dg_body(const DgArgs& a, atlas_f4* xs, float* xsum, float* red) {
     const bool sums = VEC && GvFmt<F>::sums;
     int r = blockIdx.x * GEMV_WARPS + warp_id();
     bool live = r < a.rows;  // a warp past the last row still stages x and meets the barriers
@@ -138,9 +138,6 @@ ATLAS_DEV void dg_body(const DgArgs& a, atlas_f4* xs, float* xsum, atlas_u4* wbu
     const u8* srowA = A.S + (long long)lr * A.srb;
     const u8* rowB = B.W + (long long)lr * B.rb;
     const u8* srowB = B.S + (long long)lr * B.srb;
-    // the staged formats: matrix A's tile in the warp's first buffer, B's (SwiGLU) in its second
-    atlas_u4* wbA = wbuf + (GvFmt<F>::staged ? 2 * warp_id() * GEMV_WBUF_U4 : 0);
-    atlas_u4* wbB = wbA + (GvFmt<F>::staged ? GEMV_WBUF_U4 : 0);
     GvLane L = VEC ? gv_lane<F>(lane) : gv_lane<FMT_F32>(lane);
     float acc0[2] = {0.0f, 0.0f}, acc1[2] = {0.0f, 0.0f}, ss = 0.0f;
     int units = a.cols / 32;
@@ -149,22 +146,18 @@ ATLAS_DEV void dg_body(const DgArgs& a, atlas_f4* xs, float* xsum, atlas_u4* wbu
         GvRaw rawA, rawB;
         GvUnit g;
         if (VEC && live) {  // in flight while x stages
-            gv_fetch<F>(rowA, srowA, unit0, units, lane, have, rawA);
-            if (pair) gv_fetch<F>(rowB, srowB, unit0, units, lane, have, rawB);
+            gv_fetch<F>(rowA, srowA, unit0, units, lane, rawA);
+            if (pair) gv_fetch<F>(rowB, srowB, unit0, units, lane, rawB);
         }
         __syncthreads();  // the previous tile's x and weight bytes have been read
         ss += dg_stage<sums>(a.x, a.pw, a.pro, a.unit_w, xs, xsum, a.cols, unit0);
-        if (VEC && live) {
-            gv_park<F>(rawA, wbA, lane);
-            if (pair) gv_park<F>(rawB, wbB, lane);
-        }
         __syncthreads();
         if (!have) continue;
-        if (VEC) gv_decode<F>(rawA, (const u8*)wbA, lane, g);
+        if (VEC) gv_decode<F>(rawA, lane, g);
         else gemv_deq<F>(rowA, srowA, A.gs, unit0 + lane, g);
         gemv_dot<F, VEC>(g, L, xs, xsum, acc0);
         if (pair) {
-            if (VEC) gv_decode<F>(rawB, (const u8*)wbB, lane, g);
+            if (VEC) gv_decode<F>(rawB, lane, g);
             else gemv_deq<F>(rowB, srowB, B.gs, unit0 + lane, g);
             gemv_dot<F, VEC>(g, L, xs, xsum, acc1);
         }
@@ -204,15 +197,14 @@ template <int F>
 ATLAS_DEV void dg_entry(const DgArgs& a) {
     __shared__ atlas_f4 xs[GEMV_TILE_F4];
     __shared__ float xsum[64];
-    __shared__ atlas_u4 wbuf[GvFmt<F>::staged ? 2 * GEMV_WARPS * GEMV_WBUF_U4 : 1];
     __shared__ float red[32];
     bool vec = true;
     for (int s = 0; s < a.nseg; s++) {
         DgSeg g = dg_seg(a.segs, s);
         vec = vec && gemv_aligned(g.W, g.S, g.rb, g.srb, F);
     }
-    if (vec) dg_body<F, true>(a, xs, xsum, wbuf, red);
-    else dg_body<F, false>(a, xs, xsum, wbuf, red);
+    if (vec) dg_body<F, true>(a, xs, xsum, red);
+    else dg_body<F, false>(a, xs, xsum, red);
 }
 
 #define DGEMV_ENTRY(name, F)                                                                    \

@@ -147,8 +147,30 @@ ATLAS_DEV bool gm_unit_vec(const u8* __restrict__ row, const u8* __restrict__ sr
             v[4 * q + 3] = c.w;
         }
         return true;
+    } else if (F == FMT_Q6_K) {  // deq32's values, from 16-byte loads of the split rows
+        int h = (u & 7) >> 2, k = u & 3;
+        const u8* b = row + ROW_BYTES_Q6_K * (u >> 3);
+        const atlas_u4* ql = (const atlas_u4*)(b + 64 * h + 32 * (k & 1));
+        const atlas_u4* qh = (const atlas_u4*)(b + 128 + 32 * h);
+        const i8* sc = (const i8*)(b + 192);
+        float d = f16_to_f32(ld_u16(srow + SCALE_BYTES_Q6_K * (u >> 3)));
+        int p = q6k_scale(8 * h + 2 * k);  // the second half's scale is at p + 2
+        float dsc0 = mul_rn(d, (float)sc[p]), dsc1 = mul_rn(d, (float)sc[p + 2]);
+        int lshift = k >= 2 ? 4 : 0;
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+            atlas_u4 L = ql[c], H = qh[c];
+            u32 lw[4] = {L.x, L.y, L.z, L.w}, hw[4] = {H.x, H.y, H.z, H.w};
+#pragma unroll
+            for (int e = 0; e < 16; e++) {
+                u32 lo = (lw[e >> 2] >> (8 * (e & 3) + lshift)) & 15u;
+                u32 hi = (hw[e >> 2] >> (8 * (e & 3) + 2 * k)) & 3u;
+                v[16 * c + e] = mul_rn(c ? dsc1 : dsc0, (float)((int)(lo | (hi << 4)) - 32));
+            }
+        }
+        return true;
     }
-    return false;  // GGUF blocks (18, 20, 34, 144... bytes) are not 16-byte aligned
+    return false;  // Q4_0, Q4_1, Q8_0 (16-byte code units too), Q4_K, Q5_K: deq32
 }
 
 struct GmArgs {

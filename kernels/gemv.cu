@@ -10,29 +10,27 @@
 // loads), then every warp multiplies its row against it. A unit of x sits 36 floats apart in
 // shared memory: the 16-byte reads of 8 lanes at a time hit distinct banks. A plain format's
 // partial last unit (cols % 32 != 0, small models only) is read one element per lane.
-// NVFP4, bf16, f16 and f32 rows that are 16-byte aligned (the allocators align buffers, and
-// cols % 32 == 0 makes every row a multiple of 16 bytes) are read with 16-byte loads and
-// decoded without branches; NVFP4 multiplies by its block scale once per 16 elements. Other
-// formats, and misaligned rows, go through deq32 (quant.cuh).
+// Rows that are 16-byte aligned (the allocators align buffers, and cols % 32 == 0 makes every
+// row a multiple of 16 bytes) are read with 16-byte loads and decoded without branches
+// (gemv.cuh), the block scales applied once per 16 elements; misaligned rows go through deq32
+// (quant.cuh).
 #include "gemv.cuh"
 
 // TT: 1 (the decode step, T == 1 known at compile time) or GEMV_MAX_T (T read at run time).
 // The deq32 path has only the second: one body per format keeps its registers unspilled.
-// U: tiles per loop iteration. The T == 1 body of the formats read straight from the row takes
-// two (each lane two lane units, 64 weights), which halves the barriers, the x staging
-// overhead and the loop per weight; the staged formats' shared buffers leave room for one.
+// U: tiles per loop iteration. The T == 1 body takes four (two for f32: each lane four or two
+// lane units), which divides the barriers and the loop per weight by as much.
 template <int F, int TT, bool VEC, int U>
 ATLAS_DEV void gemv_body(const u8* __restrict__ W, const u8* __restrict__ S, float gs,
                          const float* __restrict__ x, const float* __restrict__ bias,
                          float* __restrict__ y, int T, int rows, int cols, long long row_bytes,
-                         long long srow_bytes, atlas_f4* xs, float* xsum, atlas_u4* wbuf) {
+                         long long srow_bytes, atlas_f4* xs, float* xsum) {
     const bool sums = VEC && GvFmt<F>::sums;
     int r = blockIdx.x * GEMV_WARPS + warp_id();
     bool live = r < rows;  // a warp past the last row still stages x and meets the barriers
     int lane = lane_id();
     const u8* row = W + (long long)(live ? r : 0) * row_bytes;
     const u8* srow = S + (long long)(live ? r : 0) * srow_bytes;
-    atlas_u4* wb = wbuf + warp_id() * GEMV_WBUF_U4;
     bool x_aligned = TT == 1 || ((unsigned long long)x & 15ull) == 0;
     GvLane L = VEC ? gv_lane<F>(lane) : gv_lane<FMT_F32>(lane);
     float acc[TT][2];  // per token: the A and B halves' accumulators
@@ -40,27 +38,23 @@ ATLAS_DEV void gemv_body(const u8* __restrict__ W, const u8* __restrict__ S, flo
     for (int t = 0; t < TT; t++) acc[t][0] = acc[t][1] = 0.0f;
     int units = cols / 32;
     for (int unit0 = 0; unit0 < units; unit0 += U * ATLAS_WARP) {
-        bool have[U];
         GvRaw raw[U];
         GvUnit g;
 #pragma unroll
-        for (int j = 0; j < U; j++) {
-            int u0 = unit0 + 32 * j;
-            have[j] = live && (VEC ? gv_have<F>(u0, lane, units) : u0 + lane < units);
-            if (VEC && live) gv_fetch<F>(row, srow, u0, units, lane, have[j], raw[j]);  // in flight
-        }
-        if (!VEC && have[0]) gemv_deq<F>(row, srow, gs, unit0 + lane, g);
+        for (int j = 0; j < U; j++)  // in flight
+            if (VEC && live) gv_fetch<F>(row, srow, unit0 + 32 * j, units, lane, raw[j]);
+        if (!VEC && live && unit0 + lane < units) gemv_deq<F>(row, srow, gs, unit0 + lane, g);
         __syncthreads();  // the previous tile's x and weight bytes have been read
 #pragma unroll
         for (int j = 0; j < U; j++)  // U > 1 only with TT == 1: tile j where token j would be
             gemv_stage_x<TT, sums>(x, xs + j * GEMV_TILE_F4, xsum + 64 * j, T, cols,
                                    unit0 + 32 * j, x_aligned);
-        if (VEC && live) gv_park<F>(raw[0], wb, lane);
         __syncthreads();
 #pragma unroll
         for (int j = 0; j < U; j++) {
-            if (!have[j]) continue;
-            if (VEC) gv_decode<F>(raw[j], (const u8*)wb, lane, g);
+            int u0 = unit0 + 32 * j;
+            if (!live || !(VEC ? gv_have<F>(u0, lane, units) : u0 + lane < units)) continue;
+            if (VEC) gv_decode<F>(raw[j], lane, g);
 #pragma unroll
             for (int t = 0; t < TT; t++) {
                 int k = t + j;  // the staged tile: token t, or (TT == 1) tile j
@@ -93,18 +87,17 @@ ATLAS_DEV void gemv_entry(const u8* __restrict__ W, const u8* __restrict__ S, fl
                           long long srow_bytes) {
     __shared__ atlas_f4 xs[GEMV_MAX_T * GEMV_TILE_F4];
     __shared__ float xsum[GvFmt<F>::sums ? GEMV_MAX_T * 64 : 1];
-    __shared__ atlas_u4 wbuf[GvFmt<F>::staged ? GEMV_WARPS * GEMV_WBUF_U4 : 1];
     bool vec = gemv_aligned(W, S, row_bytes, srow_bytes, F);
     bool x_aligned = ((unsigned long long)x & 15ull) == 0;  // the T == 1 body assumes it
     if (vec && T == 1 && x_aligned)
-        gemv_body<F, 1, true, GvFmt<F>::staged ? 1 : F == FMT_F32 ? 2 : 4>(W, S, gs, x, bias, y, T, rows, cols, row_bytes, srow_bytes, xs,
-                              xsum, wbuf);
+        gemv_body<F, 1, true, F == FMT_F32 ? 2 : 4>(W, S, gs, x, bias, y, T, rows, cols,
+                                                    row_bytes, srow_bytes, xs, xsum);
     else if (vec)
         gemv_body<F, GEMV_MAX_T, true, 1>(W, S, gs, x, bias, y, T, rows, cols, row_bytes,
-                                       srow_bytes, xs, xsum, wbuf);
+                                          srow_bytes, xs, xsum);
     else
         gemv_body<F, GEMV_MAX_T, false, 1>(W, S, gs, x, bias, y, T, rows, cols, row_bytes,
-                                        srow_bytes, xs, xsum, wbuf);
+                                           srow_bytes, xs, xsum);
 }
 
 #define GEMV_ENTRY(name, F)                                                                     \

@@ -13,14 +13,11 @@
 //     tile: low nibbles are 16 elements of sub-block 2i, high nibbles the same 16 of sub-block
 //     2i + 1 (i = (l & 7) >> 1), so every code byte the lane loads is used.
 //   Q6_K: lane l: 16 of the ql bytes of block (l >> 3), low nibbles sub-block k, high k + 2.
-// Q4_K and Q5_K blocks (144, 176 bytes) are 16-byte multiples: each lane loads its code bytes
-// (and the block header, and for Q5_K 16 bytes of high bits) with 16-byte loads straight from
-// the row. Q4_0, Q4_1, Q8_0 and Q6_K blocks (18, 20, 34, 210 bytes) are not: the warp copies the
-// tile's bytes with 16-byte loads into its own shared buffer, from the 16-byte boundary below
-// the tile's first byte to the one above its last (a 16-byte read never leaves the granule of
-// a byte that is in the row, so it never leaves the allocation), and each lane reads its block
-// there with aligned 4-byte reads and funnel shifts. So any row size takes the 16-byte path;
-// only a weight buffer that is not 16-byte aligned takes deq32 (quant.cuh), with byte loads.
+// Every row is a sequence of 16-byte units (Q4_K and Q5_K blocks are 144 and 176 bytes; Q4_0,
+// Q4_1, Q8_0 and Q6_K keep their scales in the second buffer, quant.cuh), so each lane loads
+// its codes (and a K-quant's header, Q5_K's high bits, Q6_K's) with 16-byte loads straight
+// from the row and its block scales with 2- or 4-byte loads; only a weight buffer that is not
+// 16-byte aligned takes deq32 (quant.cuh), with byte loads.
 //
 // Decode: 4-bit codes are masked straight into f16 halves (0x000F000F: two codes 16 bits
 // apart; 0x00F000F0: the two high nibbles, 16 times larger), which are f16 subnormals equal to
@@ -34,36 +31,27 @@
 #define GEMV_WARPS 8
 #define GEMV_UNIT_F4 9                       // float4 slots per staged unit: 8 of x + 1 of padding
 #define GEMV_TILE_F4 (32 * GEMV_UNIT_F4)     // one token's staged tile
-#define GEMV_WBUF_U4 69                      // a warp's staged tile: Q8_0, (1088 + 15) / 16 + 1
 
-// Bytes of 32 units of format F in a row (the K-quants: 4 blocks), 0 for a plain format.
 template <int F>
 struct GvFmt {
     enum {
-        tile_bytes = F == FMT_Q4_0   ? 32 * BLOCK_BYTES_Q4_0
-                     : F == FMT_Q4_1 ? 32 * BLOCK_BYTES_Q4_1
-                     : F == FMT_Q8_0 ? 32 * BLOCK_BYTES_Q8_0
-                     : F == FMT_Q4_K ? 4 * BLOCK_BYTES_Q4_K
-                     : F == FMT_Q5_K ? 4 * BLOCK_BYTES_Q5_K
-                     : F == FMT_Q6_K ? 4 * BLOCK_BYTES_Q6_K
-                                     : 0,
-        staged = F == FMT_Q4_0 || F == FMT_Q4_1 || F == FMT_Q8_0 || F == FMT_Q6_K,
         kquant = F == FMT_Q4_K || F == FMT_Q5_K || F == FMT_Q6_K,
         sums = F >= FMT_Q4_0 && F <= FMT_Q6_K,  // offsets / mins: the halves' sums of x are read
         scaled = F >= FMT_Q4_0,                 // the halves have multipliers
-        chunks = staged ? (tile_bytes + 15) / 16 + 1 : 0,  // 16-byte chunks a tile can touch
-        per_lane = (chunks + 31) / 32,
     };
 };
 
-// Whether this weight can take the 16-byte path (every format has one).
+// Whether this weight can take the 16-byte path (every format has one): rows of 16-byte units
+// from a 16-byte aligned start, the block scales aligned for their 2- or 4-byte loads.
 ATLAS_DEV bool gemv_aligned(const u8* W, const u8* S, long long row_bytes, long long srow_bytes,
                             int f) {
-    bool staged = f == FMT_Q4_0 || f == FMT_Q4_1 || f == FMT_Q8_0 || f == FMT_Q6_K;
-    unsigned long long m = (unsigned long long)W | (staged ? 0ull : (unsigned long long)row_bytes);
-    bool ok = (m & 15ull) == 0;
-    if (f == FMT_NVFP4) ok = ok && (((unsigned long long)S | (unsigned long long)srow_bytes) & 1ull) == 0;
-    return ok;
+    unsigned long long m = (unsigned long long)W | (unsigned long long)row_bytes;
+    unsigned long long s = (unsigned long long)S | (unsigned long long)srow_bytes;
+    unsigned long long smask = f == FMT_Q4_1 ? 3ull : f == FMT_NVFP4 || f == FMT_Q4_0 ||
+                                                              f == FMT_Q8_0 || f == FMT_Q6_K
+                                                          ? 1ull
+                                                          : 0ull;
+    return (m & 15ull) == 0 && (s & smask) == 0;
 }
 
 // A lane's unit as the multiply wants it (see the top of this file).
@@ -112,42 +100,31 @@ ATLAS_DEV bool gv_have(int unit0, int lane, int units) {
 struct GvRaw {
     atlas_u4 q[8];
     u32 sc;
-    int off, n;  // staged: the tile's first byte in the buffer, the chunks copied
 };
-
-// The staged formats' tile: byte range [b0, b1) of the row, and where it starts in the buffer.
-template <int F>
-ATLAS_DEV void gv_tile_span(int unit0, int units, int* b0, int* b1) {
-    if (GvFmt<F>::kquant) {
-        *b0 = (unit0 / 8) * BLOCK_BYTES_Q6_K;
-        *b1 = (min(unit0 + 32, units) / 8) * BLOCK_BYTES_Q6_K;
-    } else {
-        const int ub = GvFmt<F>::tile_bytes / 32;
-        *b0 = unit0 * ub;
-        *b1 = min(unit0 + 32, units) * ub;
-    }
-}
 
 // Issue the lane's 16-byte loads of the tile at unit0 (the warp's row is live).
 template <int F>
 ATLAS_DEV void gv_fetch(const u8* __restrict__ row, const u8* __restrict__ srow, int unit0,
-                        int units, int lane, bool have, GvRaw& g) {
-    if (GvFmt<F>::staged) {
-        int b0, b1;
-        gv_tile_span<F>(unit0, units, &b0, &b1);
-        g.off = (int)((unsigned long long)(row + b0) & 15ull);
-        g.n = (g.off + (b1 - b0) + 15) >> 4;
-        const atlas_u4* base = (const atlas_u4*)(row + b0 - g.off);
-#pragma unroll
-        for (int k = 0; k < GvFmt<F>::per_lane; k++)
-            if (lane + 32 * k < g.n) g.q[k] = base[lane + 32 * k];
-        return;
-    }
-    if (!have) return;
+                        int units, int lane, GvRaw& g) {
+    if (!gv_have<F>(unit0, lane, units)) return;
     int u = unit0 + lane;
     if (F == FMT_NVFP4) {
         g.q[0] = ((const atlas_u4*)row)[u];  // 32 codes
         g.sc = ((const u16*)srow)[u];        // the unit's two E4M3 block scales
+    } else if (F == FMT_Q4_0 || F == FMT_Q4_1) {
+        g.q[0] = ((const atlas_u4*)row)[u];  // qs[16]
+        g.sc = F == FMT_Q4_1 ? ((const u32*)srow)[u] : ((const u16*)srow)[u];  // d (, m)
+    } else if (F == FMT_Q8_0) {
+        g.q[0] = ((const atlas_u4*)row)[2 * u];
+        g.q[1] = ((const atlas_u4*)row)[2 * u + 1];
+        g.sc = ((const u16*)srow)[u];
+    } else if (F == FMT_Q6_K) {
+        int blk = unit0 / 8 + (lane >> 3), s = lane & 7;
+        const atlas_u4* b = (const atlas_u4*)(row + (long long)ROW_BYTES_Q6_K * blk);
+        g.q[0] = b[s];                           // ql bytes 16 s = 64 hh + 32 kk + 16 h16
+        g.q[1] = b[8 + 2 * (s >> 2) + (s & 1)];  // qh bytes 128 + 32 hh + 16 h16
+        // the lane's two int8 scales (adjacent: q6k_scale), d
+        g.sc = ((const u16*)(b + 12))[s] | ((u32)((const u16*)srow)[blk] << 16);
     } else if (F == FMT_BF16 || F == FMT_F16) {
 #pragma unroll
         for (int c = 0; c < 4; c++) g.q[c] = ((const atlas_u4*)row)[4 * u + c];
@@ -167,21 +144,6 @@ ATLAS_DEV void gv_fetch(const u8* __restrict__ row, const u8* __restrict__ srow,
         }
     }
 }
-
-// The staged formats: the fetched chunks into the warp's buffer (after the barrier).
-template <int F>
-ATLAS_DEV void gv_park(const GvRaw& g, atlas_u4* wb, int lane) {
-#pragma unroll
-    for (int k = 0; k < GvFmt<F>::per_lane; k++)
-        if (lane + 32 * k < g.n) wb[lane + 32 * k] = g.q[k];
-}
-
-// 4 bytes at an even byte offset of a staged buffer: two aligned reads and a funnel shift.
-ATLAS_DEV u32 gv_sh32(const u32* w, int off) {
-    unsigned long long p = ((unsigned long long)w[(off >> 2) + 1] << 32) | w[off >> 2];
-    return (u32)(p >> (8 * (off & 3)));
-}
-ATLAS_DEV u32 gv_sh16(const u8* b, int off) { return ((const u16*)b)[off >> 1]; }
 
 // ---- decode ---------------------------------------------------------------------------------
 
@@ -214,9 +176,12 @@ ATLAS_DEV void gv_kscales(u32 h1, u32 h2, u32 h3, int i, float* sc, float* mn) {
 #define GV_2P24 16777216.0f
 #define GV_2P20 1048576.0f
 
-// The lane's unit, decoded (after the barrier; wb: the warp's staged buffer).
+// The signed byte p (0..3) of w as a float.
+ATLAS_DEV float gv_i8(u32 w, int p) { return (float)((int)(w << (24 - 8 * p)) >> 24); }
+
+// The lane's unit, decoded.
 template <int F>
-ATLAS_DEV void gv_decode(const GvRaw& g, const u8* wb, int lane, GvUnit& o) {
+ATLAS_DEV void gv_decode(const GvRaw& g, int lane, GvUnit& o) {
     o.dA = o.dB = 1.0f;
     o.mA = o.mB = 0.0f;
     float dummy;
@@ -274,47 +239,43 @@ ATLAS_DEV void gv_decode(const GvRaw& g, const u8* wb, int lane, GvUnit& o) {
         o.mA = mul_rn(dmin, mn[0]);
         o.mB = mul_rn(dmin, mn[1]);
     } else if (F == FMT_Q4_0 || F == FMT_Q4_1 || F == FMT_Q8_0) {
-        const int bb = GvFmt<F>::tile_bytes / 32;
-        int off = g.off + bb * lane;  // the lane's block in the buffer; even
-        const u32* w = (const u32*)wb;
-        u32 dd = gv_sh16(wb, off);
-        float d, m = 0.0f;
-        if (F == FMT_Q4_1) h2_to_f32(dd | (gv_sh16(wb, off + 2) << 16), &d, &m);
-        else h2_to_f32(dd, &d, &dummy);
-        int q0 = off + (F == FMT_Q4_1 ? 4 : 2);
+        float d, m;
+        h2_to_f32(g.sc, &d, &m);  // Q4_0, Q8_0: the high half is 0
         if (F == FMT_Q8_0) {
+            u32 c[8] = {g.q[0].x, g.q[0].y, g.q[0].z, g.q[0].w,
+                        g.q[1].x, g.q[1].y, g.q[1].z, g.q[1].w};
 #pragma unroll
             for (int k = 0; k < 8; k++) {
-                u32 c = gv_sh32(w, q0 + 4 * k);
-                h2_to_f32((c & 0x00FF00FFu) ^ 0x00800080u, &o.v[4 * k], &o.v[4 * k + 2]);
-                h2_to_f32(((c >> 8) & 0x00FF00FFu) ^ 0x00800080u, &o.v[4 * k + 1], &o.v[4 * k + 3]);
+                h2_to_f32((c[k] & 0x00FF00FFu) ^ 0x00800080u, &o.v[4 * k], &o.v[4 * k + 2]);
+                h2_to_f32(((c[k] >> 8) & 0x00FF00FFu) ^ 0x00800080u, &o.v[4 * k + 1],
+                          &o.v[4 * k + 3]);
             }
             o.dA = o.dB = mul_rn(d, GV_2P24);
             o.mA = o.mB = mul_rn(d, 128.0f);
         } else {
+            u32 c[4] = {g.q[0].x, g.q[0].y, g.q[0].z, g.q[0].w};
 #pragma unroll
-            for (int k = 0; k < 4; k++)
-                gv_nib8(gv_sh32(w, q0 + 4 * k), 0, 0, 0, 0, o.v + 4 * k, o.v + 16 + 4 * k);
+            for (int k = 0; k < 4; k++) gv_nib8(c[k], 0, 0, 0, 0, o.v + 4 * k, o.v + 16 + 4 * k);
             o.dA = mul_rn(d, GV_2P24);
             o.dB = mul_rn(d, GV_2P20);
             o.mA = o.mB = F == FMT_Q4_0 ? mul_rn(d, 8.0f) : -m;
         }
     } else if (F == FMT_Q6_K) {
-        int s = lane & 7, hh = s >> 2, kk = (s >> 1) & 1, h16 = s & 1;
-        int blk = g.off + BLOCK_BYTES_Q6_K * (lane >> 3);  // even
-        const u32* w = (const u32*)wb;
-        int ql = blk + 64 * hh + 32 * kk + 16 * h16, qh = blk + 128 + 32 * hh + 16 * h16;
-        const i8* sc = (const i8*)(wb + blk + 192 + 8 * hh + 2 * kk + h16);
+        // lane (hh, kk, h16) = bits (2, 1, 0) of lane & 7: half hh of the block, sub-blocks
+        // kk (low nibbles, A) and kk + 2 (high, B) of it, their elements 16 h16 .. + 15
+        int kk = (lane >> 1) & 1;
         float d;
-        h2_to_f32(gv_sh16(wb, blk + 208), &d, &dummy);
+        h2_to_f32(g.sc, &dummy, &d);
+        u32 c[4] = {g.q[0].x, g.q[0].y, g.q[0].z, g.q[0].w};
+        u32 h[4] = {g.q[1].x, g.q[1].y, g.q[1].z, g.q[1].w};
 #pragma unroll
         for (int k = 0; k < 4; k++) {
-            u32 hq = gv_sh32(w, qh + 4 * k) >> (2 * kk);  // A's 2 bits at 0..1, B's at 4..5
+            u32 hq = h[k] >> (2 * kk);  // A's 2 bits at 0..1, B's at 4..5
             u32 hl = hq << 4, hr = hq >> 4;
-            gv_nib8(gv_sh32(w, ql + 4 * k), hl & 0x00300030u, hr & 0x00300030u,
-                    hl & 0x03000300u, hr & 0x03000300u, o.v + 4 * k, o.v + 16 + 4 * k);
+            gv_nib8(c[k], hl & 0x00300030u, hr & 0x00300030u, hl & 0x03000300u,
+                    hr & 0x03000300u, o.v + 4 * k, o.v + 16 + 4 * k);
         }
-        float sa = mul_rn(d, (float)sc[0]), sb = mul_rn(d, (float)sc[4]);
+        float sa = mul_rn(d, gv_i8(g.sc, 0)), sb = mul_rn(d, gv_i8(g.sc, 1));
         o.dA = mul_rn(sa, GV_2P24);
         o.dB = mul_rn(sb, GV_2P20);
         o.mA = mul_rn(sa, 32.0f);

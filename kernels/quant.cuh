@@ -1,8 +1,12 @@
 // quant.cuh: weight formats, dequantized 32 elements ("a unit") at a time, in registers.
 //
 // A weight is `rows` rows of `cols` elements, each row `row_bytes` bytes (block formats store
-// whole blocks per row, as GGUF does). NVFP4 keeps its E4M3 block scales in a second buffer of
-// `cols/16` bytes per row plus one float32 global scale. Every format is dequantized with the
+// whole blocks per row, as GGUF does), and a second buffer of `srow_bytes` per row. NVFP4 keeps
+// its E4M3 block scales there (`cols/16` bytes per row) plus one float32 global scale. Q4_0,
+// Q4_1, Q8_0 and Q6_K keep each block's f16 scale(s) there too (d; d, m for Q4_1); the rest of
+// the block stays in the row, in GGUF's order but for Q6_K's 16 int8 scales (reordered: see
+// q6k_scale) (backend/formats.py split_blocks), so the codes are 16-byte units (16, 16, 32, 208
+// bytes per block) that the GEMV loads straight from the row. Every format is dequantized with the
 // same float32 operations, in the same order, as the numpy reference (loaders/quant.py for
 // GGUF, loaders' NVFP4 dequantize for NVFP4), so that dequantization is bit-exact.
 // Block layouts: docs/formats.md. Each format's facts are registered in backend/formats.py;
@@ -21,8 +25,8 @@
 #define FMT_Q6_K 8
 #define FMT_NVFP4 9
 
-// Elements and bytes of one block in a row (NVFP4: 16 codes in 8 bytes; the block's E4M3
-// scale is one byte of the second buffer). A unit of 32 elements is one Q4_0/Q4_1/Q8_0 block,
+// Elements and bytes of one block as stored (NVFP4: 16 codes in 8 bytes; the block's E4M3
+// scale is one byte of the second buffer; Q4_0/Q4_1/Q8_0/Q6_K: SCALE_BYTES of them there). A unit of 32 elements is one Q4_0/Q4_1/Q8_0 block,
 // an eighth of a K-quant block, two NVFP4 blocks.
 #define BLOCK_ELEMS_F32 1
 #define BLOCK_BYTES_F32 4
@@ -44,6 +48,11 @@
 #define BLOCK_BYTES_Q6_K 210
 #define BLOCK_ELEMS_NVFP4 16
 #define BLOCK_BYTES_NVFP4 8
+#define SCALE_BYTES_Q4_0 2
+#define SCALE_BYTES_Q4_1 4
+#define SCALE_BYTES_Q8_0 2
+#define SCALE_BYTES_Q6_K 2
+#define ROW_BYTES_Q6_K (BLOCK_BYTES_Q6_K - SCALE_BYTES_Q6_K)  // 208: ql, qh, scales
 
 // X(name, FMT_ID) for every format: used to stamp out one extern "C" entry point per format.
 #define ATLAS_FOR_EACH_FORMAT(X) \
@@ -71,6 +80,10 @@ ATLAS_DEV void k_scale_min(const u8* s, int j, u32* sc, u32* m) {
     }
 }
 
+// Where Q6_K's int8 scale i (of 16 elements) is among the block's 16 on the device: the two a
+// GEMV lane needs, i and i + 4 (i = 8h + 2k + j, k < 2), are adjacent, at 2 (4h + 2k + j).
+ATLAS_DEV int q6k_scale(int i) { return 2 * (4 * (i >> 3) + (i & 3)) + ((i >> 2) & 1); }
+
 // Elements [32u, 32u+32) of one row into v[0..31].
 template <int F>
 ATLAS_DEV void deq32(const u8* __restrict__ row, const u8* __restrict__ srow, float gs, int u,
@@ -88,28 +101,26 @@ ATLAS_DEV void deq32(const u8* __restrict__ row, const u8* __restrict__ srow, fl
 #pragma unroll
         for (int i = 0; i < 32; i++) v[i] = bf16_to_f32(p[i]);
     } else if (F == FMT_Q4_0) {
-        const u8* b = row + BLOCK_BYTES_Q4_0 * u;
-        float d = f16_to_f32(ld_u16(b));
-        const u8* qs = b + 2;
+        float d = f16_to_f32(ld_u16(srow + SCALE_BYTES_Q4_0 * u));
+        const u8* qs = row + 16 * u;
 #pragma unroll
         for (int j = 0; j < 16; j++) {
             v[j] = mul_rn(d, (float)((int)(qs[j] & 15) - 8));
             v[j + 16] = mul_rn(d, (float)((int)(qs[j] >> 4) - 8));
         }
     } else if (F == FMT_Q4_1) {
-        const u8* b = row + BLOCK_BYTES_Q4_1 * u;
-        float d = f16_to_f32(ld_u16(b));
-        float m = f16_to_f32(ld_u16(b + 2));
-        const u8* qs = b + 4;
+        const u8* sc = srow + SCALE_BYTES_Q4_1 * u;
+        float d = f16_to_f32(ld_u16(sc));
+        float m = f16_to_f32(ld_u16(sc + 2));
+        const u8* qs = row + 16 * u;
 #pragma unroll
         for (int j = 0; j < 16; j++) {
             v[j] = add_rn(mul_rn(d, (float)(qs[j] & 15)), m);
             v[j + 16] = add_rn(mul_rn(d, (float)(qs[j] >> 4)), m);
         }
     } else if (F == FMT_Q8_0) {
-        const u8* b = row + BLOCK_BYTES_Q8_0 * u;
-        float d = f16_to_f32(ld_u16(b));
-        const i8* qs = (const i8*)(b + 2);
+        float d = f16_to_f32(ld_u16(srow + SCALE_BYTES_Q8_0 * u));
+        const i8* qs = (const i8*)(row + 32 * u);
 #pragma unroll
         for (int i = 0; i < 32; i++) v[i] = mul_rn((float)qs[i], d);
     } else if (F == FMT_Q4_K || F == FMT_Q5_K) {
@@ -131,15 +142,16 @@ ATLAS_DEV void deq32(const u8* __restrict__ row, const u8* __restrict__ srow, fl
             v[l] = sub_rn(mul_rn(dsc, (float)q), dm);
         }
     } else if (F == FMT_Q6_K) {
-        const u8* b = row + BLOCK_BYTES_Q6_K * (u >> 3);
         int k32 = u & 7;
         int h = k32 >> 2, k = k32 & 3;
+        const u8* b = row + ROW_BYTES_Q6_K * (u >> 3);
         const u8* ql = b + 64 * h + 32 * (k & 1);
         const u8* qh = b + 128 + 32 * h;
         const i8* sc = (const i8*)(b + 192);
-        float d = f16_to_f32(ld_u16(b + 208));
-        float dsc0 = mul_rn(d, (float)sc[8 * h + 2 * k]);
-        float dsc1 = mul_rn(d, (float)sc[8 * h + 2 * k + 1]);
+        float d = f16_to_f32(ld_u16(srow + SCALE_BYTES_Q6_K * (u >> 3)));
+        int p = q6k_scale(8 * h + 2 * k);  // = 8 h + 4 (k & 1) + (k >> 1); the next one's p + 2
+        float dsc0 = mul_rn(d, (float)sc[p]);
+        float dsc1 = mul_rn(d, (float)sc[p + 2]);
         int lshift = k >= 2 ? 4 : 0;
 #pragma unroll
         for (int l = 0; l < 32; l++) {

@@ -39,6 +39,28 @@ def test_header_block_sizes_match_the_registry():
     for f in formats.FORMATS.values():
         if f.native:
             assert (elems[f.kernel], nbytes[f.kernel]) == (f.block_elems, f.block_bytes), f.name
+    split = {f.kernel: f.device_split[1] for f in formats.FORMATS.values() if f.device_split}
+    assert _defines("SCALE_BYTES_") == split
+
+
+def test_split_blocks_moves_each_blocks_scales_to_the_second_buffer():
+    rng = np.random.default_rng(1)
+    for f in formats.FORMATS.values():
+        if f.device_split is None:
+            continue
+        rows = rng.integers(0, 256, (3, 2 * f.block_bytes), dtype=np.uint8)
+        codes, scales = formats.split_blocks(f, rows)
+        code_bytes, scale_bytes = f.device_block_bytes
+        assert codes.shape == (3, 2 * code_bytes) and scales.shape == (3, 2 * scale_bytes)
+        assert code_bytes % 16 == 0, f.name  # 16-byte units straight from the row
+        off, size = f.device_split
+        order = list(f.device_order or range(f.block_bytes))
+        assert sorted(order) == list(range(f.block_bytes))  # a permutation
+        for b in range(2):
+            block = rows[:, b * f.block_bytes : (b + 1) * f.block_bytes][:, order]
+            assert (scales[:, b * size : (b + 1) * size] == block[:, off : off + size]).all()
+            rest = np.concatenate([block[:, :off], block[:, off + size :]], axis=1)
+            assert (codes[:, b * code_bytes : (b + 1) * code_bytes] == rest).all()
 
 
 def test_every_ggml_format_has_every_kernel():

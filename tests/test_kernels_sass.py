@@ -52,26 +52,29 @@ def _decode_loop(fns, name: str) -> tuple[collections.Counter, int]:
 
 
 # (format, lane units per T == 1 iteration, instruction bound per weight at T == 1)
-# Measured (sm_90, nvcc 13.0) per weight: NVFP4 4.89, Q4_K 4.91, Q5_K 6.06, Q4_0 6.06, Q4_1 6.16,
-# Q8_0 7.53, Q6_K 7.84, bf16/f16 2.92, f32 2.13. Before this layout (deq32 with byte loads for
-# every GGUF format; one unit per lane): NVFP4 5.69, Q4_0 7.7, Q4_1 9.6, Q8_0 6.4, Q4_K 10.8,
-# Q5_K 14.8, Q6_K 14.0, bf16/f16 3.47, f32 2.5. The bounds leave ~2% for compiler drift.
+# Measured (sm_90, nvcc 13.0) per weight: NVFP4 4.76, Q4_K 4.75, Q5_K 5.92, Q4_0 4.02, Q4_1 4.01,
+# Q8_0 4.65, Q6_K 5.33, bf16/f16 2.77, f32 1.98. With Q4_0/Q4_1/Q8_0/Q6_K blocks copied whole
+# through shared memory (their scales in the row, one unit per lane): 6.06, 6.16, 7.53, 7.84;
+# with deq32's byte loads for every GGUF format: NVFP4 5.69, Q4_0 7.7, Q4_1 9.6, Q8_0 6.4, Q4_K
+# 10.8, Q5_K 14.8, Q6_K 14.0, bf16/f16 3.47, f32 2.5. The bounds leave ~2% for compiler drift.
 FAST_PATHS = [
-    ("nvfp4", 4, 5.0),
-    ("q4_k", 4, 5.0),
-    ("q5_k", 4, 6.2),
-    ("q4_0", 1, 6.2),
-    ("q4_1", 1, 6.3),
-    ("q8_0", 1, 7.7),
-    ("q6_k", 1, 8.0),
-    ("bf16", 4, 3.0),
-    ("f16", 4, 3.0),
-    ("f32", 2, 2.2),
+    ("nvfp4", 4, 4.85),
+    ("q4_k", 4, 4.85),
+    ("q5_k", 4, 6.05),
+    ("q4_0", 4, 4.1),
+    ("q4_1", 4, 4.1),
+    ("q8_0", 4, 4.75),
+    ("q6_k", 4, 5.45),
+    ("bf16", 4, 2.85),
+    ("f16", 4, 2.85),
+    ("f32", 2, 2.05),
 ]
-STAGED = ("q4_0", "q4_1", "q8_0", "q6_k")  # blocks not 16-byte units: staged in shared memory
-# 16-byte weight loads per 32 weights read straight from the row (the staged formats copy the
-# tile's chunks, ceil(tile bytes / 512) or one more per lane)
-ROW_LOADS = {"nvfp4": 1, "q4_k": 2, "q5_k": 3, "bf16": 4, "f16": 4, "f32": 8}
+# 16-byte weight loads per 32 weights, straight from the row (Q6_K: ql and qh; its scales: below)
+ROW_LOADS = {"nvfp4": 1, "q4_0": 1, "q4_1": 1, "q8_0": 2, "q4_k": 2, "q5_k": 3, "q6_k": 2}
+ROW_LOADS |= {"bf16": 4, "f16": 4, "f32": 8}
+# 2-byte loads of block scales per 32 weights (Q4_1's d and m: one 4-byte load; Q6_K: the
+# lane's two int8 scales and d)
+SCALE_LOADS = {"nvfp4": 1, "q4_0": 1, "q8_0": 1, "q6_k": 2}
 
 
 @pytest.mark.parametrize("fmt,units,bound", FAST_PATHS)
@@ -80,12 +83,9 @@ def test_sm90_decode_loop_uses_128_bit_loads(sass, fmt, units, bound):
     assert weights == 32 * units, c
     assert not c["LDG.E.U8.CONSTANT"] and not c["LDG.E.S8.CONSTANT"], c  # no byte loads
     x_loads = units  # one 16-byte load of x per staged tile
-    if fmt in STAGED:
-        assert c["LDG.E.128.CONSTANT"] >= x_loads + 2 and c["STS.128"] >= 3, c
-        assert not c["LDG.E.U16.CONSTANT"], c
-    else:
-        assert c["LDG.E.128.CONSTANT"] == units * ROW_LOADS[fmt] + x_loads, c
-        assert c["LDG.E.U16.CONSTANT"] == (units if fmt == "nvfp4" else 0), c  # 2 block scales
+    assert c["LDG.E.128.CONSTANT"] == units * ROW_LOADS[fmt] + x_loads, c
+    assert c["LDG.E.U16.CONSTANT"] == units * SCALE_LOADS.get(fmt, 0), c
+    assert c["LDG.E.CONSTANT"] == (units if fmt == "q4_1" else 0), c
     # one FFMA per weight, plus the halves' multipliers and offsets/mins once per 16 weights
     per_unit = 0 if fmt in ("bf16", "f16", "f32") else 2 if fmt == "nvfp4" else 4
     assert c["FFMA"] <= weights + units * per_unit + 2, c
@@ -121,15 +121,7 @@ def decode_sass(sass) -> dict[str, list[tuple[int, str]]]:
     return machine_code.sass(machine_code.cubin("decode.cu", "sm_90", nvrtc_too=False))
 
 
-# Open: in decode.cu the Q4_0 / Q4_1 tile loop is not found with 16-byte loads (gemv.cu's is,
-# from the same gemv.cuh code); strict, so the fix shows up here.
-_DG_SPLIT = pytest.mark.xfail(strict=True, reason="dgemv staged chunks load as 4-byte words")
-
-
-@pytest.mark.parametrize(
-    "fmt",
-    [pytest.param(f, marks=_DG_SPLIT) if f in ("q4_0", "q4_1") else f for f, _, _ in FAST_PATHS],
-)
+@pytest.mark.parametrize("fmt", [f for f, _, _ in FAST_PATHS])
 def test_sm90_dgemv_loop_uses_128_bit_loads(decode_sass, fmt):
     """The fused decode step's GEMV shares gemv.cuh: its tile loop without byte loads."""
 
@@ -140,7 +132,7 @@ def test_sm90_dgemv_loop_uses_128_bit_loads(decode_sass, fmt):
     fast = [
         c for c in loops if c["BAR.SYNC.DEFER_BLOCKING"] and c["LDS.128"] >= 8 and n(c, "128") >= 2
     ]
-    fast = [c for c in fast if not n(c, "U8") and (fmt == "nvfp4" or not n(c, "U16"))]
+    fast = [c for c in fast if not n(c, "U8") and (fmt in SCALE_LOADS or not n(c, "U16"))]
     assert fast, f"dgemv_{fmt}: no 16-byte tile loop"
     assert not any(k.startswith(("LDL", "STL")) for c in loops for k in c), fmt
 
@@ -179,14 +171,7 @@ def _amd_decode_loop(asm: str, fmt: str, units: int) -> collections.Counter:
     return max(fast, key=lambda c: sum(c.values()))
 
 
-# Open: on gfx1151 the staged formats' GvRaw (the copied chunks) lands in scratch memory.
-_AMD_SCRATCH = pytest.mark.xfail(strict=True, reason="gfx1151: staged chunks spill to scratch")
-
-
-@pytest.mark.parametrize(
-    "fmt,units,bound",
-    [pytest.param(*p, marks=_AMD_SCRATCH) if p[0] in STAGED else p for p in FAST_PATHS],
-)
+@pytest.mark.parametrize("fmt,units,bound", FAST_PATHS)
 def test_gfx1151_loops_use_128_bit_loads(gfx1151, fmt, units, bound):
     c = _amd_decode_loop(gfx1151, fmt, units)
     assert c["global_load_b128"] + c["global_load_dwordx4"] >= units + 1, c
@@ -253,9 +238,9 @@ _EMU_COLS = {"q4_k": 512, "q5_k": 512, "q6_k": 512}  # K-quants: whole 256-eleme
 
 @pytest.mark.parametrize("fmt", [f for f, _, _ in FAST_PATHS])
 def test_every_format_matches_numpy(emu_ops, fmt):
-    """The 16-byte path (rows of 54, 60, 102, 420 ... bytes: not 16-byte multiples for the
-    staged formats) and the deq32 fallback (the buffer shifted off 16-byte alignment) both
-    match x @ W^T of numpy's dequantization for T = 1, 2, 5, 8."""
+    """The 16-byte path, and the deq32 fallback (the codes shifted off 16-byte alignment, or
+    the scales off the alignment of their loads: 2 bytes for Q4_1's 4-byte loads, 1 for the
+    2-byte ones), match x @ W^T of numpy's dequantization for T = 1, 2, 5, 8."""
     from atlas_cli.backend.ops.native import NativeOps
     from tests.gpu.checks import random_weight
 
@@ -267,10 +252,15 @@ def test_every_format_matches_numpy(emu_ops, fmt):
     dw = emu_ops.prepare_weight(w)
     raw = np.empty(dw.rows * dw.row_bytes, np.uint8)
     emu_ops.rt.d2h(raw, dw.data)
-    moved = type(dw)(**{**vars(dw), "data": _shifted(emu_ops, raw, 2)})
+    moved = [type(dw)(**{**vars(dw), "data": _shifted(emu_ops, raw, 2)})]
+    if dw.srow_bytes:
+        sraw = np.empty(dw.rows * dw.srow_bytes, np.uint8)
+        emu_ops.rt.d2h(sraw, dw.scales)
+        for shift in (1, 2) if fmt == "q4_1" else (1,):
+            moved.append(type(dw)(**{**vars(dw), "scales": _shifted(emu_ops, sraw, shift)}))
     for t in (1, 2, 5, 8):
         x = rng.standard_normal((t, cols)).astype(np.float32)
         want = x.astype(np.float64) @ wf.T.astype(np.float64)
-        for weight in (dw, moved):
+        for weight in (dw, *moved):
             got = emu_ops.linear(emu_ops.asarray(x), weight).numpy()
             np.testing.assert_allclose(got, want, rtol=2e-4, atol=2e-4, err_msg=f"{fmt} T={t}")

@@ -30,11 +30,42 @@ class WeightFormat:
     block_bytes: int  # bytes of one block in the row buffer (NVFP4: codes only)
     cpu: bool  # ops/cpu_kernels.py computes on the blocks
     native: bool  # kernels/quant.cuh decodes the blocks
+    # The native kernels' layout (see split_blocks): the order of a block's bytes on the device
+    # (None: as stored), then the (offset, size) of those the second buffer keeps; None for
+    # both: the device rows are the stored rows.
+    device_order: tuple[int, ...] | None = None
+    device_split: tuple[int, int] | None = None
 
     @property
     def quantized(self) -> bool:
         """Blocks with scales, as opposed to plain floats (one element per block)."""
         return self.block_elems > 1
+
+    @property
+    def device_block_bytes(self) -> tuple[int, int]:
+        """Bytes of one block in the native kernels' (row buffer, second buffer)."""
+        if self.device_split is None:
+            return self.block_bytes, 0
+        return self.block_bytes - self.device_split[1], self.device_split[1]
+
+
+def split_blocks(fmt: WeightFormat, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Stored rows (rows, row_bytes) uint8 -> the native kernels' (codes, scales) rows.
+
+    Q4_0, Q4_1, Q8_0 and Q6_K blocks are 18, 20, 34 and 210 bytes: rows of them are not
+    16-byte multiples and a block's codes straddle 16-byte boundaries. Each block's f16
+    scale(s) go to a second buffer, so that the rest (16, 16, 32, 208 bytes) is 16-byte units
+    the GEMV reads with 16-byte loads straight from the row (kernels/gemv.cuh); Q6_K's 16 int8
+    scales are reordered so that the two a GEMV lane multiplies by are adjacent
+    (kernels/quant.cuh q6k_scale)."""
+    off, size = fmt.device_split
+    n = rows.shape[0]
+    blocks = rows.reshape(n, -1, fmt.block_bytes)
+    if fmt.device_order is not None:
+        blocks = blocks[:, :, list(fmt.device_order)]
+    scales = blocks[:, :, off : off + size].reshape(n, -1)
+    codes = np.concatenate([blocks[:, :, :off], blocks[:, :, off + size :]], axis=2)
+    return np.ascontiguousarray(codes.reshape(n, -1)), np.ascontiguousarray(scales)
 
 
 FORMATS: dict[str, WeightFormat] = {}  # by kernel name
@@ -55,12 +86,28 @@ QK_K = 256  # elements per K-quant super-block
 F32 = register(WeightFormat("F32", "f32", 0, 1, 4, cpu=True, native=True))
 F16 = register(WeightFormat("F16", "f16", 1, 1, 2, cpu=True, native=True))
 BF16 = register(WeightFormat("BF16", "bf16", 30, 1, 2, cpu=True, native=True))
-Q4_0 = register(WeightFormat("Q4_0", "q4_0", 2, 32, 18, cpu=True, native=True))
-Q4_1 = register(WeightFormat("Q4_1", "q4_1", 3, 32, 20, cpu=True, native=True))
-Q8_0 = register(WeightFormat("Q8_0", "q8_0", 8, 32, 34, cpu=True, native=True))
+Q4_0 = register(WeightFormat("Q4_0", "q4_0", 2, 32, 18, cpu=True, native=True, device_split=(0, 2)))
+Q4_1 = register(WeightFormat("Q4_1", "q4_1", 3, 32, 20, cpu=True, native=True, device_split=(0, 4)))
+Q8_0 = register(WeightFormat("Q8_0", "q8_0", 8, 32, 34, cpu=True, native=True, device_split=(0, 2)))
 Q4_K = register(WeightFormat("Q4_K", "q4_k", 12, QK_K, 144, cpu=True, native=True))
 Q5_K = register(WeightFormat("Q5_K", "q5_k", 13, QK_K, 176, cpu=True, native=True))
-Q6_K = register(WeightFormat("Q6_K", "q6_k", 14, QK_K, 210, cpu=True, native=True))
+# Q6_K on the device: ql, qh as stored, the int8 scales in pairs (i, i + 4) for i = 0..3 and
+# 8..11 (kernels/quant.cuh q6k_scale), d.
+_Q6_K_SCALE_PAIRS = [192 + i + 4 * j for h in (0, 8) for i in range(h, h + 4) for j in (0, 1)]
+Q6_K_DEVICE_ORDER = (*range(192), *_Q6_K_SCALE_PAIRS, 208, 209)
+Q6_K = register(
+    WeightFormat(
+        "Q6_K",
+        "q6_k",
+        14,
+        QK_K,
+        210,
+        cpu=True,
+        native=True,
+        device_order=Q6_K_DEVICE_ORDER,
+        device_split=(208, 2),  # d
+    )
+)
 # ModelOpt NVFP4 (safetensors): 16 E2M1 codes in 8 bytes; the block's E4M3 scale lives in a
 # second buffer (one byte per block), times one float32 global scale per tensor. Not the GGUF
 # NVFP4 type (ggml id 40), whose packing differs.

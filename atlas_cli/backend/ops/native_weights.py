@@ -32,10 +32,11 @@ class WeightLaunchers(DeviceOpsBase):
 
     def prepare_weight(self, w) -> DeviceWeight:
         """A loader's weight -> DeviceWeight: formats the kernels decode as they are stored
-        (GGUF blocks; NVFP4 codes + E4M3 scales + global scale) as they are; a float array in
-        the narrowest float format that holds it exactly (the loaders widen bf16 and f16 to
-        float32 losslessly, so this is the checkpoint's own format), or rounded to bf16 / kept
-        f32 when the ops were made with weight_dtype="bf16" / "f32"."""
+        (GGUF blocks, the Q4_0/Q4_1/Q8_0/Q6_K ones with their scales split off by
+        formats.split_blocks; NVFP4 codes + E4M3 scales + global scale) as they are; a float
+        array in the narrowest float format that holds it exactly (the loaders widen bf16 and
+        f16 to float32 losslessly, so this is the checkpoint's own format), or rounded to bf16 /
+        kept f32 when the ops were made with weight_dtype="bf16" / "f32"."""
         if isinstance(w, DeviceWeight):
             return w
         if isinstance(w, QuantizedWeight) and w.format.native:
@@ -89,8 +90,20 @@ class WeightLaunchers(DeviceOpsBase):
         assert whole and raw.shape[1] == cols // fmt.block_elems * fmt.block_bytes, (
             f"{fmt.kernel} weight {shape}: {raw.shape[1]} bytes per row"
         )
+        if fmt.device_split is None:
+            return DeviceWeight(
+                fmt.kernel, rows, cols, self._upload_bytes(raw), raw.shape[1], self._dummy, 0, 1.0
+            )
+        codes, scales = formats.split_blocks(fmt, raw)
         return DeviceWeight(
-            fmt.kernel, rows, cols, self._upload_bytes(raw), raw.shape[1], self._dummy, 0, 1.0
+            fmt.kernel,
+            rows,
+            cols,
+            self._upload_bytes(codes),
+            codes.shape[1],
+            self._upload_bytes(scales),
+            scales.shape[1],
+            1.0,
         )
 
     def _wargs(self, w: DeviceWeight) -> list:
