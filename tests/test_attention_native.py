@@ -177,6 +177,35 @@ def test_first_use_check_against_the_portable_build(nv_ops, monkeypatch, tmp_pat
     assert verdict == {"rel_err": 0.5 if broken else 0.0}
 
 
+@pytest.mark.parametrize("broken", [False, True])
+def test_atlas_hw_reports_the_prefill_attention_check(nv_ops, monkeypatch, tmp_path, broken):
+    """The kernel report (`atlas hw`) runs the first-use check for the families' head sizes
+    and says which prefill kernel runs, with the failures' reasons."""
+    from atlas_cli.backend.ops import attention_check
+    from atlas_cli.commands.models import kernel_lines
+
+    ops = _ops({})
+    assert "runs the portable MMA" in ops.prefill_report()["reason"]  # the emulator: no check
+    ops.rt = _EmuAsDevice(nv_ops.rt.cache_dir, {})
+    monkeypatch.setattr(attention_check, "_verdict_path", lambda *a: tmp_path / "v.json")
+    monkeypatch.setattr(attention_check, "compare", lambda *a: 0.5 if broken else 1e-7)
+    report = ops.prefill_report()
+    assert sorted(ops._prefill_checked) == [(ops.kv_dtype, hd) for hd in (64, 128, 256)]
+    if broken:
+        assert report["kernel"] == "row"
+        assert f"attn_prefill_{ops.kv_dtype}_hd256: 5.00e-01 off" in report["reason"]
+    else:
+        assert report == {
+            "kernel": "tensor-core",
+            "reason": f"matches the portable build ({ops.kv_dtype} KV, head dims 64/128/256)",
+        }
+    lines = kernel_lines(
+        "cuda",
+        {"kernels": {}, "compiled": 0, "compile_s": 0.0, "cache_hits": 0, "attention": report},
+    )
+    assert lines[-1] == f"  prefill attention: {report['kernel']} kernel, {report['reason']}"
+
+
 # ---- machine code ------------------------------------------------------------------------
 
 

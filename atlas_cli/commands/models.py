@@ -292,6 +292,8 @@ def kernel_lines(backend: str, k: dict[str, Any]) -> list[str]:
     )
     if gemm := k.get("gemm"):  # the prefill GEMM's first-use self-check (ops/gemm_check.py)
         lines.append(f"  prefill gemm: {gemm['kernel']} kernel, {gemm['reason']}")
+    if att := k.get("attention"):  # the prefill attention's (ops/attention_check.py)
+        lines.append(f"  prefill attention: {att['kernel']} kernel, {att['reason']}")
     return lines
 
 

@@ -37,6 +37,11 @@ class NativeOps(
 
     fuse_graphs = True  # the fused decode step replays a captured graph (False: direct launches)
 
+    def warmup(self) -> dict[str, Any]:
+        """Every kernel compiled, which GEMM runs, and which prefill attention (both checked
+        here on first use)."""
+        return {**super().warmup(), "attention": self.prefill_report()}
+
     def fuse_decoder(self, model) -> DeviceDecoder | None:
         """The fused decode step (native_decoder.py) for a Qwen3.5 model whose weights it
         takes; None otherwise: the model runs op by op."""

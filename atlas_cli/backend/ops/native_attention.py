@@ -162,6 +162,26 @@ class AttentionLaunchers(DeviceOpsBase):
     # Prefill on the tensor-core kernel; off where its first-use check against the portable
     # build failed (attention_check.py), and then the row kernel runs every T.
     prefill_tensor_cores = True
+    # The head sizes of the model families atlas runs (SmolLM2 64; Llama, Qwen3 128; Qwen3.5's
+    # gated attention 256): what `atlas hw` has the first-use check run for.
+    REPORTED_HEAD_DIMS = (64, 128, 256)
+
+    def prefill_report(self) -> dict[str, str]:
+        """The prefill attention kernel as `atlas hw` reports it: on a device, the first-use
+        check of the tensor-core kernel for this ops' KV type at REPORTED_HEAD_DIMS (cached
+        like the compiled kernels, so it runs once per build)."""
+        if self.rt.name not in ("cuda", "hip"):
+            why = f"the {self.rt.name} runtime runs the portable MMA (checked on a device)"
+            return {"kernel": "tensor-core", "reason": why}
+        dims = self.REPORTED_HEAD_DIMS
+        failed = [hd for hd in dims if not self._prefill_ok(self.kv_dtype, hd)]
+        if not failed:
+            checked = "/".join(map(str, dims))
+            why = f"matches the portable build ({self.kv_dtype} KV, head dims {checked})"
+            return {"kernel": "tensor-core", "reason": why}
+        failures = "; ".join(self.__dict__.get("prefill_check_failures", []))
+        kernel = "row" if len(failed) == len(dims) else "tensor-core and row"
+        return {"kernel": kernel, "reason": failures}
 
     def kv_write(self, k, cache_buf, cap: int, start: int, dtype: str, scale: float) -> None:
         """cache (nkv, cap, hd)[:, start:start+T] = encode(k (T, nkv, hd) / scale)."""
