@@ -47,10 +47,8 @@ ATLAS_DEV bool gemv_aligned(const u8* W, const u8* S, long long row_bytes, long 
                             int f) {
     unsigned long long m = (unsigned long long)W | (unsigned long long)row_bytes;
     unsigned long long s = (unsigned long long)S | (unsigned long long)srow_bytes;
-    unsigned long long smask = f == FMT_Q4_1 ? 3ull : f == FMT_NVFP4 || f == FMT_Q4_0 ||
-                                                              f == FMT_Q8_0 || f == FMT_Q6_K
-                                                          ? 1ull
-                                                          : 0ull;
+    bool u16_scales = f == FMT_NVFP4 || f == FMT_Q4_0 || f == FMT_Q8_0 || f == FMT_Q6_K;
+    unsigned long long smask = f == FMT_Q4_1 ? 3ull : u16_scales ? 1ull : 0ull;
     return (m & 15ull) == 0 && (s & smask) == 0;
 }
 
@@ -123,7 +121,7 @@ ATLAS_DEV void gv_fetch(const u8* __restrict__ row, const u8* __restrict__ srow,
         const atlas_u4* b = (const atlas_u4*)(row + (long long)ROW_BYTES_Q6_K * blk);
         g.q[0] = b[s];                           // ql bytes 16 s = 64 hh + 32 kk + 16 h16
         g.q[1] = b[8 + 2 * (s >> 2) + (s & 1)];  // qh bytes 128 + 32 hh + 16 h16
-        // the lane's two int8 scales (adjacent: q6k_scale), d
+        // the lane's two int8 scales (row bytes 192 + 2 s: q6k_scale), d
         g.sc = ((const u16*)(b + 12))[s] | ((u32)((const u16*)srow)[blk] << 16);
     } else if (F == FMT_BF16 || F == FMT_F16) {
 #pragma unroll
