@@ -4,10 +4,10 @@
 // whole blocks per row, as GGUF does), and a second buffer of `srow_bytes` per row. NVFP4 keeps
 // its E4M3 block scales there (`cols/16` bytes per row) plus one float32 global scale. Q4_0,
 // Q4_1, Q8_0 and Q6_K keep each block's f16 scale(s) there too (d; d, m for Q4_1); the rest of
-// the block stays in the row, in GGUF's order but for Q6_K's 16 int8 scales (reordered: see
-// q6k_scale) (backend/formats.py split_blocks), so the codes are 16-byte units (16, 16, 32, 208
-// bytes per block) that the GEMV loads straight from the row. Every format is dequantized with the
-// same float32 operations, in the same order, as the numpy reference (loaders/quant.py for
+// the block stays in the row in GGUF's order, but for Q6_K's 16 int8 scales (reordered: see
+// q6k_scale; backend/formats.py split_blocks), so the codes are 16-byte units (16, 16, 32,
+// 208 bytes per block) that the GEMV loads straight from the row. Every format is dequantized
+// with the same float32 operations, in the same order, as the numpy reference (loaders/quant.py for
 // GGUF, loaders' NVFP4 dequantize for NVFP4), so that dequantization is bit-exact.
 // Block layouts: docs/formats.md. Each format's facts are registered in backend/formats.py;
 // tests/test_formats.py checks that the FMT_ list and the BLOCK_ sizes below agree with it.
@@ -26,8 +26,9 @@
 #define FMT_NVFP4 9
 
 // Elements and bytes of one block as stored (NVFP4: 16 codes in 8 bytes; the block's E4M3
-// scale is one byte of the second buffer; Q4_0/Q4_1/Q8_0/Q6_K: SCALE_BYTES of them there). A unit of 32 elements is one Q4_0/Q4_1/Q8_0 block,
-// an eighth of a K-quant block, two NVFP4 blocks.
+// scale is one byte of the second buffer; Q4_0/Q4_1/Q8_0/Q6_K: SCALE_BYTES of them there).
+// A unit of 32 elements is one Q4_0/Q4_1/Q8_0 block, an eighth of a K-quant block, two NVFP4
+// blocks.
 #define BLOCK_ELEMS_F32 1
 #define BLOCK_BYTES_F32 4
 #define BLOCK_ELEMS_F16 1

@@ -90,20 +90,12 @@ class WeightLaunchers(DeviceOpsBase):
         assert whole and raw.shape[1] == cols // fmt.block_elems * fmt.block_bytes, (
             f"{fmt.kernel} weight {shape}: {raw.shape[1]} bytes per row"
         )
-        if fmt.device_split is None:
-            return DeviceWeight(
-                fmt.kernel, rows, cols, self._upload_bytes(raw), raw.shape[1], self._dummy, 0, 1.0
-            )
-        codes, scales = formats.split_blocks(fmt, raw)
+        codes, scales = (raw, None) if fmt.device_split is None else formats.split_blocks(fmt, raw)
+        sbuf, srow = (
+            (self._dummy, 0) if scales is None else (self._upload_bytes(scales), scales.shape[1])
+        )
         return DeviceWeight(
-            fmt.kernel,
-            rows,
-            cols,
-            self._upload_bytes(codes),
-            codes.shape[1],
-            self._upload_bytes(scales),
-            scales.shape[1],
-            1.0,
+            fmt.kernel, rows, cols, self._upload_bytes(codes), codes.shape[1], sbuf, srow, 1.0
         )
 
     def _wargs(self, w: DeviceWeight) -> list:
