@@ -1,12 +1,15 @@
-"""A/B of the fast CPU path's decode products: float32 activations against int8 ones.
+"""A/B of the fast CPU path's products: float32 activations against integer ones.
 
-Both run in one process on the same matrices of a GGUF file, interleaved (float, int8, float,
-...), and the medians are reported: on a shared machine the load changes from second to
+Both run in one process on the same matrices of a GGUF file, interleaved (float, integer,
+float, ...), and the medians are reported: on a shared machine the load changes from second to
 second, and alternating exposes both sides to it alike. Per projection shape of layer 0 (each
-GGUF type that shape has in the file) and the lm_head, one token; then end-to-end decode
-(tokens per second over --tg steps after a short prompt).
+GGUF type that shape has in the file) and the lm_head: one token (decode: int8 x, the
+`gemv_batch_int8` kernel) or, with --pp N, N tokens (prefill: int16 x, `gemm_int16`, for the
+K-quants); then end to end, decode over --tg steps after a short prompt and, with --pp, the
+prefill of an N-token prompt.
 
     ATLAS_THREADS=1 python benchmarks/cpu_int8_ab.py --model qwen3-0.6b-Q4_K_M.gguf
+    ATLAS_THREADS=1 python benchmarks/cpu_int8_ab.py --model qwen3-0.6b-Q4_K_M.gguf --pp 512
 """
 
 from __future__ import annotations
@@ -28,55 +31,70 @@ def _time_gemv(kernel, m, x, out, reps: int) -> float:
     return (time.perf_counter() - t0) / reps
 
 
-def per_shape(model, rounds: int) -> None:
-    from atlas_cli.backend.ops import cpu_fast
+def per_shape(model, rounds: int, n_tok: int) -> None:
+    from atlas_cli.backend.ops import cpu_fast, cpu_prefill
     from atlas_cli.backend.ops import cpu_kernels as k
+
+    if n_tok == 1:
+        kernels, integer_types = (k.gemv_batch, k.gemv_batch_int8), k.INT8_TYPES
+    else:
+        kernels, integer_types = (k.gemm, cpu_prefill.gemm_int16), cpu_prefill.INT16_TYPES
 
     w = model.engine.model.w
     seen = {}
     for name, m in w.items():
-        if isinstance(m, cpu_fast.PackedMatrix) and m.type_id in k.INT8_TYPES:
+        if isinstance(m, cpu_fast.PackedMatrix) and m.type_id in integer_types:
             short = name.split(".")[-2] if "layers." in name else name
+            if n_tok > 1 and "layers." not in name:
+                continue  # prefill multiplies only the last token by the lm_head
             seen.setdefault((short, m.shape, m.type_id), m)
     rng = np.random.default_rng(0)
-    print(f"{'matrix':<24} {'shape':>14} {'type':>5} {'f32 us':>9} {'int8 us':>9} {'ratio':>6}")
+    print(f"{n_tok} token(s) per product")
+    print(f"{'matrix':<24} {'shape':>14} {'type':>5} {'f32 us':>9} {'int us':>9} {'ratio':>6}")
     for (short, shape, _type), m in sorted(seen.items(), key=str):
-        x = rng.standard_normal((1, shape[1])).astype(np.float32)
-        out = np.empty((1, shape[0]), np.float32)
-        reps = max(1, int(2e8 / (shape[0] * shape[1])))
+        x = rng.standard_normal((n_tok, shape[1])).astype(np.float32)
+        out = np.empty((n_tok, shape[0]), np.float32)
+        reps = max(1, int(2e8 / (shape[0] * shape[1] * n_tok)))
         times = {mode: [] for mode in MODES}
-        for kern in (k.gemv_batch, k.gemv_batch_int8):
+        for kern in kernels:
             kern(*m.kernel_args, m.perm, x, out)  # load
         for _ in range(rounds):
-            times["float32"].append(_time_gemv(k.gemv_batch, m, x, out, reps))
-            times["int8"].append(_time_gemv(k.gemv_batch_int8, m, x, out, reps))
+            for mode, kern in zip(MODES, kernels, strict=True):
+                times[mode].append(_time_gemv(kern, m, x, out, reps))
         f, i = (statistics.median(times[mode]) * 1e6 for mode in MODES)
         fmt = m.format.name
         print(f"{short:<24} {str(shape):>14} {fmt:>5} {f:9.1f} {i:9.1f} {f / i:6.2f}")
 
 
-def end_to_end(model, rounds: int, tg: int) -> None:
+def end_to_end(model, rounds: int, tg: int, pp: int) -> None:
     engine = model.engine
-    rates = {mode: [] for mode in MODES}
-    prompt = list(range(1000, 1016))
+    rates = {(what, mode): [] for what in ("pp", "tg") for mode in MODES}
     for _ in range(rounds):
         for mode in MODES:
             os.environ["ATLAS_CPU_ACTIVATIONS"] = mode
+            if pp:
+                engine.reset()
+                t0 = time.perf_counter()
+                engine.prefill(list(range(1000, 1000 + pp)))
+                rates["pp", mode].append(pp / (time.perf_counter() - t0))
             engine.reset()
-            logits, _ = engine.prefill(prompt)
+            logits, _ = engine.prefill(list(range(1000, 1016)))
             token = int(np.argmax(logits))
             t0 = time.perf_counter()
             for _ in range(tg):
                 token = int(np.argmax(engine.step(token)))
-            rates[mode].append(tg / (time.perf_counter() - t0))
-    for mode in MODES:
-        r = rates[mode]
-        print(
-            f"tg{tg} {mode:>8}: median {statistics.median(r):6.2f} tok/s  "
-            f"(min {min(r):.2f}, max {max(r):.2f}, {len(r)} rounds)"
-        )
-    f, i = (statistics.median(rates[mode]) for mode in MODES)
-    print(f"tg{tg} int8 / float32: {i / f:.2f}")
+            rates["tg", mode].append(tg / (time.perf_counter() - t0))
+    for what, n in (("pp", pp), ("tg", tg)):
+        if not n:
+            continue
+        for mode in MODES:
+            r = rates[what, mode]
+            print(
+                f"{what}{n} {mode:>8}: median {statistics.median(r):6.2f} tok/s  "
+                f"(min {min(r):.2f}, max {max(r):.2f}, {len(r)} rounds)"
+            )
+        f, i = (statistics.median(rates[what, mode]) for mode in MODES)
+        print(f"{what}{n} integer / float32: {i / f:.2f}")
 
 
 def main() -> None:
@@ -84,6 +102,7 @@ def main() -> None:
     ap.add_argument("--model", required=True, help="a GGUF file")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--tg", type=int, default=32)
+    ap.add_argument("--pp", type=int, default=0, help="also time prefill products of N tokens")
     ap.add_argument("--skip-shapes", action="store_true")
     ap.add_argument("--skip-decode", action="store_true")
     args = ap.parse_args()
@@ -95,9 +114,11 @@ def main() -> None:
     )
     model = open_model(args.model, device="cpu")
     if not args.skip_shapes:
-        per_shape(model, args.rounds)
+        per_shape(model, args.rounds, 1)
+        if args.pp:
+            per_shape(model, args.rounds, args.pp)
     if not args.skip_decode:
-        end_to_end(model, args.rounds, args.tg)
+        end_to_end(model, args.rounds, args.tg, args.pp)
     print(f"load average {os.getloadavg()[0]:.1f} {os.getloadavg()[1]:.1f}")
 
 

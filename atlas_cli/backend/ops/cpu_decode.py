@@ -18,6 +18,7 @@ from atlas_cli.backend.ops.cpu_kernels import (
     BLOCKS,
     GROUP,
     KV_TILE,
+    Q4_K,
     Q8_0,
     XF,
     any_dot,
@@ -35,6 +36,7 @@ from atlas_cli.backend.ops.cpu_kernels import (
     row_dequant,
     tile_dots,
 )
+from atlas_cli.backend.ops.cpu_prefill import gemm_int16
 
 cpu_numba.configure()
 
@@ -272,6 +274,11 @@ def warm_up(kv_dtype=FAST_KV_DTYPE) -> None:
     gemv_batch_int8(Q8_0, w, 0, rb, nb, perm, x, np.empty((1, 32), np.float32))
     x = np.zeros((GEMV_WARM_TOKENS, hidden), np.float32)
     gemm(Q8_0, w, 0, rb, nb, perm, x, np.empty((GEMV_WARM_TOKENS, 32), np.float32))
+    kq = np.zeros(32 * BLOCKS[Q4_K][1], np.uint8)  # 32 rows of one Q4_K super-block each
+    kq.flags.writeable = False
+    x = np.zeros((GEMV_WARM_TOKENS, BLOCKS[Q4_K][0]), np.float32)
+    out = np.empty((GEMV_WARM_TOKENS, 32), np.float32)
+    gemm_int16(Q4_K, kq, 0, BLOCKS[Q4_K][1], 1, perm, x, out)
     gather_rows(Q8_0, w, 0, rb, nb, np.zeros(2, np.int64), np.empty((2, hidden), np.float32))
     q = np.ones((2, heads, hd), np.float32)
     kc = kv_bits(np.zeros((n_kv, 2, hd), kv_dtype))

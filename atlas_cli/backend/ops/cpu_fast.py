@@ -29,6 +29,7 @@ from atlas_cli.backend.formats import QuantizedWeight, WeightFormat
 from atlas_cli.backend.ops import cpu_decode as _d
 from atlas_cli.backend.ops import cpu_kernels as _k
 from atlas_cli.backend.ops import cpu_numba
+from atlas_cli.backend.ops import cpu_prefill as _prefill
 from atlas_cli.backend.ops import cpu_qwen35 as _q35
 from atlas_cli.backend.ops import numpy_ref as _ref
 from atlas_cli.backend.ops.numpy_ref import *  # noqa: F403  (ops this backend does not override)
@@ -153,9 +154,10 @@ def linear(x: np.ndarray, w, bias: np.ndarray | None = None) -> np.ndarray:
     if w.in_perm is not None:  # the input in the stored column order
         x2 = np.ascontiguousarray(x2[:, w.in_perm])
     out = np.empty((x2.shape[0], rows), np.float32)
+    integer = int8_activations()
     if x2.shape[0] > GEMV_MAX_TOKENS:
-        kernel = _k.gemm
-    elif w.type_id in _k.INT8_TYPES and int8_activations():
+        kernel = _prefill.gemm_int16 if integer and w.type_id in _prefill.INT16_TYPES else _k.gemm
+    elif integer and w.type_id in _k.INT8_TYPES:
         kernel = _k.gemv_batch_int8
     else:
         kernel = _k.gemv_batch

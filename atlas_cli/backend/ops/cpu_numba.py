@@ -4,8 +4,9 @@
   have to happen before numba is first imported.
 - The disk cache: numba stamps a cached function with the contents (or, in older releases, the
   mtime) of its own source file only. The kernels span several files (the LLVM IR of the block
-  formats in cpu_ir.py and of their integer dots in cpu_ir_int8.py, the loops in
-  cpu_kernels.py, the fused decode steps in cpu_decode.py and cpu_qwen35.py), and a change
+  formats in cpu_ir.py and of their integer dots in cpu_ir_int8.py and cpu_ir_int16.py, the
+  loops in cpu_kernels.py and cpu_prefill.py, the fused decode steps in cpu_decode.py and
+  cpu_qwen35.py), and a change
   to a callee must recompile its callers, so their stamp covers all of them.
 - Where that cache lives: with atlas's other derived data (store.paths.cache_dir()/numba), not
   next to the sources in site-packages, which may be read-only and is lost on reinstall.
@@ -26,7 +27,9 @@ from pathlib import Path
 KERNEL_FILES = (
     "cpu_ir.py",
     "cpu_ir_int8.py",
+    "cpu_ir_int16.py",
     "cpu_kernels.py",
+    "cpu_prefill.py",
     "cpu_decode.py",
     "cpu_qwen35.py",
 )

@@ -1,0 +1,117 @@
+"""The prefill products' inner tile on int16 (cpu_prefill.py): 3 tokens times 4 weight rows.
+
+Both sides are int16 vectors: a K-quant row as its exact integers (sub-block scale times code),
+x rounded per 256 columns. `vpmaddwd` multiplies 32 pairs and sums them in twos into <16 x i32>,
+32 multiply-adds per instruction where a float32 FMA does 16, from half the bytes. The int32
+lanes of one 256-column super-block (16 products each, |w| <= 4096, |x| <= X16_MAX) cannot
+overflow; they are converted to float once per super-block and scaled by the row's and the
+token's float scales for it.
+"""
+
+from __future__ import annotations
+
+from atlas_cli.backend.ops import cpu_numba
+
+cpu_numba.configure()  # before numba loads: TBB, the pool size, the cache stamp
+
+from llvmlite import ir  # noqa: E402
+from numba import types  # noqa: E402
+from numba.core import cgutils  # noqa: E402
+from numba.extending import intrinsic  # noqa: E402
+
+from atlas_cli.backend.ops.cpu_ir import _half, _i64, _ptr  # noqa: E402
+from atlas_cli.backend.ops.cpu_ir_int8 import ISA, _intrinsic_fn, _join, _mask  # noqa: E402
+
+SUPER = 256  # columns per scale of both sides
+TILE_TOKENS, TILE_ROWS = 3, 4  # 12 int32 and 12 float accumulators: 24 of 32 zmm registers
+X16_MAX = 16383  # |x| in units of its scale: 16 * 4096 * 16383 < 2^31 (Q6_K's |w| <= 4096)
+
+_F32, _I16, _I32 = ir.FloatType(), ir.IntType(16), ir.IntType(32)
+_V32W, _V16I, _V16F = ir.VectorType(_I16, 32), ir.VectorType(_I32, 16), ir.VectorType(_F32, 16)
+_FAST = ("fast",)
+
+
+def _madd(b, isa: str, w, x):
+    """<16 x i32>: lane i = w[2i] * x[2i] + w[2i+1] * x[2i+1] for <32 x i16> w, x."""
+    if isa == "vnni512":  # AVX-512BW comes with VNNI-512
+        fn = _intrinsic_fn(b, "llvm.x86.avx512.pmaddw.d.512", _V16I, [_V32W, _V32W])
+        return b.call(fn, [w, x])
+    if isa == "avx2":
+        v16w, v8i = ir.VectorType(_I16, 16), ir.VectorType(_I32, 8)
+        fn = _intrinsic_fn(b, "llvm.x86.avx2.pmadd.wd", v8i, [v16w, v16w])
+        halves = []
+        for h in range(2):
+            lanes = _mask(range(16 * h, 16 * h + 16))
+            parts = [b.shuffle_vector(v, v, lanes) for v in (w, x)]
+            halves.append(b.call(fn, parts))
+        return _join(b, *halves)
+    wide = ir.VectorType(_I32, 32)
+    prod = b.mul(b.sext(w, wide), b.sext(x, wide))
+    even, odd = (b.shuffle_vector(prod, prod, _mask(range(k, 32, 2))) for k in range(2))
+    return b.add(even, odd)
+
+
+def _splat(b, value):
+    vec = b.insert_element(ir.Constant(_V16F, ir.Undefined), value, ir.Constant(_I32, 0))
+    return b.shuffle_vector(vec, ir.Constant(_V16F, ir.Undefined), _mask([0] * 16))
+
+
+@intrinsic
+def half_at(typingctx, w, off):
+    """The float16 at byte `off` of the uint8 array `w`, as float32 (exact)."""
+    sig = types.float32(w, off)
+
+    def codegen(context, b, signature, args):
+        return _half(b, b.gep(_ptr(context, b, signature.args[0], args[0]), [args[1]]), 0)
+
+    return sig, codegen
+
+
+def _load_w(b, base, index):
+    return b.load(b.bitcast(b.gep(base, [index]), _V32W.as_pointer()), align=2)
+
+
+@intrinsic
+def tile_dots16(typingctx, wi, woff, xq, xoff, cols, wd, wdoff, xd, xdoff):
+    """12 floats, token t (< 3) times row r (< 4) at 4t + r: the dots of the int16 rows at
+    `wi[woff + r * cols:]` with the int16 tokens at `xq[xoff + t * cols:]`, super-block s
+    scaled by `wd[wdoff + r * nsb + s] * xd[xdoff + t * nsb + s]` (nsb = cols / 256)."""
+    sig = types.UniTuple(types.float32, TILE_TOKENS * TILE_ROWS)(
+        wi, woff, xq, xoff, cols, wd, wdoff, xd, xdoff
+    )
+
+    def codegen(context, b, signature, args):
+        wiv, woffv, xqv, xoffv, colsv, wdv, wdoffv, xdv, xdoffv = args
+        ats = signature.args
+        wp = b.gep(_ptr(context, b, ats[0], wiv), [woffv])
+        xp = b.gep(_ptr(context, b, ats[2], xqv), [xoffv])
+        wdp = b.gep(_ptr(context, b, ats[5], wdv), [wdoffv])
+        xdp = b.gep(_ptr(context, b, ats[7], xdv), [xdoffv])
+        nsb = b.sdiv(colsv, _i64(SUPER))
+        pairs = [(t, r) for t in range(TILE_TOKENS) for r in range(TILE_ROWS)]
+        zero = ir.Constant(_V16F, [0.0] * 16)
+        accs = [cgutils.alloca_once_value(b, zero) for _ in pairs]
+        with cgutils.for_range(b, nsb) as loop:
+            s = loop.index
+            col0 = b.mul(s, _i64(SUPER))
+            sums = [None] * len(pairs)
+            for step in range(SUPER // 32):
+                col = b.add(col0, _i64(32 * step))
+                ws = [_load_w(b, wp, b.add(b.mul(colsv, _i64(r)), col)) for r in range(TILE_ROWS)]
+                xs = [_load_w(b, xp, b.add(b.mul(colsv, _i64(t)), col)) for t in range(TILE_TOKENS)]
+                for i, (t, r) in enumerate(pairs):
+                    prod = _madd(b, ISA, ws[r], xs[t])
+                    sums[i] = prod if sums[i] is None else b.add(sums[i], prod)
+            wds = [b.load(b.gep(wdp, [b.add(b.mul(nsb, _i64(r)), s)])) for r in range(TILE_ROWS)]
+            xds = [b.load(b.gep(xdp, [b.add(b.mul(nsb, _i64(t)), s)])) for t in range(TILE_TOKENS)]
+            for i, (t, r) in enumerate(pairs):
+                scale = _splat(b, b.fmul(wds[r], xds[t], flags=_FAST))
+                term = b.fmul(b.sitofp(sums[i], _V16F), scale, flags=_FAST)
+                b.store(b.fadd(b.load(accs[i]), term, flags=_FAST), accs[i])
+        fnty = ir.FunctionType(_F32, [_F32, _V16F])
+        reduce = cgutils.get_or_insert_function(b.module, fnty, "llvm.vector.reduce.fadd.v16f32")
+        minus0 = ir.Constant(_F32, -0.0)
+        outs = [b.call(reduce, [minus0, b.load(acc)], fastmath=_FAST) for acc in accs]
+        return context.make_tuple(b, signature.return_type, outs)
+
+    return sig, codegen

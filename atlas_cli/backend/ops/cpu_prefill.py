@@ -1,0 +1,144 @@
+"""Prefill products of the fast CPU path on int16 for the K-quants (Q4_K, Q5_K, Q6_K).
+
+A K-quant element is `d * sc_j * q - dmin * m_j` (Q6_K: `d * sc_j * (q - 32)`), so its row is
+exactly the int16 integers `sc_j * q` plus two float planes: `d` per 256-column super-block and
+`-dmin * m_j` per 32 columns. x is rounded per token and super-block to int16 (scale max|x| /
+X16_MAX: within 1/32766 of the block's largest value, finer than the decode path's two int8
+planes). A product is then the int16 tile of cpu_ir_int16.py per super-block, plus the offset
+plane times x's float 32-group sums (a product 1/32 the size, on the float tiles). Against the
+float32 tiles of `cpu_kernels.gemm` this reads half the bytes per multiply-add and does twice
+as many per instruction (docs/performance.md).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from atlas_cli.backend.ops import cpu_numba
+from atlas_cli.backend.ops.cpu_ir import GROUP, Q4_K, Q5_K, Q6_K
+from atlas_cli.backend.ops.cpu_ir_int16 import (
+    SUPER,
+    TILE_ROWS,
+    TILE_TOKENS,
+    X16_MAX,
+    half_at,
+    tile_dots16,
+)
+
+cpu_numba.configure()
+
+from numba import njit, prange  # noqa: E402
+
+from atlas_cli.backend.ops.cpu_kernels import group_sums, tile_dots  # noqa: E402
+
+INT16_TYPES = (Q4_K, Q5_K, Q6_K)
+ROWS_PER_TASK = 16  # a multiple of TILE_ROWS: 16 rows of 1,024 int16 columns are 32 KB (L1)
+
+
+@njit(parallel=True, cache=True, fastmath=False)
+def quantize_x16(x, xq, xd):
+    """xq (Tp, K) int16 = rint(x / s) per token and 256 columns, s = max|x| / X16_MAX, into
+    xd (Tp, K / 256); tokens past x's (the tile's padding) stay as they are (zeros)."""
+    n_tok, cols = x.shape
+    for t in prange(n_tok):
+        for s in range(cols // SUPER):
+            amax = np.float32(0.0)
+            for k in range(SUPER * s, SUPER * s + SUPER):
+                amax = max(amax, abs(x[t, k]))
+            d = amax / np.float32(X16_MAX)
+            inv = np.float32(1.0) / d if d > 0 else np.float32(0.0)
+            for k in range(SUPER * s, SUPER * s + SUPER):
+                xq[t, k] = np.int16(np.rint(x[t, k] * inv))
+            xd[t, s] = d
+
+
+@njit(cache=True, inline="always")
+def _scale_min_k4(w, p, j):
+    """ggml's get_scale_min_k4: sub-block j's 6-bit scale and min from the 12 bytes at p."""
+    if j < 4:
+        return np.int32(w[p + j] & 63), np.int32(w[p + j + 4] & 63)
+    sc = (np.int32(w[p + j + 4]) & 15) | ((np.int32(w[p + j - 4]) >> 6) << 4)
+    m = (np.int32(w[p + j + 4]) >> 4) | ((np.int32(w[p + j]) >> 6) << 4)
+    return sc, m
+
+
+@njit(cache=True, fastmath=False)
+def row_int16(t, w, woff, nb, wi, wd, wm):
+    """One stored K-quant row as int16 integers wi (cols,), its super-block scales wd (nb,) and
+    offsets wm (cols / 32,): element k = wd[k // 256] * wi[k] + wm[k // 32]."""
+    for s in range(nb):
+        col = SUPER * s
+        if t == Q6_K:  # ql[128], qh[64], int8 scales[16], d
+            p = woff + 210 * s
+            wd[s] = half_at(w, p + 208)
+            for g in range(8):
+                wm[8 * s + g] = 0.0
+            for h in range(2):
+                for k in range(4):  # elements 128h + 32k + j: ggml's dequantize_row_q6_K
+                    ql, qh = p + 64 * h + 32 * (k % 2), p + 128 + 32 * h
+                    nibble, shift = 4 * (k // 2), 2 * k
+                    sc0 = np.int32(np.int8(w[p + 192 + 8 * h + 2 * k]))
+                    sc1 = np.int32(np.int8(w[p + 193 + 8 * h + 2 * k]))
+                    for j in range(32):
+                        lo = (np.int32(w[ql + j]) >> nibble) & 15
+                        hi = (np.int32(w[qh + j]) >> shift) & 3
+                        sc = sc0 if j < 16 else sc1
+                        wi[col + 128 * h + 32 * k + j] = sc * ((lo | (hi << 4)) - 32)
+        else:  # Q4_K / Q5_K: d, dmin, scales[12], (Q5_K: qh[32]), qs[128]
+            five = t == Q5_K
+            p = woff + (176 if five else 144) * s
+            d, dmin = half_at(w, p), half_at(w, p + 2)
+            wd[s] = d
+            qs = p + (48 if five else 16)
+            for c in range(4):
+                sc0, m0 = _scale_min_k4(w, p + 4, 2 * c)
+                sc1, m1 = _scale_min_k4(w, p + 4, 2 * c + 1)
+                wm[8 * s + 2 * c] = -dmin * np.float32(m0)
+                wm[8 * s + 2 * c + 1] = -dmin * np.float32(m1)
+                for j in range(32):
+                    b = np.int32(w[qs + 32 * c + j])
+                    lo, hi = b & 15, b >> 4
+                    if five:
+                        qh = np.int32(w[p + 16 + j])
+                        lo |= ((qh >> (2 * c)) & 1) << 4
+                        hi |= ((qh >> (2 * c + 1)) & 1) << 4
+                    wi[col + 64 * c + j] = sc0 * lo
+                    wi[col + 64 * c + 32 + j] = sc1 * hi
+
+
+@njit(parallel=True, cache=True, fastmath=True)
+def gemm_int16(t, w, off, rowbytes, nb, perm, x, out):
+    """out (T, rows) = x (T, cols) @ W^T for a K-quant W (INT16_TYPES): each task turns
+    ROWS_PER_TASK rows into int16 once and multiplies them with every token."""
+    n_tok, cols = x.shape
+    rows = perm.shape[0]
+    nsb, ng = cols // SUPER, cols // GROUP
+    padded = (n_tok + TILE_TOKENS - 1) // TILE_TOKENS * TILE_TOKENS
+    xq = np.zeros((padded, cols), np.int16)
+    xd = np.zeros((padded, nsb), np.float32)
+    quantize_x16(x, xq, xd)
+    xs = np.empty((n_tok, ng), np.float32)  # float sums of x per 32 columns: the offsets' side
+    for i in range(n_tok):
+        group_sums(x[i], xs[i])
+    xqf, xdf = xq.reshape(-1), xd.reshape(-1)
+    n_tasks = (rows + ROWS_PER_TASK - 1) // ROWS_PER_TASK
+    for task in prange(n_tasks):
+        r0 = task * ROWS_PER_TASK
+        n = min(ROWS_PER_TASK, rows - r0)
+        wi = np.zeros((ROWS_PER_TASK, cols), np.int16)  # rows past n stay zero
+        wd = np.zeros((ROWS_PER_TASK, nsb), np.float32)
+        wm = np.zeros((ROWS_PER_TASK, ng), np.float32)
+        for j in range(n):
+            row_int16(t, w, off + perm[r0 + j] * rowbytes, nb, wi[j], wd[j], wm[j])
+        if t == Q6_K:
+            out[:, r0 : r0 + n] = 0.0
+        else:
+            tile_dots(xs, wm, n, out, r0)
+        wif, wdf = wi.reshape(-1), wd.reshape(-1)
+        for t0 in range(0, padded, TILE_TOKENS):
+            for j0 in range(0, n, TILE_ROWS):
+                v = tile_dots16(wif, j0 * cols, xqf, t0 * cols, cols, wdf, j0 * nsb, xdf, t0 * nsb)
+                for i in range(TILE_TOKENS):
+                    for r in range(TILE_ROWS):
+                        if t0 + i < n_tok and j0 + r < n:
+                            out[t0 + i, r0 + j0 + r] += v[TILE_ROWS * i + r]
