@@ -168,12 +168,18 @@ def _isas_to_check() -> list[str]:
 def test_every_instruction_set_gives_the_same_integers(isa):
     """The exact test again in a process whose kernels compile for another instruction set
     (ATLAS_CPU_ISA, part of the kernel cache stamp)."""
+    run_under_isa(isa, __file__, "integer_dot_is_exact or instruction_set_in_use", 7)
+
+
+def run_under_isa(isa: str, test_file: str, selection: str, n_passed: int) -> None:
+    """Run the tests `selection` picks in `test_file` in a process whose kernels compile for
+    `isa` (ATLAS_CPU_ISA, part of the kernel cache stamp); all `n_passed` must pass."""
     env = dict(os.environ, ATLAS_CPU_ISA=isa)
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__]
-    cmd += ["-k", "integer_dot_is_exact or instruction_set_in_use"]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test_file]
+    cmd += ["-k", selection]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-    assert "7 passed" in done.stdout
+    assert f"{n_passed} passed" in done.stdout
 
 
 def test_instruction_set_in_use():

@@ -9,17 +9,13 @@ with it, against float64 on the unrounded x within the rounding of x; and
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 
 from atlas_cli.backend.loaders import quant
 from atlas_cli.backend.ops import cpu_fast, cpu_ir_int8, cpu_prefill
 from tests.test_cpu_fast import packed, random_blocks, rel_err
-from tests.test_cpu_int8 import _isas_to_check
+from tests.test_cpu_int8 import _isas_to_check, run_under_isa
 
 TYPES = cpu_prefill.INT16_TYPES
 IDS = [quant.GGML_TYPES[t].name for t in TYPES]
@@ -71,10 +67,5 @@ def test_int16_tile_sums_cannot_overflow():
 @pytest.mark.slow
 @pytest.mark.parametrize("isa", _isas_to_check())
 def test_every_instruction_set_gives_the_same_products(isa):
-    env = dict(os.environ, ATLAS_CPU_ISA=isa)
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__]
-    cmd += ["-k", "matches_its_model"]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-    assert "6 passed" in done.stdout
     assert isa != cpu_ir_int8.ISA
+    run_under_isa(isa, __file__, "matches_its_model", 6)

@@ -19,7 +19,7 @@ from numba import types  # noqa: E402
 from numba.core import cgutils  # noqa: E402
 from numba.extending import intrinsic  # noqa: E402
 
-from atlas_cli.backend.ops.cpu_ir import _half, _i64, _ptr  # noqa: E402
+from atlas_cli.backend.ops.cpu_ir import _half, _i64, _ptr, _splat  # noqa: E402
 from atlas_cli.backend.ops.cpu_ir_int8 import ISA, _intrinsic_fn, _join, _mask  # noqa: E402
 
 SUPER = 256  # columns per scale of both sides
@@ -49,11 +49,6 @@ def _madd(b, isa: str, w, x):
     prod = b.mul(b.sext(w, wide), b.sext(x, wide))
     even, odd = (b.shuffle_vector(prod, prod, _mask(range(k, 32, 2))) for k in range(2))
     return b.add(even, odd)
-
-
-def _splat(b, value):
-    vec = b.insert_element(ir.Constant(_V16F, ir.Undefined), value, ir.Constant(_I32, 0))
-    return b.shuffle_vector(vec, ir.Constant(_V16F, ir.Undefined), _mask([0] * 16))
 
 
 @intrinsic

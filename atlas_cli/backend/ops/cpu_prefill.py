@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from atlas_cli.backend.ops import cpu_numba
-from atlas_cli.backend.ops.cpu_ir import GROUP, Q4_K, Q5_K, Q6_K
+from atlas_cli.backend.ops.cpu_ir import BLOCKS, GROUP, Q4_K, Q5_K, Q6_K
 from atlas_cli.backend.ops.cpu_ir_int16 import (
     SUPER,
     TILE_ROWS,
@@ -32,6 +32,7 @@ from numba import njit, prange  # noqa: E402
 from atlas_cli.backend.ops.cpu_kernels import group_sums, tile_dots  # noqa: E402
 
 INT16_TYPES = (Q4_K, Q5_K, Q6_K)
+_Q4_K_BYTES, _Q5_K_BYTES, _Q6_K_BYTES = (BLOCKS[t][1] for t in INT16_TYPES)  # numba: constants
 ROWS_PER_TASK = 16  # a multiple of TILE_ROWS: 16 rows of 1,024 int16 columns are 32 KB (L1)
 
 
@@ -69,7 +70,7 @@ def row_int16(t, w, woff, nb, wi, wd, wm):
     for s in range(nb):
         col = SUPER * s
         if t == Q6_K:  # ql[128], qh[64], int8 scales[16], d
-            p = woff + 210 * s
+            p = woff + _Q6_K_BYTES * s
             wd[s] = half_at(w, p + 208)
             for g in range(8):
                 wm[8 * s + g] = 0.0
@@ -86,7 +87,7 @@ def row_int16(t, w, woff, nb, wi, wd, wm):
                         wi[col + 128 * h + 32 * k + j] = sc * ((lo | (hi << 4)) - 32)
         else:  # Q4_K / Q5_K: d, dmin, scales[12], (Q5_K: qh[32]), qs[128]
             five = t == Q5_K
-            p = woff + (176 if five else 144) * s
+            p = woff + (_Q5_K_BYTES if five else _Q4_K_BYTES) * s
             d, dmin = half_at(w, p), half_at(w, p + 2)
             wd[s] = d
             qs = p + (48 if five else 16)
