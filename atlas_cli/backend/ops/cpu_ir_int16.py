@@ -19,8 +19,26 @@ from numba import types  # noqa: E402
 from numba.core import cgutils  # noqa: E402
 from numba.extending import intrinsic  # noqa: E402
 
-from atlas_cli.backend.ops.cpu_ir import _half, _i64, _ptr, _splat  # noqa: E402
-from atlas_cli.backend.ops.cpu_ir_int8 import ISA, _intrinsic_fn, _join, _mask  # noqa: E402
+from atlas_cli.backend.ops.cpu_ir import (  # noqa: E402
+    BLOCKS,
+    Q4_K,
+    Q5_K,
+    Q6_K,
+    _half,
+    _i64,
+    _ptr,
+    _splat,
+)
+from atlas_cli.backend.ops.cpu_ir_int8 import (  # noqa: E402
+    _INT_EMITTERS,
+    ISA,
+    _bytes,
+    _intrinsic_fn,
+    _join,
+    _k_scales_vec,
+    _mask,
+    k_scale_codes,
+)
 
 SUPER = 256  # columns per scale of both sides
 TILE_TOKENS, TILE_ROWS = 3, 4  # 12 int32 and 12 float accumulators: 24 of 32 zmm registers
@@ -49,17 +67,6 @@ def _madd(b, isa: str, w, x):
     prod = b.mul(b.sext(w, wide), b.sext(x, wide))
     even, odd = (b.shuffle_vector(prod, prod, _mask(range(k, 32, 2))) for k in range(2))
     return b.add(even, odd)
-
-
-@intrinsic
-def half_at(typingctx, w, off):
-    """The float16 at byte `off` of the uint8 array `w`, as float32 (exact)."""
-    sig = types.float32(w, off)
-
-    def codegen(context, b, signature, args):
-        return _half(b, b.gep(_ptr(context, b, signature.args[0], args[0]), [args[1]]), 0)
-
-    return sig, codegen
 
 
 def _load_w(b, base, index):
@@ -110,3 +117,66 @@ def tile_dots16(typingctx, wi, woff, xq, xoff, cols, wd, wdoff, xd, xdoff):
         return context.make_tuple(b, signature.return_type, outs)
 
     return sig, codegen
+
+
+def _i16_splat(b, value, n: int = 32):
+    """<n x i16> of the i32 scalar `value`."""
+    zero = ir.Constant(ir.VectorType(_I16, n), [0] * n)
+    vec = b.insert_element(zero, b.trunc(value, _I16), _i64(0))
+    return b.shuffle_vector(vec, vec, _mask([0] * n))
+
+
+def _store(b, ptr, index, value):
+    b.store(value, b.bitcast(b.gep(ptr, [index]), value.type.as_pointer()), align=2)
+
+
+def _make_row_int16(type_id: int):
+    """The int16 form of one stored row of a K-quant (INT16_TYPES in cpu_prefill.py): the
+    codes of cpu_ir_int8's block decoders times their integer sub-block scales."""
+    emit = _INT_EMITTERS[type_id]
+    nbytes = BLOCKS[type_id][1]
+    v32w = ir.VectorType(_I16, 32)
+
+    @intrinsic
+    def row_int16(typingctx, w, woff, nb, wi, wd, wm):
+        """wi (cols,) int16, wd (nb,) and wm (cols / 32,) float32 for the `nb` super-blocks at
+        byte `woff` of `w`: element k = wd[k // 256] * wi[k] + wm[k // 32]."""
+        sig = types.none(w, woff, nb, wi, wd, wm)
+
+        def codegen(context, b, signature, args):
+            wv, woffv, nbv, wiv, wdv, wmv = args
+            ats = signature.args
+            row = b.gep(_ptr(context, b, ats[0], wv), [woffv])
+            wip, wdp, wmp = (_ptr(context, b, ats[i], args[i]) for i in (3, 4, 5))
+            with cgutils.for_range(b, nbv) as loop:
+                s = loop.index
+                blk = b.gep(row, [b.mul(s, _i64(nbytes))])
+                codes = emit(b, blk).codes  # 8 x <32 x i8>, elements 32i.. in codes[i]
+                col0 = b.mul(s, _i64(SUPER))
+                if type_id == Q6_K:  # codes q + 32, an int8 scale per 16 elements
+                    d = _half(b, blk, 208)
+                    sc = b.sext(_bytes(b, blk, 192, 16), ir.VectorType(_I16, 16))
+                    offsets = ir.Constant(ir.VectorType(_F32, 8), [0.0] * 8)
+                    bias = ir.Constant(v32w, [32] * 32)
+                    for i, q in enumerate(codes):
+                        scale = b.shuffle_vector(sc, sc, _mask([2 * i] * 16 + [2 * i + 1] * 16))
+                        value = b.mul(b.sub(b.zext(q, v32w), bias), scale)
+                        _store(b, wip, b.add(col0, _i64(32 * i)), value)
+                else:
+                    d = _half(b, blk, 0)
+                    sc, _m = k_scale_codes(b, blk)
+                    offsets = _k_scales_vec(b, blk)[1]
+                    for i, q in enumerate(codes):
+                        scale = _i16_splat(b, b.extract_element(sc, _i64(i)))
+                        _store(b, wip, b.add(col0, _i64(32 * i)), b.mul(b.zext(q, v32w), scale))
+                b.store(d, b.gep(wdp, [s]))
+                _store(b, wmp, b.mul(s, _i64(8)), offsets)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return row_int16
+
+
+# row_int16_*(w, woff, nb, wi, wd, wm): one row of that type in the form the tile multiplies
+row_int16_q4_k, row_int16_q5_k, row_int16_q6_k = (_make_row_int16(t) for t in (Q4_K, Q5_K, Q6_K))

@@ -202,9 +202,9 @@ def _int_q8_0(b, p):
     return _Block([_bytes(b, p, 2, 32)], _vec(b, _half(b, p, 0)), signed=True)
 
 
-def _k_scales_vec(b, p):
-    """(d * sc, -dmin * m) as <8 x float> for the 8 sub-blocks of a Q4_K/Q5_K block: ggml's
-    get_scale_min_k4 on the 12 packed bytes at offset 4, on all eight at once."""
+def k_scale_codes(b, p):
+    """(sc, m) as <8 x i32>, the 6-bit scales and mins of the 8 sub-blocks of a Q4_K/Q5_K block:
+    ggml's get_scale_min_k4 on the 12 packed bytes at offset 4, on all eight at once."""
     s = _bytes(b, p, 4, 16)  # the 12 scale bytes and 4 more of the block
 
     def pick(*idx):
@@ -222,6 +222,12 @@ def _k_scales_vec(b, p):
     sc = b.select(first, b.and_(lo_hi, c(63)), sc_hi)
     m_hi = b.or_(b.lshr(mid_hi, c(4)), b.shl(b.lshr(mid, c(6)), c(4)))
     m = b.select(first, b.and_(mid_hi, c(63)), m_hi)
+    return sc, m
+
+
+def _k_scales_vec(b, p):
+    """(d * sc, -dmin * m) as <8 x float> for the 8 sub-blocks of a Q4_K/Q5_K block."""
+    sc, m = k_scale_codes(b, p)
     v8 = ir.VectorType(_F32, 8)
     d, dmin = _half(b, p, 0), _half(b, p, 2)
     ndmin = b.fsub(ir.Constant(_F32, 0.0), dmin)

@@ -15,13 +15,15 @@ from __future__ import annotations
 import numpy as np
 
 from atlas_cli.backend.ops import cpu_numba
-from atlas_cli.backend.ops.cpu_ir import BLOCKS, GROUP, Q4_K, Q5_K, Q6_K
+from atlas_cli.backend.ops.cpu_ir import GROUP, Q4_K, Q5_K, Q6_K
 from atlas_cli.backend.ops.cpu_ir_int16 import (
     SUPER,
     TILE_ROWS,
     TILE_TOKENS,
     X16_MAX,
-    half_at,
+    row_int16_q4_k,
+    row_int16_q5_k,
+    row_int16_q6_k,
     tile_dots16,
 )
 
@@ -32,7 +34,6 @@ from numba import njit, prange  # noqa: E402
 from atlas_cli.backend.ops.cpu_kernels import group_sums, tile_dots  # noqa: E402
 
 INT16_TYPES = (Q4_K, Q5_K, Q6_K)
-_Q4_K_BYTES, _Q5_K_BYTES, _Q6_K_BYTES = (BLOCKS[t][1] for t in INT16_TYPES)  # numba: constants
 ROWS_PER_TASK = 16  # a multiple of TILE_ROWS: 16 rows of 1,024 int16 columns are 32 KB (L1)
 
 
@@ -54,57 +55,13 @@ def quantize_x16(x, xq, xd):
 
 
 @njit(cache=True, inline="always")
-def _scale_min_k4(w, p, j):
-    """ggml's get_scale_min_k4: sub-block j's 6-bit scale and min from the 12 bytes at p."""
-    if j < 4:
-        return np.int32(w[p + j] & 63), np.int32(w[p + j + 4] & 63)
-    sc = (np.int32(w[p + j + 4]) & 15) | ((np.int32(w[p + j - 4]) >> 6) << 4)
-    m = (np.int32(w[p + j + 4]) >> 4) | ((np.int32(w[p + j]) >> 6) << 4)
-    return sc, m
-
-
-@njit(cache=True, fastmath=False)
-def row_int16(t, w, woff, nb, wi, wd, wm):
-    """One stored K-quant row as int16 integers wi (cols,), its super-block scales wd (nb,) and
-    offsets wm (cols / 32,): element k = wd[k // 256] * wi[k] + wm[k // 32]."""
-    for s in range(nb):
-        col = SUPER * s
-        if t == Q6_K:  # ql[128], qh[64], int8 scales[16], d
-            p = woff + _Q6_K_BYTES * s
-            wd[s] = half_at(w, p + 208)
-            for g in range(8):
-                wm[8 * s + g] = 0.0
-            for h in range(2):
-                for k in range(4):  # elements 128h + 32k + j: ggml's dequantize_row_q6_K
-                    ql, qh = p + 64 * h + 32 * (k % 2), p + 128 + 32 * h
-                    nibble, shift = 4 * (k // 2), 2 * k
-                    sc0 = np.int32(np.int8(w[p + 192 + 8 * h + 2 * k]))
-                    sc1 = np.int32(np.int8(w[p + 193 + 8 * h + 2 * k]))
-                    for j in range(32):
-                        lo = (np.int32(w[ql + j]) >> nibble) & 15
-                        hi = (np.int32(w[qh + j]) >> shift) & 3
-                        sc = sc0 if j < 16 else sc1
-                        wi[col + 128 * h + 32 * k + j] = sc * ((lo | (hi << 4)) - 32)
-        else:  # Q4_K / Q5_K: d, dmin, scales[12], (Q5_K: qh[32]), qs[128]
-            five = t == Q5_K
-            p = woff + (_Q5_K_BYTES if five else _Q4_K_BYTES) * s
-            d, dmin = half_at(w, p), half_at(w, p + 2)
-            wd[s] = d
-            qs = p + (48 if five else 16)
-            for c in range(4):
-                sc0, m0 = _scale_min_k4(w, p + 4, 2 * c)
-                sc1, m1 = _scale_min_k4(w, p + 4, 2 * c + 1)
-                wm[8 * s + 2 * c] = -dmin * np.float32(m0)
-                wm[8 * s + 2 * c + 1] = -dmin * np.float32(m1)
-                for j in range(32):
-                    b = np.int32(w[qs + 32 * c + j])
-                    lo, hi = b & 15, b >> 4
-                    if five:
-                        qh = np.int32(w[p + 16 + j])
-                        lo |= ((qh >> (2 * c)) & 1) << 4
-                        hi |= ((qh >> (2 * c + 1)) & 1) << 4
-                    wi[col + 64 * c + j] = sc0 * lo
-                    wi[col + 64 * c + 32 + j] = sc1 * hi
+def _row_int16(t, w, woff, nb, wi, wd, wm):
+    if t == Q4_K:
+        row_int16_q4_k(w, woff, nb, wi, wd, wm)
+    elif t == Q5_K:
+        row_int16_q5_k(w, woff, nb, wi, wd, wm)
+    else:
+        row_int16_q6_k(w, woff, nb, wi, wd, wm)
 
 
 @njit(parallel=True, cache=True, fastmath=True)
@@ -130,7 +87,7 @@ def gemm_int16(t, w, off, rowbytes, nb, perm, x, out):
         wd = np.zeros((ROWS_PER_TASK, nsb), np.float32)
         wm = np.zeros((ROWS_PER_TASK, ng), np.float32)
         for j in range(n):
-            row_int16(t, w, off + perm[r0 + j] * rowbytes, nb, wi[j], wd[j], wm[j])
+            _row_int16(t, w, off + perm[r0 + j] * rowbytes, nb, wi[j], wd[j], wm[j])
         if t == Q6_K:
             out[:, r0 : r0 + n] = 0.0
         else:
