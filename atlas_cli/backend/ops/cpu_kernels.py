@@ -402,6 +402,25 @@ QUERY_BLOCK = 16
 
 
 @njit(parallel=True, cache=True, fastmath=True)
+def _transposed_values(v):
+    """V^T (nkv, hd, S) float32 of a KV slab (nkv, S, hd): the values as rows for tile_dots'
+    P @ V, made once per call. Made per task it cost as much as the product itself (every
+    query block of every head of a group copied the same values again)."""
+    n_kv, n_keys, hd = v.shape
+    vt = np.empty((n_kv, hd, n_keys), np.float32)
+    n_tiles = (n_keys + KV_TILE - 1) // KV_TILE
+    for job in prange(n_kv * n_tiles):
+        g, s0 = job // n_tiles, (job % n_tiles) * KV_TILE
+        n = min(KV_TILE, n_keys - s0)
+        tile = np.empty((KV_TILE, hd), np.float32)
+        rows = kv_rows(v[g], s0, n, tile)
+        for d in range(hd):
+            for s in range(n):
+                vt[g, d, s0 + s] = rows[s, d]
+    return vt
+
+
+@njit(parallel=True, cache=True, fastmath=True)
 def attention(q, k, v, start, out):
     """Causal GQA attention (as numpy_ref.attention): q (T, nh, hd) at positions start..,
     k, v (nkv, S, hd) with S = start + T, float32 or float16 bits (kv_rows); out (T, nh, hd).
@@ -412,6 +431,7 @@ def attention(q, k, v, start, out):
     group = n_heads // n_kv
     n_blocks = (n_tok + QUERY_BLOCK - 1) // QUERY_BLOCK
     scale = np.float32(1.0 / math.sqrt(hd))
+    vt = _transposed_values(v)
     for job in prange(n_heads * n_blocks):
         h = job // n_blocks
         i0 = (job % n_blocks) * QUERY_BLOCK
@@ -423,7 +443,6 @@ def attention(q, k, v, start, out):
                 qb[i, d] = q[i0 + i, h, d] * scale
         scores = np.empty((nq, n_keys), np.float32)
         keys = k[h // group]
-        vals = v[h // group]
         tile = np.empty((KV_TILE, hd), np.float32)
         for s0 in range(0, n_keys, KV_TILE):
             n = min(KV_TILE, n_keys - s0)
@@ -443,17 +462,8 @@ def attention(q, k, v, start, out):
                 scores[i, s] *= inv
             for s in range(seen, n_keys):
                 scores[i, s] = 0.0
-        # P (nq, S) @ V (S, hd) as dot products with the rows of V^T, so tile_dots' register
-        # blocking applies here too
-        vt = np.empty((hd, n_keys), np.float32)
-        for s0 in range(0, n_keys, KV_TILE):
-            n = min(KV_TILE, n_keys - s0)
-            rows = kv_rows(vals, s0, n, tile)
-            for s in range(n):
-                for d in range(hd):
-                    vt[d, s0 + s] = rows[s, d]
         ob = np.empty((nq, hd), np.float32)
-        tile_dots(scores, vt, hd, ob, 0)
+        tile_dots(scores, vt[h // group], hd, ob, 0)  # P (nq, S) @ V (S, hd)
         for i in range(nq):
             for d in range(hd):
                 out[i0 + i, h, d] = ob[i, d]
