@@ -27,6 +27,7 @@ import atlas_cli.backend.formats as formats
 from atlas_cli.backend.cache import FAST_KV_DTYPE, HOST_KV_TYPES, HybridCache, StackedKVCache
 from atlas_cli.backend.formats import QuantizedWeight, WeightFormat
 from atlas_cli.backend.ops import cpu_decode as _d
+from atlas_cli.backend.ops import cpu_gdn as _gdn
 from atlas_cli.backend.ops import cpu_kernels as _k
 from atlas_cli.backend.ops import cpu_numba
 from atlas_cli.backend.ops import cpu_prefill as _prefill
@@ -183,16 +184,15 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int, nsplit=No
 
 
 def gated_delta_rule_chunked(q, k, v, g, beta, state, scale: float | None = None, chunk=64):
-    """numpy_ref's chunked gated delta rule (its matmuls are BLAS calls), on one BLAS thread."""
-    with single_blas_thread():
-        return _ref.gated_delta_rule_chunked(q, k, v, g, beta, state, scale, chunk)
+    """numpy_ref's chunked gated delta rule on numba's pool (cpu_gdn.py)."""
+    return _gdn.gated_delta_rule_chunked(q, k, v, g, beta, state, scale, chunk)
 
 
 # ---------------------------------------------------------------------------------------------
-# One thread pool: numba's. The numpy ops this path still calls (float32 weights, the chunked
-# Gated DeltaNet) run BLAS on one thread while numba's pool has more: two pools of N threads
-# on N cores preempt each other (issue: pp512 9.8 tok/s on 2 threads, 67.9 with one BLAS
-# thread). With one numba thread, BLAS keeps whatever the user gave it (`-t`).
+# One thread pool: numba's. The numpy ops this path still calls (float32 weights) run BLAS on
+# one thread while numba's pool has more: two pools of N threads on N cores preempt each other
+# (issue: pp512 9.8 tok/s on 2 threads, 67.9 with one BLAS thread). With one numba thread,
+# BLAS keeps whatever the user gave it (`-t`).
 
 
 @functools.cache

@@ -28,6 +28,7 @@ from atlas_cli.backend.ops.cpu_decode import (
     rms_norm_into,
     rope_neox,
 )
+from atlas_cli.backend.ops.cpu_gdn import gated_delta_rule_chunked
 from atlas_cli.backend.ops.cpu_kernels import (
     BLOCKS,
     GROUP,
@@ -225,3 +226,6 @@ def warm_up(kv_dtype=FAST_KV_DTYPE) -> None:
         x, f32(n), 1e-6, desc[:4], (w,) * 4, f32(n), f32(n), f32(8), f32(8), 0, cache,
         cache.copy(), f32(4 * n), f32(2 * n), f32(n), f32((1, 4)), f32(n), *scratch, True,
     )  # fmt: skip
+    # the chunked prefill of the linear-attention layers: two tokens, one head of 32
+    q = np.ones((2, 1, n), np.float32)
+    gated_delta_rule_chunked(q, q, q, f32((2, 1)), f32((2, 1)), f32((1, n, n)))
