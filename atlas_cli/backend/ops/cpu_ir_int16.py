@@ -1,4 +1,4 @@
-"""The prefill products' inner tile on int16 (cpu_prefill.py): 3 tokens times 4 weight rows.
+"""The prefill products' inner tile on int16 (cpu_prefill.py): 2 tokens times 4 weight rows.
 
 Both sides are int16 vectors: a K-quant row as its exact integers (sub-block scale times code),
 x rounded per 256 columns. `vpmaddwd` multiplies 32 pairs and sums them in twos into <16 x i32>,
@@ -41,7 +41,10 @@ from atlas_cli.backend.ops.cpu_ir_int8 import (  # noqa: E402
 )
 
 SUPER = 256  # columns per scale of both sides
-TILE_TOKENS, TILE_ROWS = 3, 4  # 12 int32 and 12 float accumulators: 24 of 32 zmm registers
+# 8 int32 sums, 8 float accumulators and 6 loaded vectors: 22 of 32 zmm registers. At 3 x 4
+# (31) LLVM spilled sums to the stack in the inner loop, and the products ran 1.0-1.3x the
+# float32 tiles' speed where 2 x 4 runs 1.4-1.7x (one process, 512 tokens: docs/performance.md).
+TILE_TOKENS, TILE_ROWS = 2, 4
 X16_MAX = 16383  # |x| in units of its scale: 16 * 4096 * 16383 < 2^31 (Q6_K's |w| <= 4096)
 
 _F32, _I16, _I32 = ir.FloatType(), ir.IntType(16), ir.IntType(32)
@@ -75,9 +78,10 @@ def _load_w(b, base, index):
 
 @intrinsic
 def tile_dots16(typingctx, wi, woff, xq, xoff, cols, wd, wdoff, xd, xdoff):
-    """12 floats, token t (< 3) times row r (< 4) at 4t + r: the dots of the int16 rows at
-    `wi[woff + r * cols:]` with the int16 tokens at `xq[xoff + t * cols:]`, super-block s
-    scaled by `wd[wdoff + r * nsb + s] * xd[xdoff + t * nsb + s]` (nsb = cols / 256)."""
+    """TILE_TOKENS * TILE_ROWS floats, token t times row r at TILE_ROWS * t + r: the dots of the
+    int16 rows at `wi[woff + r * cols:]` with the int16 tokens at `xq[xoff + t * cols:]`,
+    super-block s scaled by `wd[wdoff + r * nsb + s] * xd[xdoff + t * nsb + s]` (nsb = cols /
+    256)."""
     sig = types.UniTuple(types.float32, TILE_TOKENS * TILE_ROWS)(
         wi, woff, xq, xoff, cols, wd, wdoff, xd, xdoff
     )
