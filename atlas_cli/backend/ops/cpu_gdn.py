@@ -109,11 +109,11 @@ def _chunk(q, k, v, g, beta, st, scale, h, hk, c0, n, out):
             decay = np.exp(cum[i] - cum[j]) if j <= i else np.float32(0.0)
             attn[i, j] *= decay  # causal, the diagonal included
             a[i, j] = a[i, j] * decay if j < i else np.float32(0.0)
+    from_start = np.exp(cum)  # each token's decay since the chunk start
     w = np.empty((n, dk), np.float32)
     for i in range(n):
-        e = np.exp(cum[i])
         for d in range(dk):
-            w[i, d] = kb[i, d] * e
+            w[i, d] = kb[i, d] * from_start[i]
     # (I + A) [u w] = [v beta, k beta exp(cum)]: forward substitution, one row at a time
     for i in range(1, n):
         for j in range(i):
@@ -128,9 +128,8 @@ def _chunk(q, k, v, g, beta, st, scale, h, hk, c0, n, out):
     for i in range(n):
         for d in range(dv):
             v_new_t[d, i] = u[i, d] - predicted[i, d]
-        e = np.exp(cum[i])
         for d in range(dk):
-            qc[i, d] *= e
+            qc[i, d] *= from_start[i]
     from_state, from_chunk = np.empty((n, dv), np.float32), np.empty((n, dv), np.float32)
     tile_dots(qc, st, dv, from_state, 0)  # (q exp(cum)) @ S
     tile_dots(attn, v_new_t, dv, from_chunk, 0)  # attn @ v_new

@@ -5,9 +5,9 @@
 - The disk cache: numba stamps a cached function with the contents (or, in older releases, the
   mtime) of its own source file only. The kernels span several files (the LLVM IR of the block
   formats in cpu_ir.py and of their integer dots in cpu_ir_int8.py and cpu_ir_int16.py, the
-  loops in cpu_kernels.py and cpu_prefill.py, the fused decode steps in cpu_decode.py and
-  cpu_qwen35.py), and a change to a callee must recompile its callers, so their stamp covers
-  all of them.
+  loops in cpu_kernels.py and cpu_prefill.py, the chunked Gated DeltaNet in cpu_gdn.py, the
+  fused decode steps in cpu_decode.py and cpu_qwen35.py), and a change to a callee must
+  recompile its callers, so their stamp covers all of them.
 - Where that cache lives: with atlas's other derived data (store.paths.cache_dir()/numba), not
   next to the sources in site-packages, which may be read-only and is lost on reinstall.
 - The first load compiles for about a minute: `compile_notice` says so on stderr, terminal or
