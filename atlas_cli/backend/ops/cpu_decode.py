@@ -13,7 +13,7 @@ import sys
 import numpy as np
 
 from atlas_cli.backend.cache import FAST_KV_DTYPE
-from atlas_cli.backend.ops import cpu_numba
+from atlas_cli.backend.ops import cpu_numba, cpu_rows
 from atlas_cli.backend.ops.cpu_kernels import (
     BLOCKS,
     GROUP,
@@ -311,6 +311,7 @@ def warm_up(kv_dtype=FAST_KV_DTYPE) -> None:
         np.empty(hidden, np.float32),
         True,
     )
+    cpu_rows.warm_up()  # the prefill's elementwise ops
 
 
 def kernels_cached(kernel=None) -> bool:
