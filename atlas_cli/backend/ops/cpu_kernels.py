@@ -68,6 +68,8 @@ cpu_numba.configure()
 from numba import njit, prange, types  # noqa: E402
 from numba.extending import overload  # noqa: E402
 
+from atlas_cli.backend.ops.cpu_ir_attention import QK_KEYS, QK_QUERIES, tile_qk  # noqa: E402
+
 
 @njit(cache=True, fastmath=True, inline="always")
 def fast_exp(x):
@@ -402,53 +404,57 @@ QUERY_BLOCK = 16
 
 
 @njit(parallel=True, cache=True, fastmath=True)
-def _transposed_values(v):
-    """V^T (nkv, hd, S) float32 of a KV slab (nkv, S, hd): the values as rows for tile_dots'
-    P @ V, made once per call. Made per task it cost as much as the product itself (every
-    query block of every head of a group copied the same values again)."""
-    n_kv, n_keys, hd = v.shape
-    vt = np.empty((n_kv, hd, n_keys), np.float32)
+def _transposed(kv, width):
+    """(nkv, hd, width) float32 of a KV slab (nkv, S, hd), zero past S (width >= S): keys as
+    tile_qk's columns, values as rows for tile_dots' P @ V. Made once per call: made per task
+    it cost as much as the product itself (every query block of every head of a group copied
+    the same values again)."""
+    n_kv, n_keys, hd = kv.shape
+    out = np.zeros((n_kv, hd, width), np.float32)
     n_tiles = (n_keys + KV_TILE - 1) // KV_TILE
     for job in prange(n_kv * n_tiles):
         g, s0 = job // n_tiles, (job % n_tiles) * KV_TILE
         n = min(KV_TILE, n_keys - s0)
         tile = np.empty((KV_TILE, hd), np.float32)
-        rows = kv_rows(v[g], s0, n, tile)
+        rows = kv_rows(kv[g], s0, n, tile)
         for d in range(hd):
             for s in range(n):
-                vt[g, d, s0 + s] = rows[s, d]
-    return vt
+                out[g, d, s0 + s] = rows[s, d]
+    return out
 
 
 @njit(parallel=True, cache=True, fastmath=True)
 def attention(q, k, v, start, out):
     """Causal GQA attention (as numpy_ref.attention): q (T, nh, hd) at positions start..,
     k, v (nkv, S, hd) with S = start + T, float32 or float16 bits (kv_rows); out (T, nh, hd).
-    One task per head and block of queries; scores come from tile_dots, so each key feeds a
-    block of queries."""
+    One task per head and block of queries: scores from tile_qk on the transposed keys (4
+    queries x 32 keys per tile), P @ V from tile_dots on the transposed values."""
     n_tok, n_heads, hd = q.shape
-    n_kv = k.shape[0]
+    n_kv, n_all = k.shape[0], k.shape[1]
     group = n_heads // n_kv
     n_blocks = (n_tok + QUERY_BLOCK - 1) // QUERY_BLOCK
     scale = np.float32(1.0 / math.sqrt(hd))
-    vt = _transposed_values(v)
+    width = (n_all + QK_KEYS - 1) // QK_KEYS * QK_KEYS
+    ktf = _transposed(k, width).reshape(-1)
+    vt = _transposed(v, width)
     for job in prange(n_heads * n_blocks):
         h = job // n_blocks
         i0 = (job % n_blocks) * QUERY_BLOCK
         nq = min(QUERY_BLOCK, n_tok - i0)
+        rows = (nq + QK_QUERIES - 1) // QK_QUERIES * QK_QUERIES
         n_keys = start + i0 + nq  # the last query of the block sees this many keys
-        qb = np.empty((nq, hd), np.float32)
+        cols = (n_keys + QK_KEYS - 1) // QK_KEYS * QK_KEYS
+        qb = np.zeros((rows, hd), np.float32)
         for i in range(nq):
             for d in range(hd):
                 qb[i, d] = q[i0 + i, h, d] * scale
-        scores = np.empty((nq, n_keys), np.float32)
-        keys = k[h // group]
-        tile = np.empty((KV_TILE, hd), np.float32)
-        for s0 in range(0, n_keys, KV_TILE):
-            n = min(KV_TILE, n_keys - s0)
-            tile_dots(qb, kv_rows(keys, s0, n, tile), n, scores, s0)
-        for i in range(nq):
-            seen = start + i0 + i + 1  # causal: keys 0 .. start + i0 + i
+        scores = np.empty((rows, cols), np.float32)
+        qf, sf, koff = qb.reshape(-1), scores.reshape(-1), (h // group) * hd * width
+        for i in range(0, rows, QK_QUERIES):
+            for s0 in range(0, cols, QK_KEYS):
+                tile_qk(qf, i * hd, ktf, koff + s0, width, hd, sf, i * cols + s0, cols)
+        for i in range(rows):
+            seen = start + i0 + i + 1 if i < nq else 0  # causal: keys 0 .. start + i0 + i
             best = np.float32(-np.inf)
             for s in range(seen):
                 best = max(best, scores[i, s])
@@ -457,13 +463,13 @@ def attention(q, k, v, start, out):
                 e = fast_exp(scores[i, s] - best)
                 scores[i, s] = e
                 total += e
-            inv = np.float32(1.0) / total
+            inv = np.float32(1.0) / total if seen else np.float32(0.0)
             for s in range(seen):
                 scores[i, s] *= inv
-            for s in range(seen, n_keys):
+            for s in range(seen, cols):
                 scores[i, s] = 0.0
-        ob = np.empty((nq, hd), np.float32)
-        tile_dots(scores, vt[h // group], hd, ob, 0)  # P (nq, S) @ V (S, hd)
+        ob = np.empty((rows, hd), np.float32)
+        tile_dots(scores, vt[h // group], hd, ob, 0)  # P (rows, cols) @ V (cols, hd)
         for i in range(nq):
             for d in range(hd):
                 out[i0 + i, h, d] = ob[i, d]

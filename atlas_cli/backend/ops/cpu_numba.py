@@ -28,6 +28,7 @@ KERNEL_FILES = (
     "cpu_ir.py",
     "cpu_ir_int8.py",
     "cpu_ir_int16.py",
+    "cpu_ir_attention.py",
     "cpu_kernels.py",
     "cpu_prefill.py",
     "cpu_decode.py",

@@ -1,0 +1,64 @@
+"""The prefill attention's score tile as LLVM IR (cpu_kernels.attention): 4 queries x 32 keys.
+
+Scores are q . k over a head's 64-256 dims. As a dot product per (query, key) (tile_dots) every
+result ends in a horizontal sum of 16 lanes, as many instructions as the products themselves at
+hd = 128. With the keys transposed (hd, S), 16 keys are one vector: per dim, two key vectors and
+four broadcast query values make 8 FMAs into 8 accumulators, and no lane is summed across.
+"""
+
+from __future__ import annotations
+
+from atlas_cli.backend.ops import cpu_numba
+
+cpu_numba.configure()  # before numba loads: TBB, the pool size, the cache stamp
+
+from llvmlite import ir  # noqa: E402
+from numba import types  # noqa: E402
+from numba.core import cgutils  # noqa: E402
+from numba.extending import intrinsic  # noqa: E402
+
+from atlas_cli.backend.ops.cpu_ir import _VF, _i64, _ptr, _splat  # noqa: E402
+
+QK_QUERIES, QK_KEYS = 4, 32  # 8 accumulators, 2 key vectors, 4 broadcasts: 14 zmm registers
+_FAST = ("fast",)
+
+
+def _vec_ptr(b, base, index):
+    return b.bitcast(b.gep(base, [index]), _VF.as_pointer())
+
+
+@intrinsic
+def tile_qk(typingctx, q, qoff, kt, koff, kstride, hd, out, ooff, ostride):
+    """out[ooff + i * ostride + s] = sum_d q[qoff + i * hd + d] * kt[koff + d * kstride + s]
+    for i < QK_QUERIES, s < QK_KEYS: 4 query rows (hd floats each) against 32 keys of the
+    transposed keys (hd rows, kstride apart)."""
+    sig = types.none(q, qoff, kt, koff, kstride, hd, out, ooff, ostride)
+
+    def codegen(context, b, signature, args):
+        qv, qoffv, ktv, koffv, kstridev, hdv, outv, ooffv, ostridev = args
+        ats = signature.args
+        qp = b.gep(_ptr(context, b, ats[0], qv), [qoffv])
+        kp = b.gep(_ptr(context, b, ats[2], ktv), [koffv])
+        op = b.gep(_ptr(context, b, ats[6], outv), [ooffv])
+        zero = ir.Constant(_VF, [0.0] * 16)
+        halves = QK_KEYS // 16
+        accs = [cgutils.alloca_once_value(b, zero) for _ in range(QK_QUERIES * halves)]
+        with cgutils.for_range(b, hdv) as loop:
+            d = loop.index
+            row = b.mul(d, kstridev)
+            keys = [
+                b.load(_vec_ptr(b, kp, b.add(row, _i64(16 * h))), align=4) for h in range(halves)
+            ]
+            for i in range(QK_QUERIES):
+                qi = _splat(b, b.load(b.gep(qp, [b.add(b.mul(hdv, _i64(i)), d)])))
+                for h in range(halves):
+                    acc = accs[i * halves + h]
+                    prod = b.fmul(qi, keys[h], flags=_FAST)
+                    b.store(b.fadd(b.load(acc), prod, flags=_FAST), acc)
+        for i in range(QK_QUERIES):
+            for h in range(halves):
+                at = b.add(b.mul(ostridev, _i64(i)), _i64(16 * h))
+                b.store(b.load(accs[i * halves + h]), _vec_ptr(b, op, at), align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
