@@ -60,3 +60,28 @@ def test_small_inputs_stay_on_numpy(monkeypatch):
     cpu_fast.silu_mul(x, x)
     with pytest.raises(AssertionError, match="row kernel"):
         cpu_fast.rms_norm(np.ones((cpu_rows.PARALLEL_ROWS, 64), np.float32), x[0], 1e-6)
+
+
+def test_qwen35_ops_match_the_reference():
+    """silu, l2norm and the gated norm on a Gated DeltaNet layer's shapes (T, heads, 128)."""
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((40, 16, 128)) * 3).astype(np.float32)
+    gate = (rng.standard_normal((40, 16, 128)) * 3).astype(np.float32)
+    w = rng.standard_normal(128).astype(np.float32)
+    assert rel(cpu_fast.silu(x), numpy_ref.silu(x)) < 1e-6
+    assert rel(cpu_fast.l2norm(x), numpy_ref.l2norm(x)) < 1e-6
+    want = numpy_ref.rms_norm_gated(x, gate, w, 1e-6)
+    assert rel(cpu_fast.rms_norm_gated(x, gate, w, 1e-6), want) < 1e-6
+
+
+@pytest.mark.parametrize("n_tok", [9, 200])
+def test_causal_conv1d_matches_the_reference(n_tok):
+    """Out and the new state (the last K - 1 inputs), after a state that is not zeros."""
+    rng = np.random.default_rng(n_tok)
+    x = rng.standard_normal((n_tok, 96)).astype(np.float32)
+    weight = rng.standard_normal((96, 4)).astype(np.float32)
+    state = rng.standard_normal((3, 96)).astype(np.float32)
+    got, got_state = cpu_fast.causal_conv1d(x, weight, state)
+    want, want_state = numpy_ref.causal_conv1d(x, weight, state)
+    assert rel(got, want) < 1e-6
+    assert np.array_equal(got_state, want_state)

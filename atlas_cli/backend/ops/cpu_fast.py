@@ -39,6 +39,15 @@ from atlas_cli.backend.ops.numpy_ref import *  # noqa: F403  (ops this backend d
 NAME = "cpu"
 KEEP_QUANTIZED = True  # load_model keeps GGUF blocks (QuantizedTensor) for this backend
 
+# The prefill's elementwise ops: numba row kernels in place of numpy_ref's (after the * import)
+causal_conv1d, l2norm, rms_norm, rms_norm_gated = (
+    _rows.causal_conv1d,
+    _rows.l2norm,
+    _rows.rms_norm,
+    _rows.rms_norm_gated,
+)
+rope, silu, silu_mul = _rows.rope, _rows.silu, _rows.silu_mul
+
 GEMV_MAX_TOKENS = 4  # up to this many tokens, products dot each row's blocks directly
 # Decode products on int8-rounded activations (docs/architecture.md): "int8" (the default) or
 # "float32", the activations as they are (slower, closer to the reference).
@@ -167,46 +176,6 @@ def linear(x: np.ndarray, w, bias: np.ndarray | None = None) -> np.ndarray:
     if bias is not None:
         out += bias
     return out.reshape(*x.shape[:-1], rows)
-
-
-def _rows_of(x: np.ndarray, n: int) -> np.ndarray | None:
-    """x as a C-contiguous float32 (rows, n) view when it has PARALLEL_ROWS rows or more (the
-    numba row kernels' case), else None."""
-    if x.dtype != np.float32 or not x.flags.c_contiguous or x.size < _rows.PARALLEL_ROWS * n:
-        return None
-    return x.reshape(-1, n)
-
-
-def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, unit_offset: bool = False):
-    """As numpy_ref.rms_norm."""
-    rows = _rows_of(x, x.shape[-1])
-    if rows is None:
-        return _ref.rms_norm(x, weight, eps, unit_offset)
-    w = (weight + 1.0 if unit_offset else weight).astype(np.float32, copy=False)
-    out = np.empty(x.shape, np.float32)
-    _rows.rms_norm_rows(rows, w, float(eps), out.reshape(rows.shape))
-    return out
-
-
-def rope(x: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray) -> np.ndarray:
-    """As numpy_ref.rope."""
-    if _rows_of(x, x.shape[-1]) is None or x.ndim != 3:
-        return _ref.rope(x, positions, inv_freq)
-    out = np.empty(x.shape, np.float32)
-    pos = np.asarray(positions, dtype=np.int64)
-    _rows.rope_rows(x, pos, inv_freq.astype(np.float32, copy=False), out)
-    return out
-
-
-def silu_mul(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
-    """As numpy_ref.silu_mul."""
-    n = gate.shape[-1]
-    g, u = _rows_of(gate, n), _rows_of(up, n)
-    if g is None or u is None or gate.shape != up.shape:
-        return _ref.silu_mul(gate, up)
-    out = np.empty(gate.shape, np.float32)
-    _rows.silu_mul_rows(g, u, out.reshape(g.shape))
-    return out
 
 
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int, nsplit=None):

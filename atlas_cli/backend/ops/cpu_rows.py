@@ -1,9 +1,11 @@
-"""The prefill's elementwise ops on numba, one task per row: RMSNorm, RoPE, SiLU-and-multiply.
+"""The prefill's elementwise ops on numba, one task per row: RMSNorm (plain and gated), L2 norm,
+RoPE, SiLU (and times another input), Qwen3.5's causal depthwise convolution.
 
 numpy_ref's versions make several full-size temporaries per call (a 512-token prompt of a 0.6B
 model: 0.8 s of an 8 s prefill on one core went to them); these read each input once and write
 their output once, with the arithmetic of numpy_ref in float32 (sums reassociated, exp within
-2 ulp: cpu_kernels.fast_exp). cpu_fast uses them for inputs of PARALLEL_ROWS rows or more.
+2 ulp: cpu_kernels.fast_exp). cpu_fast offers the functions at the end of this file: these
+kernels for inputs of PARALLEL_ROWS rows or more, numpy_ref's versions otherwise.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import math
 
 import numpy as np
 
-from atlas_cli.backend.ops import cpu_numba
+from atlas_cli.backend.ops import cpu_numba, numpy_ref
 
 cpu_numba.configure()
 
@@ -68,10 +70,152 @@ def silu_mul_rows(gate, up, out):
             out[r, i] = g / (np.float32(1.0) + fast_exp(-g)) * up[r, i]
 
 
+@njit(parallel=True, cache=True, fastmath=True)
+def silu_rows(x, out):
+    """out = silu(x) for (R, I) arrays."""
+    n_rows, n = x.shape
+    for r in prange(n_rows):
+        for i in range(n):
+            out[r, i] = x[r, i] / (np.float32(1.0) + fast_exp(-x[r, i]))
+
+
+@njit(parallel=True, cache=True, fastmath=True)
+def l2norm_rows(x, eps, out):
+    """out[r] = x[r] / sqrt(sum(x[r]^2) + eps) for the rows of x (R, d)."""
+    n_rows, n = x.shape
+    for r in prange(n_rows):
+        ss = np.float32(0.0)
+        for i in range(n):
+            ss += x[r, i] * x[r, i]
+        inv = np.float32(1.0) / np.float32(math.sqrt(ss + np.float32(eps)))
+        for i in range(n):
+            out[r, i] = x[r, i] * inv
+
+
+@njit(parallel=True, cache=True, fastmath=True)
+def rms_norm_gated_rows(x, gate, w, eps, out):
+    """out[r] = rms_norm(x[r]) * w * silu(gate[r]) (Qwen3.5's RMSNormGated) for (R, d) rows."""
+    n_rows, n = x.shape
+    for r in prange(n_rows):
+        ss = np.float32(0.0)
+        for i in range(n):
+            ss += x[r, i] * x[r, i]
+        scale = np.float32(1.0) / np.float32(math.sqrt(ss / np.float32(n) + np.float32(eps)))
+        for i in range(n):
+            g = gate[r, i]
+            out[r, i] = x[r, i] * scale * w[i] * (g / (np.float32(1.0) + fast_exp(-g)))
+
+
+@njit(parallel=True, cache=True, fastmath=True)
+def causal_conv_rows(full, taps, out):
+    """out[t, c] = sum_j taps[j, c] * full[t + j, c]: the depthwise causal convolution of
+    numpy_ref.causal_conv1d, full (K - 1 + T, C) the previous K - 1 inputs then the new ones,
+    taps (K, C) (the weight transposed, so that channels are contiguous)."""
+    n_tok, n_ch = out.shape
+    for t in prange(n_tok):
+        for c in range(n_ch):
+            out[t, c] = np.float32(0.0)
+        for j in range(taps.shape[0]):
+            for c in range(n_ch):
+                out[t, c] += taps[j, c] * full[t + j, c]
+
+
+# ---- the ops as cpu_fast offers them: numpy_ref for small inputs and the other cases
+
+
+def _rows_of(x: np.ndarray, n: int) -> np.ndarray | None:
+    """x as a C-contiguous float32 (rows, n) view when it has PARALLEL_ROWS rows or more (the
+    numba row kernels' case), else None."""
+    if x.dtype != np.float32 or not x.flags.c_contiguous or x.size < PARALLEL_ROWS * n:
+        return None
+    return x.reshape(-1, n)
+
+
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, unit_offset: bool = False):
+    """As numpynumpy_ref.rms_norm."""
+    rows = _rows_of(x, x.shape[-1])
+    if rows is None:
+        return numpy_ref.rms_norm(x, weight, eps, unit_offset)
+    w = (weight + 1.0 if unit_offset else weight).astype(np.float32, copy=False)
+    out = np.empty(x.shape, np.float32)
+    rms_norm_rows(rows, w, float(eps), out.reshape(rows.shape))
+    return out
+
+
+def rope(x: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray) -> np.ndarray:
+    """As numpynumpy_ref.rope."""
+    if _rows_of(x, x.shape[-1]) is None or x.ndim != 3:
+        return numpy_ref.rope(x, positions, inv_freq)
+    out = np.empty(x.shape, np.float32)
+    pos = np.asarray(positions, dtype=np.int64)
+    rope_rows(x, pos, inv_freq.astype(np.float32, copy=False), out)
+    return out
+
+
+def silu_mul(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """As numpynumpy_ref.silu_mul."""
+    n = gate.shape[-1]
+    g, u = _rows_of(gate, n), _rows_of(up, n)
+    if g is None or u is None or gate.shape != up.shape:
+        return numpy_ref.silu_mul(gate, up)
+    out = np.empty(gate.shape, np.float32)
+    silu_mul_rows(g, u, out.reshape(g.shape))
+    return out
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    """As numpynumpy_ref.silu."""
+    rows = _rows_of(x, x.shape[-1])
+    if rows is None:
+        return numpy_ref.silu(x)
+    out = np.empty(x.shape, np.float32)
+    silu_rows(rows, out.reshape(rows.shape))
+    return out
+
+
+def l2norm(x: np.ndarray, eps: float = 1e-6) -> np.ndarray:
+    """As numpynumpy_ref.l2norm."""
+    rows = _rows_of(x, x.shape[-1])
+    if rows is None:
+        return numpy_ref.l2norm(x, eps)
+    out = np.empty(x.shape, np.float32)
+    l2norm_rows(rows, float(eps), out.reshape(rows.shape))
+    return out
+
+
+def rms_norm_gated(x: np.ndarray, gate: np.ndarray, weight: np.ndarray, eps: float):
+    """As numpynumpy_ref.rms_norm_gated."""
+    n = x.shape[-1]
+    rows, gates = _rows_of(x, n), _rows_of(gate, n)
+    if rows is None or gates is None or x.shape != gate.shape:
+        return numpy_ref.rms_norm_gated(x, gate, weight, eps)
+    out = np.empty(x.shape, np.float32)
+    w = weight.astype(np.float32, copy=False)
+    rms_norm_gated_rows(rows, gates, w, float(eps), out.reshape(rows.shape))
+    return out
+
+
+def causal_conv1d(x, weight, state, all_states=False, act=False):
+    """As numpynumpy_ref.causal_conv1d (the prefill's case on numba: no per-token states)."""
+    if all_states or act or _rows_of(x, x.shape[-1]) is None or x.ndim != 2:
+        return numpy_ref.causal_conv1d(x, weight, state, all_states, act)
+    k = weight.shape[1]
+    full = np.concatenate([state.astype(np.float32, copy=False), x], axis=0)  # (K-1+T, C)
+    out = np.empty(x.shape, np.float32)
+    taps = np.ascontiguousarray(weight.T, dtype=np.float32)
+    causal_conv_rows(full, taps, out)
+    return out, np.ascontiguousarray(full[full.shape[0] - (k - 1) :])
+
+
 def warm_up() -> None:
     """Load (or compile) each kernel with the argument types of real calls (C-contiguous
     float32 arrays, int64 positions)."""
     x, rows = np.ones((2, 1, 4), np.float32), np.ones((2, 4), np.float32)
-    rms_norm_rows(rows, np.ones(4, np.float32), 1e-6, np.empty_like(rows))
+    w = np.ones(4, np.float32)
+    rms_norm_rows(rows, w, 1e-6, np.empty_like(rows))
+    rms_norm_gated_rows(rows, rows, w, 1e-6, np.empty_like(rows))
+    l2norm_rows(rows, 1e-6, np.empty_like(rows))
     rope_rows(x, np.arange(2, dtype=np.int64), np.ones(1, np.float32), np.empty_like(x))
+    silu_rows(rows, np.empty_like(rows))
     silu_mul_rows(rows, rows, np.empty_like(rows))
+    causal_conv_rows(np.ones((3, 4), np.float32), rows, np.empty_like(rows))
