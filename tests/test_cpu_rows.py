@@ -70,6 +70,8 @@ def test_qwen35_ops_match_the_reference():
     w = rng.standard_normal(128).astype(np.float32)
     assert rel(cpu_fast.silu(x), numpy_ref.silu(x)) < 1e-6
     assert rel(cpu_fast.l2norm(x), numpy_ref.l2norm(x)) < 1e-6
+    q = x.reshape(40, -1)[:, :1024].reshape(40, 8, 128)  # q as a slice of the conv output
+    assert rel(cpu_fast.l2norm(q), numpy_ref.l2norm(q)) < 1e-6
     want = numpy_ref.rms_norm_gated(x, gate, w, 1e-6)
     assert rel(cpu_fast.rms_norm_gated(x, gate, w, 1e-6), want) < 1e-6
 

@@ -132,7 +132,7 @@ def _rows_of(x: np.ndarray, n: int) -> np.ndarray | None:
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, unit_offset: bool = False):
-    """As numpynumpy_ref.rms_norm."""
+    """As numpy_ref.rms_norm."""
     rows = _rows_of(x, x.shape[-1])
     if rows is None:
         return numpy_ref.rms_norm(x, weight, eps, unit_offset)
@@ -143,7 +143,7 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, unit_offset: bool = 
 
 
 def rope(x: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray) -> np.ndarray:
-    """As numpynumpy_ref.rope."""
+    """As numpy_ref.rope."""
     if _rows_of(x, x.shape[-1]) is None or x.ndim != 3:
         return numpy_ref.rope(x, positions, inv_freq)
     out = np.empty(x.shape, np.float32)
@@ -153,7 +153,7 @@ def rope(x: np.ndarray, positions: np.ndarray, inv_freq: np.ndarray) -> np.ndarr
 
 
 def silu_mul(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
-    """As numpynumpy_ref.silu_mul."""
+    """As numpy_ref.silu_mul."""
     n = gate.shape[-1]
     g, u = _rows_of(gate, n), _rows_of(up, n)
     if g is None or u is None or gate.shape != up.shape:
@@ -164,7 +164,7 @@ def silu_mul(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
 
 
 def silu(x: np.ndarray) -> np.ndarray:
-    """As numpynumpy_ref.silu."""
+    """As numpy_ref.silu."""
     rows = _rows_of(x, x.shape[-1])
     if rows is None:
         return numpy_ref.silu(x)
@@ -174,7 +174,8 @@ def silu(x: np.ndarray) -> np.ndarray:
 
 
 def l2norm(x: np.ndarray, eps: float = 1e-6) -> np.ndarray:
-    """As numpynumpy_ref.l2norm."""
+    """As numpy_ref.l2norm."""
+    x = np.ascontiguousarray(x)  # q and k arrive as column slices of the convolution's output
     rows = _rows_of(x, x.shape[-1])
     if rows is None:
         return numpy_ref.l2norm(x, eps)
@@ -184,7 +185,7 @@ def l2norm(x: np.ndarray, eps: float = 1e-6) -> np.ndarray:
 
 
 def rms_norm_gated(x: np.ndarray, gate: np.ndarray, weight: np.ndarray, eps: float):
-    """As numpynumpy_ref.rms_norm_gated."""
+    """As numpy_ref.rms_norm_gated."""
     n = x.shape[-1]
     rows, gates = _rows_of(x, n), _rows_of(gate, n)
     if rows is None or gates is None or x.shape != gate.shape:
@@ -196,7 +197,7 @@ def rms_norm_gated(x: np.ndarray, gate: np.ndarray, weight: np.ndarray, eps: flo
 
 
 def causal_conv1d(x, weight, state, all_states=False, act=False):
-    """As numpynumpy_ref.causal_conv1d (the prefill's case on numba: no per-token states)."""
+    """As numpy_ref.causal_conv1d (the prefill's case on numba: no per-token states)."""
     if all_states or act or _rows_of(x, x.shape[-1]) is None or x.ndim != 2:
         return numpy_ref.causal_conv1d(x, weight, state, all_states, act)
     k = weight.shape[1]
