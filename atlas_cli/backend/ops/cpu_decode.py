@@ -14,6 +14,7 @@ import numpy as np
 
 from atlas_cli.backend.cache import FAST_KV_DTYPE
 from atlas_cli.backend.ops import cpu_numba, cpu_rows
+from atlas_cli.backend.ops.cpu_ir_attention import dots16
 from atlas_cli.backend.ops.cpu_kernels import (
     BLOCKS,
     GROUP,
@@ -88,7 +89,14 @@ def attend_group(q, keys, vals, n_pos, scale, scores, out):
     tile = np.empty((KV_TILE, hd), np.float32)
     for s0 in range(0, n_pos, KV_TILE):
         n = min(KV_TILE, n_pos - s0)
-        tile_dots(qs, kv_rows(keys, s0, n, tile), n, scores, s0)
+        rows = kv_rows(keys, s0, n, tile)
+        # whole 16s of keys on dots16 (rows hd floats apart), the rest on tile_dots
+        full = n // 16 * 16 if hd % 16 == 0 and rows.strides[0] == 4 * hd else 0
+        for j in range(g):
+            for c in range(0, full, 16):
+                dots16(qs[j], rows, c * hd, hd, scores[j], s0 + c)
+        if full < n:
+            tile_dots(qs, rows[full:n], n - full, scores, s0 + full)
     acc = np.zeros((g, hd), np.float32)
     for j in range(g):
         best = np.float32(-np.inf)

@@ -1,4 +1,5 @@
-"""The prefill attention's score tile as LLVM IR (cpu_kernels.attention): 4 queries x 32 keys.
+"""Attention scores as LLVM IR: prefill's 4 queries x 32 keys tile (cpu_kernels.attention), and
+the decode step's one query x 16 keys (cpu_decode.attend_group).
 
 Scores are q . k over a head's 64-256 dims. As a dot product per (query, key) (tile_dots) every
 result ends in a horizontal sum of 16 lanes, as many instructions as the products themselves at
@@ -17,7 +18,7 @@ from numba import types  # noqa: E402
 from numba.core import cgutils  # noqa: E402
 from numba.extending import intrinsic  # noqa: E402
 
-from atlas_cli.backend.ops.cpu_ir import _VF, _i64, _ptr, _splat  # noqa: E402
+from atlas_cli.backend.ops.cpu_ir import _VF, _i64, _lanes, _ptr, _splat, sum_lanes  # noqa: E402
 
 QK_QUERIES, QK_KEYS = 4, 32  # 8 accumulators, 2 key vectors, 4 broadcasts: 14 zmm registers
 _FAST = ("fast",)
@@ -59,6 +60,36 @@ def tile_qk(typingctx, q, qoff, kt, koff, kstride, hd, out, ooff, ostride):
             for h in range(halves):
                 at = b.add(b.mul(ostridev, _i64(i)), _i64(16 * h))
                 b.store(b.load(accs[i * halves + h]), _vec_ptr(b, op, at), align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def dots16(typingctx, q, rows, roff, hd, out, ooff):
+    """out[ooff + s] = sum_d q[d] * rows_flat[roff + s * hd + d] for s < 16: one query (hd
+    floats, hd % 16 == 0) against 16 key rows hd floats apart from element `roff` of `rows`
+    (a KV slab or its widened tile). The decode step's scores: each key's 16-lane partial sums
+    are summed across by sum_lanes' tree (45 instructions for 16 keys) instead of 8 each."""
+    sig = types.none(q, rows, roff, hd, out, ooff)
+
+    def codegen(context, b, signature, args):
+        qv, rowsv, roffv, hdv, outv, ooffv = args
+        ats = signature.args
+        qp = _ptr(context, b, ats[0], qv)
+        kp = b.gep(_ptr(context, b, ats[1], rowsv), [roffv])
+        op = b.gep(_ptr(context, b, ats[4], outv), [ooffv])
+        zero = ir.Constant(_VF, [0.0] * 16)
+        accs = [cgutils.alloca_once_value(b, zero) for _ in range(16)]
+        with cgutils.for_range(b, b.sdiv(hdv, _i64(16))) as loop:
+            col = b.mul(loop.index, _i64(16))
+            qc = b.load(_vec_ptr(b, qp, col), align=4)
+            for s, acc in enumerate(accs):
+                key = b.load(_vec_ptr(b, kp, b.add(b.mul(hdv, _i64(s)), col)), align=4)
+                b.store(b.fadd(b.load(acc), b.fmul(qc, key, flags=_FAST), flags=_FAST), acc)
+        total, lane_of = sum_lanes(b, [b.load(acc) for acc in accs])
+        in_order = b.shuffle_vector(total, total, _lanes([lane_of[s] for s in range(16)]))
+        b.store(in_order, _vec_ptr(b, op, _i64(0)), align=4)
         return context.get_dummy_value()
 
     return sig, codegen

@@ -28,6 +28,7 @@ from atlas_cli.backend.ops.cpu_ir import (  # noqa: E402
     _i64,
     _ptr,
     _splat,
+    sum_lanes,
 )
 from atlas_cli.backend.ops.cpu_ir_int8 import (  # noqa: E402
     _INT_EMITTERS,
@@ -120,40 +121,11 @@ def tile_dots16(typingctx, wi, woff, xq, xoff, cols, wd, wdoff, xd, xdoff):
                 scale = _splat(b, b.fmul(wds[r], xds[t], flags=_FAST))
                 term = b.fmul(b.sitofp(sums[i], _V16F), scale, flags=_FAST)
                 b.store(b.fadd(b.load(accs[i]), term, flags=_FAST), accs[i])
-        total, lane_of = _sum_lanes8(b, [b.load(acc) for acc in accs])
+        total, lane_of = sum_lanes(b, [b.load(acc) for acc in accs])
         outs = [b.extract_element(total, _i64(lane_of[i])) for i in range(len(pairs))]
         return context.make_tuple(b, signature.return_type, outs)
 
     return sig, codegen
-
-
-def _sum_lanes8(b, vecs):
-    """<8 x float>, lane k the sum of the 16 lanes of vecs[k], for 8 vectors: a transposing tree
-    that folds two vectors into one per step (two shuffles and an add), 24 instructions where
-    reducing each vector by itself takes 8 apiece (per 2 x 4 tile of a 1,024-column product
-    that was a quarter of the tile's instructions)."""
-    labels = [[k] for k in range(len(vecs))]  # per vector: whose partial sums each lane group holds
-    width = 16  # lanes per group
-    while len(vecs) > 1:
-        half = width // 2
-        lo = []
-        for g in range(16 // width):  # group g of the first vector, then of the second
-            lo += [g * width + j for j in range(half)] + [16 + g * width + j for j in range(half)]
-        hi = [k + half for k in lo]
-        folded = []
-        for x, y in zip(vecs[0::2], vecs[1::2], strict=True):
-            parts = (b.shuffle_vector(x, y, _mask(m)) for m in (lo, hi))
-            folded.append(b.fadd(*parts, flags=_FAST))
-        labels = [
-            [o for pair in zip(a, c, strict=True) for o in pair]
-            for a, c in zip(labels[0::2], labels[1::2], strict=True)
-        ]
-        vecs, width = folded, half
-    (v,), (order,) = vecs, labels  # 8 groups of 2 lanes
-    even, odd = (b.shuffle_vector(v, v, _mask(range(k, 16, 2))) for k in range(2))
-    total = b.fadd(even, odd, flags=_FAST)
-    lane_of = {k: lane for lane, k in enumerate(order)}
-    return total, lane_of
 
 
 def _i16_splat(b, value, n: int = 32):
