@@ -10,8 +10,9 @@ import pytest
 from numba import njit
 
 from atlas_cli.backend.cache import GROW_STEP, StackedKVCache
-from atlas_cli.backend.ops import cpu_fast, numpy_ref
+from atlas_cli.backend.ops import cpu_decode, cpu_fast, numpy_ref
 from atlas_cli.backend.ops.cpu_ir import narrow_half, widen_half
+from atlas_cli.backend.ops.cpu_kernels import kv_bits
 from tests.test_cpu_fast import QWEN35_GGUF, rel_err, run_tokens, tiny_model
 from tests.test_cpu_qwen35 import tiny_qwen35
 
@@ -120,3 +121,20 @@ def test_the_kv_type_reaches_the_caches(smollm2_path):
     assert f32.new_cache(64).k.dtype == np.float32
     hybrid = open_model(str(QWEN35_GGUF / "model.gguf"), device="cpu", draft=0).engine.model
     assert {kv.k.dtype for kv in hybrid.new_cache(64).kv.values()} == {np.dtype(np.float16)}
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize(("hd", "n_pos"), [(64, 133), (128, 70), (128, 9), (48, 40)])
+def test_decode_attention_of_one_group_is_numpys(dtype, hd, n_pos, rng):
+    """cpu_decode.attend_group: whole 16s of keys on dots16, the tail (and hd = 48, not a
+    multiple of 16) on tile_dots; 3 query heads sharing one KV head."""
+    g = 3
+    q = rng.standard_normal(g * hd).astype(np.float32)
+    k = rng.standard_normal((n_pos + 5, hd)).astype(dtype)  # the cache holds more than n_pos
+    v = rng.standard_normal((n_pos + 5, hd)).astype(dtype)
+    scores, out = np.empty((g, n_pos + 5), np.float32), np.empty(g * hd, np.float32)
+    scale = np.float32(1.0 / np.sqrt(hd))
+    cpu_decode.attend_group(q, kv_bits(k), kv_bits(v), n_pos, scale, scores, out)
+    keys, vals = (a[None, :n_pos].astype(np.float32) for a in (k, v))
+    want = numpy_ref.attention(q.reshape(1, g, hd), keys, vals, n_pos - 1).reshape(-1)
+    assert rel_err(out, want) < 1e-5
