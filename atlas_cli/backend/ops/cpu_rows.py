@@ -25,16 +25,22 @@ from atlas_cli.backend.ops.cpu_kernels import fast_exp  # noqa: E402
 PARALLEL_ROWS = 8  # below this the numpy versions' call overhead is smaller than a task's
 
 
+@njit(cache=True, fastmath=True, inline="always")
+def _inv_rms(row, eps):
+    """1 / sqrt(mean(row^2) + eps), float32."""
+    ss = np.float32(0.0)
+    for i in range(row.shape[0]):
+        ss += row[i] * row[i]
+    return np.float32(1.0) / np.float32(math.sqrt(ss / np.float32(row.shape[0]) + np.float32(eps)))
+
+
 @njit(parallel=True, cache=True, fastmath=True)
 def rms_norm_rows(x, w, eps, out):
     """out[r] = x[r] / rms(x[r]) * w for the rows of x (R, H) (w already (1 + w) where the
     model says so)."""
     n_rows, n = x.shape
     for r in prange(n_rows):
-        ss = np.float32(0.0)
-        for i in range(n):
-            ss += x[r, i] * x[r, i]
-        scale = np.float32(1.0) / np.float32(math.sqrt(ss / np.float32(n) + np.float32(eps)))
+        scale = _inv_rms(x[r], eps)
         for i in range(n):
             out[r, i] = x[r, i] * scale * w[i]
 
@@ -97,10 +103,7 @@ def rms_norm_gated_rows(x, gate, w, eps, out):
     """out[r] = rms_norm(x[r]) * w * silu(gate[r]) (Qwen3.5's RMSNormGated) for (R, d) rows."""
     n_rows, n = x.shape
     for r in prange(n_rows):
-        ss = np.float32(0.0)
-        for i in range(n):
-            ss += x[r, i] * x[r, i]
-        scale = np.float32(1.0) / np.float32(math.sqrt(ss / np.float32(n) + np.float32(eps)))
+        scale = _inv_rms(x[r], eps)
         for i in range(n):
             g = gate[r, i]
             out[r, i] = x[r, i] * scale * w[i] * (g / (np.float32(1.0) + fast_exp(-g)))
