@@ -29,6 +29,7 @@ def shared_model(monkeypatch, smollm2):
     smollm2.engine.reset()
 
 
+@pytest.mark.slow  # over a minute on two cores: four bench runs of the real model
 def test_throughput_json_then_both_gate_outcomes(smollm2_path, tmp_path):
     base = tmp_path / "base.json"
     args = ["bench", str(smollm2_path), "-p", "8", "-n", "2", "-r", "2", "--no-warmup", "-t", "1"]

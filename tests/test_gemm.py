@@ -213,6 +213,7 @@ def _prefill(ops) -> np.ndarray:
     return rel_err(got, ref.linear(x, wf))
 
 
+@pytest.mark.slow  # about 3 minutes on two cores: two emulator builds of the whole GEMM
 def test_a_wrong_tensor_core_kernel_falls_back_to_the_portable_one(tmp_path):
     ops = _device_ops(tmp_path, broken=True)
     assert _prefill(ops) < 2e-5  # the first GEMM checked, found the mismatch, ran portable

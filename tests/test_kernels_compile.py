@@ -67,7 +67,11 @@ def test_nvrtc_compiles_without_warnings(file):
         assert "warning" not in out.log.lower(), f"{file} {arch}:\n{out.log}"
 
 
-@pytest.mark.parametrize("file", ["attention.cu", "dequant.cu"])
+# attention.cu takes over a minute through NVRTC on two cores: with the slow tests
+SLOW_TO_COMPILE = pytest.param("attention.cu", marks=pytest.mark.slow)
+
+
+@pytest.mark.parametrize("file", [SLOW_TO_COMPILE, "dequant.cu"])
 def test_nvrtc_portable_fallbacks_compile(file):
     """The portable #else branches of guarded hardware paths (FP8 decode) compile too."""
     if not nvrtc.available():
