@@ -77,7 +77,7 @@ def sum_lanes(b: ir.IRBuilder, vecs: list):
         hi = [k + half for k in lo]
         folded = []
         for x, y in zip(vecs[0::2], vecs[1::2], strict=True):
-            parts = (b.shuffle_vector(x, y, _lanes(m)) for m in (lo, hi))
+            parts = (b.shuffle_vector(x, y, _mask(m)) for m in (lo, hi))
             folded.append(b.fadd(*parts, flags=_FAST))
         labels = [
             [o for pair in zip(a, c, strict=True) for o in pair]
@@ -86,12 +86,13 @@ def sum_lanes(b: ir.IRBuilder, vecs: list):
         vecs, width = folded, half
     (v,), (order,) = vecs, labels
     if width == 2:  # 8 groups of 2 lanes
-        even, odd = (b.shuffle_vector(v, v, _lanes(range(k, 16, 2))) for k in range(2))
+        even, odd = (b.shuffle_vector(v, v, _mask(range(k, 16, 2))) for k in range(2))
         v = b.fadd(even, odd, flags=_FAST)
     return v, {k: lane for lane, k in enumerate(order)}
 
 
-def _lanes(values) -> ir.Constant:
+def _mask(values) -> ir.Constant:
+    """A shuffle mask: <n x i32> of `values`."""
     values = list(values)
     return ir.Constant(ir.VectorType(_I32, len(values)), values)
 

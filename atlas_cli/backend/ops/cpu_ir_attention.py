@@ -18,10 +18,17 @@ from numba import types  # noqa: E402
 from numba.core import cgutils  # noqa: E402
 from numba.extending import intrinsic  # noqa: E402
 
-from atlas_cli.backend.ops.cpu_ir import _VF, _i64, _lanes, _ptr, _splat, sum_lanes  # noqa: E402
+from atlas_cli.backend.ops.cpu_ir import (  # noqa: E402
+    _FAST,
+    _VF,
+    _i64,
+    _mask,
+    _ptr,
+    _splat,
+    sum_lanes,
+)
 
 QK_QUERIES, QK_KEYS = 4, 32  # 8 accumulators, 2 key vectors, 4 broadcasts: 14 zmm registers
-_FAST = ("fast",)
 
 
 def _vec_ptr(b, base, index):
@@ -88,7 +95,7 @@ def dots16(typingctx, q, rows, roff, hd, out, ooff):
                 key = b.load(_vec_ptr(b, kp, b.add(b.mul(hdv, _i64(s)), col)), align=4)
                 b.store(b.fadd(b.load(acc), b.fmul(qc, key, flags=_FAST), flags=_FAST), acc)
         total, lane_of = sum_lanes(b, [b.load(acc) for acc in accs])
-        in_order = b.shuffle_vector(total, total, _lanes([lane_of[s] for s in range(16)]))
+        in_order = b.shuffle_vector(total, total, _mask([lane_of[s] for s in range(16)]))
         b.store(in_order, _vec_ptr(b, op, _i64(0)), align=4)
         return context.get_dummy_value()
 

@@ -55,7 +55,7 @@ _FAST = ("fast",)
 
 def _madd(b, isa: str, w, x, acc=None):
     """<16 x i32>: lane i = acc[i] + w[2i] * x[2i] + w[2i+1] * x[2i+1] for <32 x i16> w, x."""
-    if isa == "vnni512":  # one vpdpwssd: LLVM does not fuse a vpmaddwd and its vpaddd itself
+    if isa == "vnni512":  # vpdpwssd (LLVM fused most vpmaddwd + vpaddd pairs itself, not all)
         fn = _intrinsic_fn(b, "llvm.x86.avx512.vpdpwssd.512", _V16I, [_V16I] * 3)
         acc = ir.Constant(_V16I, [0] * 16) if acc is None else acc
         return b.call(fn, [acc, b.bitcast(w, _V16I), b.bitcast(x, _V16I)])

@@ -43,6 +43,7 @@ from atlas_cli.backend.ops.cpu_ir import (  # noqa: E402
     _at,
     _half,
     _i64,
+    _mask,
     _ptr,
 )
 
@@ -90,11 +91,6 @@ def dot_isa() -> str:
 
 def _const_vec(ty, values):
     return ir.Constant(ty, list(values))
-
-
-def _mask(values) -> ir.Constant:
-    values = list(values)
-    return ir.Constant(ir.VectorType(_I32, len(values)), values)
 
 
 def _join(b, lo, hi):
