@@ -49,6 +49,7 @@ def test_int16_prefill_matches_its_model(type_id, n_tok, monkeypatch):
     x = rng.standard_normal((n_tok, cols)).astype(np.float32)
     x[:, 7] = 25.0  # an outlier in one super-block
     monkeypatch.setenv("ATLAS_CPU_ACTIVATIONS", "int8")
+    monkeypatch.setenv("ATLAS_CPU_AMX", "0")  # Q4_K/Q5_K's AMX products: tests/test_cpu_amx.py
     exact = quant.dequantize(no_offsets, type_id, (rows, cols))[perm].astype(np.float64)
     got = cpu_fast.linear(x, packed(type_id, no_offsets, perm))
     assert rel_err(got, rounded_x(x) @ exact.T) < 2e-6

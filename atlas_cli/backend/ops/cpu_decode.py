@@ -13,7 +13,7 @@ import sys
 import numpy as np
 
 from atlas_cli.backend.cache import FAST_KV_DTYPE
-from atlas_cli.backend.ops import cpu_numba, cpu_rows
+from atlas_cli.backend.ops import cpu_amx, cpu_numba, cpu_rows
 from atlas_cli.backend.ops.cpu_ir_attention import dots16
 from atlas_cli.backend.ops.cpu_kernels import (
     BLOCKS,
@@ -287,6 +287,8 @@ def warm_up(kv_dtype=FAST_KV_DTYPE) -> None:
     x = np.zeros((GEMV_WARM_TOKENS, BLOCKS[Q4_K][0]), np.float32)
     out = np.empty((GEMV_WARM_TOKENS, 32), np.float32)
     gemm_int16(Q4_K, kq, 0, BLOCKS[Q4_K][1], 1, perm, x, out)
+    if cpu_amx.ready():
+        cpu_amx.gemm_amx(Q4_K, kq, 0, BLOCKS[Q4_K][1], 1, perm, x, out)
     gather_rows(Q8_0, w, 0, rb, nb, np.zeros(2, np.int64), np.empty((2, hidden), np.float32))
     q = np.ones((2, heads, hd), np.float32)
     kc = kv_bits(np.zeros((n_kv, 2, hd), kv_dtype))

@@ -26,6 +26,7 @@ import numpy as np
 import atlas_cli.backend.formats as formats
 from atlas_cli.backend.cache import FAST_KV_DTYPE, HOST_KV_TYPES, HybridCache, StackedKVCache
 from atlas_cli.backend.formats import QuantizedWeight, WeightFormat
+from atlas_cli.backend.ops import cpu_amx as _amx
 from atlas_cli.backend.ops import cpu_decode as _d
 from atlas_cli.backend.ops import cpu_gdn as _gdn
 from atlas_cli.backend.ops import cpu_kernels as _k
@@ -167,7 +168,10 @@ def linear(x: np.ndarray, w, bias: np.ndarray | None = None) -> np.ndarray:
     out = np.empty((x2.shape[0], rows), np.float32)
     integer = int8_activations()
     if x2.shape[0] > GEMV_MAX_TOKENS:
-        kernel = _prefill.gemm_int16 if integer and w.type_id in _prefill.INT16_TYPES else _k.gemm
+        kernel = _k.gemm
+        if integer and w.type_id in _prefill.INT16_TYPES:
+            amx = w.type_id in _amx.AMX_TYPES and _amx.ready()
+            kernel = _amx.gemm_amx if amx else _prefill.gemm_int16
     elif integer and w.type_id in _k.INT8_TYPES:
         kernel = _k.gemv_batch_int8
     else:

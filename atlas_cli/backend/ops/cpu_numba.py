@@ -35,6 +35,7 @@ KERNEL_FILES = (
     "cpu_qwen35.py",
     "cpu_gdn.py",
     "cpu_rows.py",
+    "cpu_amx.py",
 )
 # Forces the instructions of the integer dot products (cpu_ir_int8.dot_isa), which are chosen
 # when a kernel compiles: the value is part of every kernel's cache stamp.
