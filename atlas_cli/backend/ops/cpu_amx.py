@@ -1,15 +1,15 @@
 """Prefill products of the K-quants on Intel AMX tiles, where the CPU and the kernel have them.
 
-An AMX-INT8 `tdpbssd` here multiplies 16 tokens by 16 weight rows over 32 int8 columns into
-16 x 16 int32 sums, 8,192 multiply-adds in one instruction: ~500 GMAC/s per core with its
-loads, where the int16 tiles of cpu_prefill.py reach 64-75 (docs/performance.md). The pieces
-are the decode path's: a Q4_K/Q5_K row as its integer codes (cpu_ir_int8's block decoders)
-with a float scale per 32 columns, and x in two int8 planes per 256 columns, `hi = rint(x /
-d)` and the remainder `lo` in units of d/256 (cpu_kernels.quantize_x's rounding: within d/512
-of x). One tile multiply per plane gives a 32-column group's exact integer dots of 16 tokens with 16 rows; they are
-combined as `256 * hi + lo`, converted to float and scaled by the rows' scales, and once per
-256 columns by the tokens'. The `-dmin * m` offsets are the float product of x's 32-column
-sums that cpu_prefill.py uses too. Q6_K (a scale per 16 columns: twice the scaling per
+An AMX-INT8 `tdpbssd` here multiplies 16 tokens by 16 weight rows over 32 int8 columns into 16 x
+16 int32 sums, 8,192 multiply-adds in one instruction: ~500 GMAC/s per core with its loads,
+where the int16 tiles of cpu_prefill.py reach 64-75 (docs/performance.md). The pieces are the
+decode path's: a Q4_K/Q5_K row as its integer codes (cpu_ir_int8's block decoders) with a float
+scale per 32 columns, and x in two int8 planes per 256 columns, `hi = rint(x / d)` and the
+remainder `lo` in units of d/256 (cpu_kernels.quantize_x's rounding: within d/512 of x). One
+tile multiply per plane gives a 32-column group's exact integer dots of 16 tokens with 16 rows;
+they are combined as `256 * hi + lo`, converted to float and scaled by the rows' scales, and
+once per 256 columns by the tokens'. The `-dmin * m` offsets are the float product of x's
+32-column sums that cpu_prefill.py uses too. Q6_K (a scale per 16 columns: twice the scaling per
 multiply-add) measured no faster than its int16 tiles and stays on them.
 
 AMX state needs the kernel's permission (arch_prctl ARCH_REQ_XCOMP_PERM) and a tile
