@@ -38,7 +38,13 @@ from numba.core import cgutils  # noqa: E402
 from numba.extending import intrinsic  # noqa: E402
 
 from atlas_cli.backend.ops.cpu_ir import BLOCKS, GROUP, Q4_K, Q5_K, _i64, _ptr  # noqa: E402
-from atlas_cli.backend.ops.cpu_ir_int8 import _INT_EMITTERS, _fsplat, dot_isa  # noqa: E402
+from atlas_cli.backend.ops.cpu_ir_int8 import (  # noqa: E402
+    _INT_EMITTERS,
+    _fsplat,
+    _intrinsic_fn,
+    dot_isa,
+    target_features,
+)
 from atlas_cli.backend.ops.cpu_kernels import group_sums, tile_dots  # noqa: E402
 from atlas_cli.backend.ops.cpu_prefill import gemm_int16  # noqa: E402
 
@@ -50,33 +56,29 @@ _I8, _I32, _I64, _F32 = ir.IntType(8), ir.IntType(32), ir.IntType(64), ir.FloatT
 _P8 = _I8.as_pointer()
 _V16I, _V16F = ir.VectorType(_I32, TILE), ir.VectorType(_F32, TILE)
 _FAST = ("fast",)
-# tiles: 0, 1 the int32 sums of the hi and lo planes; 2, 3 those planes (16 tokens x depth
-# bytes); 4 the weights (depth / 4 rows of 16 rows x 4 codes: the layout tdpbssd reads)
+# tiles: 0, 1 the int32 sums of the hi and lo planes; 2, 3 those planes (16 tokens x GROUP
+# bytes); 4 the weights (GROUP / 4 rows of 16 rows x 4 codes: the layout tdpbssd reads)
 _C_HI, _C_LO, _X_HI, _X_LO, _W = range(5)
 
 
-def _config(depth: int) -> np.ndarray:
-    """The 64-byte tile configuration (palette 1) for groups of `depth` columns."""
+def _config() -> np.ndarray:
+    """The 64-byte tile configuration (palette 1) for groups of GROUP columns."""
     cfg = np.zeros(64, np.uint8)
     cfg[0] = 1
     colsb, rows = cfg[16:48].view(np.uint16), cfg[48:64]
     for tile, (n_rows, row_bytes) in enumerate(
-        [(TILE, 4 * TILE), (TILE, 4 * TILE), (TILE, depth), (TILE, depth), (depth // 4, 4 * TILE)]
+        [(TILE, 4 * TILE), (TILE, 4 * TILE), (TILE, GROUP), (TILE, GROUP), (GROUP // 4, 4 * TILE)]
     ):
         rows[tile], colsb[tile] = n_rows, row_bytes
     return cfg
 
 
-CONFIG = _config(GROUP)
+CONFIG = _config()
 
 
 def _call(b, name: str, args, arg_types):
-    module = b.module
-    try:
-        fn = module.get_global(name)
-    except KeyError:
-        fn = ir.Function(module, ir.FunctionType(ir.VoidType(), arg_types), name)
-    return b.call(fn, args)
+    """Calls the void LLVM intrinsic `name`."""
+    return b.call(_intrinsic_fn(b, name, ir.VoidType(), arg_types), args)
 
 
 def _imm(v: int) -> ir.Constant:
@@ -308,15 +310,7 @@ def gemm_amx(t, w, off, rowbytes, nb, perm, x, out):
 def _host_has_amx() -> bool:
     if platform.machine().lower() not in ("x86_64", "amd64") or dot_isa() != "vnni512":
         return False
-    from numba.core import config
-
-    if config.CPU_NAME and config.CPU_NAME != "host":
-        features = config.CPU_FEATURES or ""
-    else:
-        import llvmlite.binding as llb
-
-        features = llb.get_host_cpu_features().flatten()
-    return {"+amx-int8", "+amx-tile"} <= set(features.split(","))
+    return {"amx-int8", "amx-tile"} <= target_features()
 
 
 def _request_permission() -> bool:

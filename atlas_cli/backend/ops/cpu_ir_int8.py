@@ -75,6 +75,14 @@ def dot_isa() -> str:
         return forced
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return "portable"
+    have = target_features()
+    if {"avx512vnni", "avx512bw", "avx512f"} <= have:
+        return "vnni512"
+    return "avx2" if "avx2" in have else "portable"
+
+
+def target_features() -> set[str]:
+    """The CPU features numba compiles for: the host's, unless NUMBA_CPU_NAME says otherwise."""
     from numba.core import config
 
     if config.CPU_NAME and config.CPU_NAME != "host":
@@ -83,10 +91,7 @@ def dot_isa() -> str:
         import llvmlite.binding as llb
 
         features = llb.get_host_cpu_features().flatten()
-    have = {f[1:] for f in features.split(",") if f.startswith("+")}
-    if {"avx512vnni", "avx512bw", "avx512f"} <= have:
-        return "vnni512"
-    return "avx2" if "avx2" in have else "portable"
+    return {f[1:] for f in features.split(",") if f.startswith("+")}
 
 
 def _const_vec(ty, values):
