@@ -241,6 +241,19 @@ def test_fused_decode_matches_reference(variant, rng):
     assert rel_err(run_tokens(fast, ids, decode_from=7), want) < 1e-4  # prefill, then fused
 
 
+@pytest.mark.parametrize("workers", [2, 3, 5])
+def test_fused_decode_is_the_same_on_any_number_of_workers(workers, rng):
+    """The step hands its rows and heads out through counters (cpu_ir_sync): workers beyond the
+    threads run after the others and find the work done; who computed a row changes nothing."""
+    fast, ref = tiny_model(rng, qk_norm=True, type_id=12)
+    ids = rng.integers(0, 300, 10).tolist()
+    fast.fused.workers = 1
+    one = run_tokens(fast, ids, decode_from=3)
+    fast.fused.workers = workers
+    assert np.array_equal(run_tokens(fast, ids, decode_from=3), one)
+    assert rel_err(one, run_tokens(ref, ids, decode_from=0)) < 1e-4
+
+
 @pytest.mark.parametrize("lazy", [True, False])
 def test_fused_decode_across_cache_growth(lazy, rng, monkeypatch):
     monkeypatch.setattr(cache_module, "LAZY_PAGES", lazy)

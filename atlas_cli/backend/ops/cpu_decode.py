@@ -15,6 +15,7 @@ import numpy as np
 from atlas_cli.backend.cache import FAST_KV_DTYPE
 from atlas_cli.backend.ops import cpu_amx, cpu_numba, cpu_rows
 from atlas_cli.backend.ops.cpu_ir_attention import dots16
+from atlas_cli.backend.ops.cpu_ir_sync import SLOT, claim, wait_until
 from atlas_cli.backend.ops.cpu_kernels import (
     BLOCKS,
     GROUP,
@@ -30,11 +31,14 @@ from atlas_cli.backend.ops.cpu_kernels import (
     gemv_batch,
     gemv_batch_int8,
     group_sums,
+    has_int8_dot,
     kv_bits,
     kv_rows,
     kv_store,
     quantize_x,
     row_dequant,
+    row_dot,
+    row_dot_int8,
     tile_dots,
 )
 from atlas_cli.backend.ops.cpu_prefill import gemm_int16
@@ -113,17 +117,18 @@ def attend_group(q, keys, vals, n_pos, scale, scores, out):
     for s0 in range(0, n_pos, KV_TILE):
         n = min(KV_TILE, n_pos - s0)
         rows = kv_rows(vals, s0, n, tile)
-        for s in range(n):
-            for j in range(g):
-                p = scores[j, s0 + s]
+        for j in range(g):  # per head, a row of 1-D views: 1/13 the time of the loop
+            head, probs = acc[j], scores[j]  # nest over (s, j, d) on 2-D indexing
+            for s in range(n):
+                p, row = probs[s0 + s], rows[s]
                 for d in range(hd):
-                    acc[j, d] += p * rows[s, d]
+                    head[d] += p * row[d]
     for j in range(g):
         for d in range(hd):
             out[j * hd + d] = acc[j, d]
 
 
-@njit(cache=True, fastmath=True)  # the parallel loops are in the blocks
+@njit(cache=True, fastmath=True)
 def decode_step(
     w,  # uint8 (file bytes)
     mats,  # int64 (L, 7, 4)
@@ -147,19 +152,9 @@ def decode_step(
     x,  # float32 scratch (H,): the residual stream
     out,  # float32 (H,): the final normed hidden state
     int8,  # products on int8-rounded activations (cpu_ir_int8) where the format has them
+    workers,  # iterations of the one parallel loop (the thread count; any count is correct)
 ):
     n_layers = mats.shape[0]
-    hd = kc.shape[3]
-    n_heads = scores.shape[0]
-    hidden, inter = x.shape[0], act.shape[0]
-    nq = n_heads * hd
-    xn = np.empty(hidden, np.float32)
-    att = np.empty(nq, np.float32)
-    widest = max(hidden, inter, nq)
-    xs = np.empty(widest // GROUP, np.float32)  # 32-group sums of the input
-    xq = np.empty(2 * widest, np.int8)  # the input rounded to int8 (quantize_x), with
-    xf = np.empty(widest // GROUP * XF, np.float32)  # its scales and sums
-
     half = inv_freq.shape[0]
     cos = np.empty(half, np.float32)
     sin = np.empty(half, np.float32)
@@ -168,71 +163,176 @@ def decode_step(
         cos[i] = np.cos(angle)
         sin[i] = np.sin(angle)
     row_dequant(embed[0], w, embed[1] + token * embed[2], x, 0, embed[3])
-
-    for layer in range(n_layers):
-        _attention_block(
-            w, mats[layer], perm_q, perm_k, pos, norms[layer, 0], bias[layer], qk_norm[layer],
-            use_qk_norm, cos, sin, eps, kc[layer], vc[layer], qkv, scores, x, xn, att, xs, xq,
-            xf, int8,
-        )  # fmt: skip
-        mlp_block(w, mats[layer], norms[layer, 1], eps, x, xn, act, xs, xq, xf, int8)
+    att = np.empty(scores.shape[0] * kc.shape[3], np.float32)
+    counters = np.zeros(n_layers * STAGES * SLOT, np.int64)
+    _layers(
+        w, mats, perm_q, perm_k, pos, norms, bias, qk_norm, use_qk_norm, cos, sin, eps, kc, vc,
+        qkv, act, scores, x, att, int8, counters, workers,
+    )  # fmt: skip
     rms_norm_into(x, final_norm, eps, out)
 
 
+# The stages of a layer, in order; each needs all of the one before (cpu_ir_sync).
+QKV_ROWS, ATTEND, O_ROWS, GATE_UP_ROWS, DOWN_ROWS = range(5)
+STAGES = 5
+CHUNKS_PER_WORKER = 8  # claims per worker and stage: small enough to even out, few atomics
+
+
 @njit(parallel=True, cache=True, fastmath=True)
-def _attention_block(
-    w, m, perm_q, perm_k, pos, norm, bias, qk_norm, use_qk_norm, cos, sin, eps, kc, vc, qkv,
-    scores, x, xn, att, xs, xq, xf, int8,
+def _layers(
+    w, mats, perm_q, perm_k, pos, norms, bias, qk_norm, use_qk_norm, cos, sin, eps, kc, vc, qkv,
+    act, scores, x, att, int8, counters, workers,
 ):  # fmt: skip
-    """x += o_proj(attention(rms_norm(x))) for one layer: m (7, 4) its matrices, bias and
-    qk_norm its rows, kc/vc (nkv, cap, hd) its cache (position `pos` is written here)."""
+    """Every layer for one token, on `workers` iterations that claim each stage's rows or heads
+    from `counters` (zeros, STAGES * SLOT per layer). What every worker needs of a stage's input
+    (the norm of x, its int8 rounding) it computes into its own buffers: a worker can only
+    claim work of a stage while nobody has finished it, so no input it read was changing."""
+    hidden, inter = x.shape[0], act.shape[0]
+    n_heads, hd = scores.shape[0], kc.shape[3]
+    widest = max(hidden, inter, n_heads * hd)
+    rows = np.arange(widest)  # the stored row of each logical row, where nothing is permuted
+    for _worker in prange(workers):
+        xn = np.empty(widest, np.float32)
+        xs = np.empty(widest // GROUP, np.float32)  # 32-group sums of the input
+        xq = np.empty(2 * widest, np.int8)  # the input rounded to int8 (quantize_x), with
+        xf = np.empty(widest // GROUP * XF, np.float32)  # its scales and sums
+        part = np.empty((2, widest), np.float32)  # a claimed chunk's dots
+        for layer in range(mats.shape[0]):
+            m, at = mats[layer], layer * STAGES * SLOT
+            h = xn[:hidden]
+            rms_norm_into(x, norms[layer, 0], eps, h)
+            prepare_input(h, xs, xq, xf, int8)
+            _qkv_rows(w, m, perm_q, perm_k, rows, bias[layer], h, xs, xq, xf, int8, qkv, part[0],
+                      counters, at, workers)  # fmt: skip
+            _attend_heads(
+                qkv, qk_norm[layer], use_qk_norm, cos, sin, eps, kc[layer], vc[layer], pos,
+                scores, att, counters, at + ATTEND * SLOT,
+            )  # fmt: skip
+            prepare_input(att, xs, xq, xf, int8)
+            _add_rows(w, m[O], rows, att, xs, xq, xf, int8, x, part[0], counters,
+                      at + O_ROWS * SLOT, workers)  # fmt: skip
+            rms_norm_into(x, norms[layer, 1], eps, h)
+            prepare_input(h, xs, xq, xf, int8)
+            _gate_up_rows(w, m, rows, h, xs, xq, xf, int8, act, part, counters,
+                          at + GATE_UP_ROWS * SLOT, workers)  # fmt: skip
+            prepare_input(act, xs, xq, xf, int8)
+            _add_rows(w, m[DOWN], rows, act, xs, xq, xf, int8, x, part[0], counters,
+                      at + DOWN_ROWS * SLOT, workers)  # fmt: skip
+
+
+@njit(cache=True, fastmath=True)
+def dots(mat, rows, r0, r1, w, v, xs, xq, xf, int8, out):
+    """out[i] = the dot of logical row r0 + i (stored row rows[r0 + i]) of mat ([type, offset,
+    row bytes, blocks]) with v, for r0 <= row < r1. The int8 choice is made once here, not per
+    row: inlined into a row loop with both branches, `any_dot` made that loop ~2x slower on
+    the default model's rows (docs/performance.md)."""
+    t, off, rb, nb = mat[0], mat[1], mat[2], mat[3]
+    if int8 and has_int8_dot(t):
+        for r in range(r0, r1):
+            out[r - r0] = row_dot_int8(t, w, off + rows[r] * rb, xq, 0, xf, 0, nb)
+    else:
+        for r in range(r0, r1):
+            out[r - r0] = row_dot(t, w, off + rows[r] * rb, v, 0, xs, 0, nb)
+
+
+@njit(cache=True, inline="always")
+def _chunk(n, workers):
+    """Rows per claim of a stage of n rows."""
+    return max(1, n // (CHUNKS_PER_WORKER * workers))
+
+
+@njit(cache=True, fastmath=True)
+def _qkv_rows(w, m, perm_q, perm_k, rows, bias, h, xs, xq, xf, int8, qkv, part, counters, at,
+              workers):  # fmt: skip
+    """qkv = the q, k, v projections of the normed x h (+ biases), claimed in chunks."""
+    nq, nk = perm_q.shape[0], perm_k.shape[0]
+    n = qkv.shape[0]
+    step = _chunk(n, workers)
+    while True:
+        r0 = claim(counters, at, step)
+        if r0 >= n:
+            break
+        r1 = min(n, r0 + step)
+        for mat, perm, lo, hi in ((m[Q], perm_q, 0, nq), (m[K], perm_k, nq, nq + nk),
+                                  (m[V], rows, nq + nk, n)):  # fmt: skip
+            a, b = max(r0, lo), min(r1, hi)
+            if a < b:
+                dots(mat, perm, a - lo, b - lo, w, h, xs, xq, xf, int8, part)
+                for r in range(a, b):
+                    qkv[r] = part[r - a] + bias[r]
+        claim(counters, at + 1, r1 - r0)
+    wait_until(counters, at + 1, n)
+
+
+@njit(cache=True, fastmath=True)
+def _attend_heads(qkv, qk_norm, use_qk_norm, cos, sin, eps, kc, vc, pos, scores, att, counters, at):
+    """Per KV head, claimed one at a time: q/k norms and RoPE of its query heads and its key,
+    its key and value into the cache at `pos`, and the attention of its query heads."""
     n_kv, hd = kc.shape[0], kc.shape[2]
     n_heads = scores.shape[0]
-    hidden = x.shape[0]
     nq, nk = n_heads * hd, n_kv * hd
-    n_qkv = nq + 2 * nk
     group = n_heads // n_kv
-    n_pos = pos + 1
     inv_sqrt = np.float32(1.0 / math.sqrt(hd))
-    rms_norm_into(x, norm, eps, xn)
-    prepare_input(xn, xs, xq, xf, int8)
-    for r in prange(n_qkv):
-        if r < nq:
-            t, off, rb, nb, src = m[Q, 0], m[Q, 1], m[Q, 2], m[Q, 3], perm_q[r]
-        elif r < nq + nk:
-            t, off, rb, nb, src = m[K, 0], m[K, 1], m[K, 2], m[K, 3], perm_k[r - nq]
-        else:
-            t, off, rb, nb, src = m[V, 0], m[V, 1], m[V, 2], m[V, 3], r - nq - nk
-        qkv[r] = any_dot(int8, t, w, off + src * rb, xn, xs, xq, xf, nb) + bias[r]
-    q = qkv[:nq]
-    k = qkv[nq : nq + nk]
-    v = qkv[nq + nk :]
-    if use_qk_norm:
-        for h in range(n_heads):
-            seg = q[h * hd : (h + 1) * hd]
-            rms_norm_into(seg, qk_norm[0], eps, seg)
-        for h in range(n_kv):
-            seg = k[h * hd : (h + 1) * hd]
-            rms_norm_into(seg, qk_norm[1], eps, seg)
-    rope_neox(q, n_heads, hd, cos, sin)
-    rope_neox(k, n_kv, hd, cos, sin)
-    for h in range(n_kv):
-        kv_store(kc[h, pos], k[h * hd : (h + 1) * hd])
-        kv_store(vc[h, pos], v[h * hd : (h + 1) * hd])
-    for kvh in prange(n_kv):  # the query heads of one KV head share each key and value read
+    while True:
+        kvh = claim(counters, at, 1)
+        if kvh >= n_kv:
+            break
         h0 = kvh * group
+        q = qkv[h0 * hd : (h0 + group) * hd]
+        k = qkv[nq + kvh * hd : nq + (kvh + 1) * hd]
+        v = qkv[nq + nk + kvh * hd : nq + nk + (kvh + 1) * hd]
+        if use_qk_norm:
+            for j in range(group):
+                seg = q[j * hd : (j + 1) * hd]
+                rms_norm_into(seg, qk_norm[0], eps, seg)
+            rms_norm_into(k, qk_norm[1], eps, k)
+        rope_neox(q, group, hd, cos, sin)
+        rope_neox(k, 1, hd, cos, sin)
+        kv_store(kc[kvh, pos], k)
+        kv_store(vc[kvh, pos], v)
+        # the query heads of one KV head share each key and value read
         attend_group(
-            q[h0 * hd : (h0 + group) * hd],
-            kc[kvh],
-            vc[kvh],
-            n_pos,
-            inv_sqrt,
-            scores[h0 : h0 + group],
+            q, kc[kvh], vc[kvh], pos + 1, inv_sqrt, scores[h0 : h0 + group],
             att[h0 * hd : (h0 + group) * hd],
-        )
-    prepare_input(att, xs, xq, xf, int8)
-    for r in prange(hidden):
-        x[r] += any_dot(int8, m[O, 0], w, m[O, 1] + r * m[O, 2], att, xs, xq, xf, m[O, 3])
+        )  # fmt: skip
+        claim(counters, at + 1, 1)
+    wait_until(counters, at + 1, n_kv)
+
+
+@njit(cache=True, fastmath=True)
+def _add_rows(w, mat, rows, v, xs, xq, xf, int8, x, part, counters, at, workers):
+    """x += mat @ v (o_proj, down_proj), claimed in chunks of rows."""
+    n = x.shape[0]
+    step = _chunk(n, workers)
+    while True:
+        r0 = claim(counters, at, step)
+        if r0 >= n:
+            break
+        r1 = min(n, r0 + step)
+        dots(mat, rows, r0, r1, w, v, xs, xq, xf, int8, part)
+        for r in range(r0, r1):
+            x[r] += part[r - r0]
+        claim(counters, at + 1, r1 - r0)
+    wait_until(counters, at + 1, n)
+
+
+@njit(cache=True, fastmath=True)
+def _gate_up_rows(w, m, rows, h, xs, xq, xf, int8, act, part, counters, at, workers):
+    """act = silu(gate(h)) * up(h), claimed in chunks of rows."""
+    n = act.shape[0]
+    step = _chunk(n, workers)
+    while True:
+        r0 = claim(counters, at, step)
+        if r0 >= n:
+            break
+        r1 = min(n, r0 + step)
+        dots(m[GATE], rows, r0, r1, w, h, xs, xq, xf, int8, part[0])
+        dots(m[UP], rows, r0, r1, w, h, xs, xq, xf, int8, part[1])
+        for r in range(r0, r1):
+            g = part[0, r - r0]
+            act[r] = g / (np.float32(1.0) + fast_exp(-g)) * part[1, r - r0]
+        claim(counters, at + 1, r1 - r0)
+    wait_until(counters, at + 1, n)
 
 
 @njit(cache=True)
@@ -320,6 +420,7 @@ def warm_up(kv_dtype=FAST_KV_DTYPE) -> None:
         np.empty(hidden, np.float32),
         np.empty(hidden, np.float32),
         True,
+        2,
     )
     cpu_rows.warm_up()  # the prefill's elementwise ops
 

@@ -308,6 +308,7 @@ class FusedDecoder:
         # Load the kernels now, before the weights are first read, then let go of the JIT
         # compiler's pages: the two are never resident together (docs/performance.md).
         self.kv_dtype = FAST_KV_DTYPE
+        self.workers = None  # iterations of the step's one parallel loop; None: the threads
         if not _d.kernels_cached():
             cpu_numba.compile_notice()
         _d.warm_up(self.kv_dtype)
@@ -333,6 +334,7 @@ class FusedDecoder:
             self.qk_norm, self.use_qk_norm, self.inv_freq, self.eps, _k.kv_bits(cache.k),
             _k.kv_bits(cache.v),
             self.qkv, self.act, self.scores, self.x, out, int8_activations(),
+            self.workers or numba.get_num_threads(),
         )  # fmt: skip
         return out[None, :]
 

@@ -117,6 +117,15 @@ def kv_store(row, x):
 def _kv_rows(slab, s0, n, scratch):
     if slab.dtype == types.uint16:
 
+        if slab.layout == "C" and scratch.layout == "C":  # the rows are one run: one call
+
+            def widen_run(slab, s0, n, scratch):
+                hd = slab.shape[1]
+                widen_half(slab, s0 * hd, scratch, 0, n * hd)
+                return scratch[:n]
+
+            return widen_run
+
         def widen(slab, s0, n, scratch):
             hd = slab.shape[1]
             for j in range(n):

@@ -29,6 +29,7 @@ KERNEL_FILES = (
     "cpu_ir_int8.py",
     "cpu_ir_int16.py",
     "cpu_ir_attention.py",
+    "cpu_ir_sync.py",
     "cpu_kernels.py",
     "cpu_prefill.py",
     "cpu_decode.py",
