@@ -14,6 +14,7 @@ on one thread finish too (the first does everything); nobody waits on work nobod
 from __future__ import annotations
 
 import platform
+import sys
 
 from atlas_cli.backend.ops import cpu_numba
 
@@ -27,6 +28,7 @@ from numba.extending import intrinsic  # noqa: E402
 from atlas_cli.backend.ops.cpu_ir import _ptr  # noqa: E402
 
 SLOT = 8  # int64s per counter: one 64-byte line each, so no two counters share a line
+SPINS = 4096  # pauses (~0.1-0.5 ms) before a waiting worker yields its core once
 
 
 @intrinsic
@@ -72,9 +74,29 @@ def pause(typingctx):
     return sig, codegen
 
 
+if sys.platform.startswith("linux") or sys.platform == "darwin":
+    _sched_yield = types.ExternalFunction("sched_yield", types.int32())
+
+    @njit(cache=True, inline="always")
+    def give_way():
+        _sched_yield()
+
+else:
+
+    @njit(cache=True, inline="always")
+    def give_way():
+        pass
+
+
 @njit(cache=True, inline="always")
 def wait_until(counters, index, n):
-    """Spin until counters[index] >= n. Only chunks that a running worker holds are waited
-    for, each a few microseconds of rows."""
+    """Spin until counters[index] >= n. Only chunks that a running worker holds are waited for,
+    each a few microseconds of rows; a wait much longer than that means the holder lost its
+    core to another process, and spinning on would keep the core it needs: give it away."""
+    spins = 0
     while load_acquire(counters, index) < n:
         pause()
+        spins += 1
+        if spins == SPINS:
+            give_way()
+            spins = 0
