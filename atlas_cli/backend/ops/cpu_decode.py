@@ -236,6 +236,14 @@ def dots(mat, rows, r0, r1, w, v, xs, xq, xf, int8, out):
 
 
 @njit(cache=True, inline="always")
+def take(counters, at, step, n):
+    """Claim the next chunk of up to `step` of a stage's n rows: (r0, r1), empty when none is
+    left. The stage's done count is the counter after `at`."""
+    r0 = min(n, claim(counters, at, step))
+    return r0, min(n, r0 + step)
+
+
+@njit(cache=True, inline="always")
 def _chunk(n, workers):
     """Rows per claim of a stage of n rows."""
     return max(1, n // (CHUNKS_PER_WORKER * workers))
@@ -249,10 +257,9 @@ def _qkv_rows(w, m, perm_q, perm_k, rows, bias, h, xs, xq, xf, int8, qkv, part, 
     n = qkv.shape[0]
     step = _chunk(n, workers)
     while True:
-        r0 = claim(counters, at, step)
-        if r0 >= n:
+        r0, r1 = take(counters, at, step, n)
+        if r0 == r1:
             break
-        r1 = min(n, r0 + step)
         for mat, perm, lo, hi in ((m[Q], perm_q, 0, nq), (m[K], perm_k, nq, nq + nk),
                                   (m[V], rows, nq + nk, n)):  # fmt: skip
             a, b = max(r0, lo), min(r1, hi)
@@ -305,10 +312,9 @@ def _add_rows(w, mat, rows, v, xs, xq, xf, int8, x, part, counters, at, workers)
     n = x.shape[0]
     step = _chunk(n, workers)
     while True:
-        r0 = claim(counters, at, step)
-        if r0 >= n:
+        r0, r1 = take(counters, at, step, n)
+        if r0 == r1:
             break
-        r1 = min(n, r0 + step)
         dots(mat, rows, r0, r1, w, v, xs, xq, xf, int8, part)
         for r in range(r0, r1):
             x[r] += part[r - r0]
@@ -322,10 +328,9 @@ def _gate_up_rows(w, m, rows, h, xs, xq, xf, int8, act, part, counters, at, work
     n = act.shape[0]
     step = _chunk(n, workers)
     while True:
-        r0 = claim(counters, at, step)
-        if r0 >= n:
+        r0, r1 = take(counters, at, step, n)
+        if r0 == r1:
             break
-        r1 = min(n, r0 + step)
         dots(m[GATE], rows, r0, r1, w, h, xs, xq, xf, int8, part[0])
         dots(m[UP], rows, r0, r1, w, h, xs, xq, xf, int8, part[1])
         for r in range(r0, r1):
