@@ -117,8 +117,8 @@ def attend_group(q, keys, vals, n_pos, scale, scores, out):
     for s0 in range(0, n_pos, KV_TILE):
         n = min(KV_TILE, n_pos - s0)
         rows = kv_rows(vals, s0, n, tile)
-        for j in range(g):  # per head, a row of 1-D views: 1/13 the time of the loop
-            head, probs = acc[j], scores[j]  # nest over (s, j, d) on 2-D indexing
+        for j in range(g):  # per head, on 1-D views of its sums and probabilities
+            head, probs = acc[j], scores[j]
             for s in range(n):
                 p, row = probs[s0 + s], rows[s]
                 for d in range(hd):
@@ -281,8 +281,8 @@ def _attend_heads(qkv, qk_norm, use_qk_norm, cos, sin, eps, kc, vc, pos, scores,
     group = n_heads // n_kv
     inv_sqrt = np.float32(1.0 / math.sqrt(hd))
     while True:
-        kvh = claim(counters, at, 1)
-        if kvh >= n_kv:
+        kvh, end = take(counters, at, 1, n_kv)
+        if kvh == end:
             break
         h0 = kvh * group
         q = qkv[h0 * hd : (h0 + group) * hd]

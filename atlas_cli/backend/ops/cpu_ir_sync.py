@@ -1,7 +1,7 @@
 """Counters shared by the threads of one parallel region: the fused decode step's work claiming.
 
 numba starts a parallel loop per `prange`, and with TBB each start builds a task arena that
-the idle workers join again, ~4 us back to back and ~15 us between the short serial stretches
+the idle workers join again, ~4 us back to back and ~17 us between the short serial stretches
 of a decode step: 150 loops per token of the default model cost more than a tenth of its
 2-thread decode (docs/performance.md). The fused step instead runs one loop per token, one
 iteration per worker, and hands the rows of each stage out through atomic counters: a worker

@@ -116,7 +116,6 @@ def kv_store(row, x):
 @overload(kv_rows)
 def _kv_rows(slab, s0, n, scratch):
     if slab.dtype == types.uint16:
-
         if slab.layout == "C" and scratch.layout == "C":  # the rows are one run: one call
 
             def widen_run(slab, s0, n, scratch):
