@@ -100,8 +100,14 @@ ATLAS_DEV void gemv_entry(const u8* __restrict__ W, const u8* __restrict__ S, fl
                                            srow_bytes, xs, xsum);
 }
 
+// Blocks of 256 threads an SM should hold at once: the register budget the compiler gets
+// (scripts/gpu_bench.py's `gemv_blocks` section times each choice).
+#ifndef GEMV_MIN_BLOCKS
+#define GEMV_MIN_BLOCKS 1
+#endif
+
 #define GEMV_ENTRY(name, F)                                                                     \
-    extern "C" __global__ void __launch_bounds__(256, 1)                                        \
+    extern "C" __global__ void __launch_bounds__(256, GEMV_MIN_BLOCKS)                          \
         gemv_##name(const u8* __restrict__ W, const u8* __restrict__ S, float gs,               \
                     const float* __restrict__ x, const float* __restrict__ bias,                \
                     float* __restrict__ y, int T, int rows, int cols, long long row_bytes,      \
