@@ -120,6 +120,17 @@ class Bench:
         peak = self.peaks.get("bf16 TFLOP/s")
         return round(tflops / peak, 3) if peak else None
 
+    def bandwidth(self, op: str, ms: float, nbytes: float) -> None:
+        gbs = nbytes / ms / 1e6
+        self.emit(
+            {"op": op, "ms": round(ms, 4), "GB/s": round(gbs, 1), "of copy": self.of_copy(gbs)}
+        )
+
+    def compute(self, op: str, ms: float, flops: float) -> None:
+        tf = flops / ms / 1e9
+        row = {"op": op, "ms": round(ms, 3), "TFLOP/s": round(tf, 1)}
+        self.emit(row | {"of bf16 peak": self.of_tensor(tf)})
+
     def device_ms(self, fn, *args, reps: int, graph: bool = True) -> float:
         """Device time of one `fn(*args)`, averaged over `reps` calls captured in one graph (or
         launched back to back), after a warm-up."""
@@ -206,15 +217,7 @@ def gemv(b: Bench, formats) -> None:
         for t in (1, 4):
             x = ops.asarray(rng.standard_normal((t, n)).astype(np.float32))
             ms = b.device_ms(ops.linear, x, dw, reps=20)
-            gbs = weight_bytes(dw) / ms / 1e6
-            b.emit(
-                {
-                    "op": f"gemv {fmt} T={t} {n}x{n}",
-                    "ms": round(ms, 4),
-                    "GB/s": round(gbs, 1),
-                    "of copy": b.of_copy(gbs),
-                }
-            )
+            b.bandwidth(f"gemv {fmt} T={t} {n}x{n}", ms, weight_bytes(dw))
         del dw
 
 
@@ -234,9 +237,7 @@ def gemv_blocks(b: Bench, formats) -> None:
                 return out
 
             ms = b.device_ms(run, reps=20)
-            gbs = weight_bytes(dw) / ms / 1e6
-            row = {"op": f"gemv {fmt} T=1 {n}x{n} GEMV_MIN_BLOCKS={blocks}", "ms": round(ms, 4)}
-            b.emit(row | {"GB/s": round(gbs, 1), "of copy": b.of_copy(gbs)})
+            b.bandwidth(f"gemv {fmt} T=1 {n}x{n} GEMV_MIN_BLOCKS={blocks}", ms, weight_bytes(dw))
         del dw
 
 
@@ -248,15 +249,7 @@ def gemm(b: Bench, formats) -> None:
     for fmt in formats:
         dw = ops.prepare_weight(checks.random_weight(fmt, rows, cols, rng, reference=False)[0])
         ms = b.device_ms(ops.linear, x, dw, reps=5)
-        tf = 2 * t * rows * cols / ms / 1e9
-        b.emit(
-            {
-                "op": f"gemm {fmt} T={t} {rows}x{cols}",
-                "ms": round(ms, 3),
-                "TFLOP/s": round(tf, 1),
-                "of bf16 peak": b.of_tensor(tf),
-            }
-        )
+        b.compute(f"gemm {fmt} T={t} {rows}x{cols}", ms, 2 * t * rows * cols)
         del dw
 
 
@@ -273,26 +266,11 @@ def attention(b: Bench, _formats) -> None:
         kv, vv = cache.update(0, 0, k, k)
         q = ops.asarray(rng.standard_normal((s, nh, hd)).astype(np.float32))
         ms = b.device_ms(ops.attention, q, kv, vv, 0, reps=3, graph=False)
-        tf = 2 * nh * hd * s * s / ms / 1e9  # QK^T and PV, causal half of 2 * 2 * T * S * hd
-        b.emit(
-            {
-                "op": f"attention prefill bf16 T=S={s}",
-                "ms": round(ms, 3),
-                "TFLOP/s": round(tf, 1),
-                "of bf16 peak": b.of_tensor(tf),
-            }
-        )
+        # QK^T and PV: 2 * 2 * T * S * hd per head, half of it under the causal mask
+        b.compute(f"attention prefill bf16 T=S={s}", ms, 2 * nh * hd * s * s)
         q1 = ops.asarray(rng.standard_normal((1, nh, hd)).astype(np.float32))
         ms = b.device_ms(ops.attention, q1, kv, vv, s - 1, reps=20)
-        gbs = 2 * nkv * s * hd * 2 / ms / 1e6
-        b.emit(
-            {
-                "op": f"attention decode bf16 S={s}",
-                "ms": round(ms, 4),
-                "GB/s": round(gbs, 1),
-                "of copy": b.of_copy(gbs),
-            }
-        )
+        b.bandwidth(f"attention decode bf16 S={s}", ms, 2 * nkv * s * hd * 2)  # K and V, bf16
         del cache, k, q, kv, vv
 
 
