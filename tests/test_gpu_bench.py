@@ -1,0 +1,39 @@
+"""scripts/gpu_bench.py at toy sizes on the CPU emulator: each section writes its rows, with the
+fields docs/performance.md reads, and a failing section leaves the rows before it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from atlas_cli.backend.ops import runtime_emu
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.slow
+def test_sections_write_their_rows_on_the_emulator(tmp_path):
+    if not runtime_emu.available():
+        pytest.skip("g++ not installed")
+    out = tmp_path / "bench.jsonl"
+    cmd = [sys.executable, str(ROOT / "scripts" / "gpu_bench.py"), "--device", "emu", "--tiny"]
+    cmd += ["--only", "gemv,gdn", "--formats", "q4_0", "--out", str(out)]
+    subprocess.run(cmd, check=True, capture_output=True, timeout=900)
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    gemv = [r for r in rows if r["op"].startswith("gemv q4_0")]
+    assert [r["op"].split()[2] for r in gemv] == ["T=1", "T=4"]
+    # no copy-bandwidth row on the emulator, so no fraction
+    assert all(r["ms"] > 0 and "GB/s" in r and r["of copy"] is None for r in gemv)
+    assert [r["op"] for r in rows if r["op"].startswith("gdn")] == [
+        "gdn chunked prefill T=64",
+        "gdn chunked prefill T=128",
+    ]
+    bad = subprocess.run(
+        [*cmd[:-4], "--only", "gdn,nonesuch", "--out", str(out)], capture_output=True
+    )
+    assert bad.returncode != 0
+    assert len(out.read_text().splitlines()) == len(rows) + 2  # gdn's rows kept
