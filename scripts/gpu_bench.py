@@ -13,8 +13,8 @@ keeps what the others measured; scripts/device-check runs each in its own proces
   every weight format; the launches are captured in a graph and replayed, so launch cost does
   not hide the kernel. GB/s counts the weight's bytes (codes + scales).
 - `gemm`: a 2,048-token prompt chunk through the 27B shape's MLP matrix (17408 x 5120): TFLOP/s.
-- `attention`: prefill (causal, T = S = 2K and 16K) and decode (T = 1 against 16K cached
-  positions) at the 27B shape's attention geometry (24 query heads, 4 KV heads, head dim 256,
+- `attention`: prefill (causal, T = S = 2K and 16K) and decode (T = 1 against 2K and 16K
+  cached positions) at the 27B shape's attention geometry (24 query heads, 4 KV heads, head dim 256,
   bf16 KV).
 - `gdn`: the chunked Gated DeltaNet prefill at the 27B shape (16 key / 48 value heads of 128).
 - `qwen27b`: decode tok/s and prefill tok/s at 2K and 16K tokens of the Qwen3.6-27B shape with
@@ -292,15 +292,24 @@ def gdn(b: Bench, _formats) -> None:
         )
 
 
-def _random_model(b: Bench, cfg: dict, fmt: str, layers: int, rng) -> tuple[dict, int]:
-    """Device weights of `layers` layers of `cfg` in `fmt` (norms and vectors float32), and the
-    bytes one decoded token reads from the matrices (the embedding row aside)."""
+def _model_class(cfg: dict, layers: int):
+    """The model class for `cfg` and its arguments with `layers` layers."""
     from atlas_cli.backend import MODEL_CLASSES
 
     module_name, cls_name = MODEL_CLASSES[cfg["model_type"]]
     module = __import__(module_name, fromlist=[cls_name])
-    args = module.ModelArgs.from_config({**cfg, "num_hidden_layers": layers})
-    shapes, _ = getattr(module, cls_name).weight_shapes(args, set())
+    return getattr(module, cls_name), module.ModelArgs.from_config(
+        {**cfg, "num_hidden_layers": layers}
+    )
+
+
+def _random_model(b: Bench, cfg: dict, fmt: str, layers: int, rng) -> tuple[dict, int]:
+    """Device weights of `layers` layers of `cfg` in `fmt` (norms and vectors float32), and the
+    bytes one decoded token reads from the matrices (the embedding row aside)."""
+    cls, args = _model_class(cfg, layers)
+    shapes, optional = cls.weight_shapes(args, set())
+    if not cfg["tie_word_embeddings"]:
+        shapes["lm_head.weight"] = optional["lm_head.weight"]
     w, read = {}, 0
     for name, accepted in shapes.items():
         shape = accepted[0]
@@ -310,22 +319,15 @@ def _random_model(b: Bench, cfg: dict, fmt: str, layers: int, rng) -> tuple[dict
             read += 0 if "embed" in name else weight_bytes(w[name])
         else:
             w[name] = to_device(b.ops, name, (rng.standard_normal(shape) * 0.1).astype(np.float32))
-    if not cfg["tie_word_embeddings"] and "lm_head.weight" not in w:
-        q = checks.random_weight(fmt, cfg["vocab_size"], cfg["hidden_size"], rng, reference=False)
-        w["lm_head.weight"] = b.ops.prepare_weight(q[0])
-        read += weight_bytes(w["lm_head.weight"])
     return w, read
 
 
 def _throughput(b, cfg, w, layers, prompts, decode: int = 32) -> dict:
     """Seconds per decoded token and per prompt of each length, for `layers` layers of `w`."""
-    from atlas_cli.backend import MODEL_CLASSES
     from atlas_cli.backend.engine import Engine
 
-    module_name, cls_name = MODEL_CLASSES[cfg["model_type"]]
-    module = __import__(module_name, fromlist=[cls_name])
-    args = module.ModelArgs.from_config({**cfg, "num_hidden_layers": layers})
-    model = getattr(module, cls_name)(args, dict(w), b.ops)
+    cls, args = _model_class(cfg, layers)
+    model = cls(args, dict(w), b.ops)
     rng = np.random.default_rng(4)
     engine = Engine(model, None, max(prompts) + decode + 8)
     engine.prefill(list(rng.integers(0, cfg["vocab_size"], 16)))  # compile, first touch
