@@ -17,7 +17,7 @@ def test_kernel_stamp_covers_every_kernel_file():
     for name in cpu_numba.KERNEL_FILES:
         h.update((here / name).read_bytes())
     assert cpu_numba.kernel_sources_digest() == h.hexdigest()
-    kernels = (cpu_kernels.row_dot, cpu_kernels.gemm, cpu_decode.decode_step, cpu_qwen35.gdn_layer)
+    kernels = (cpu_kernels.row_dot, cpu_kernels.gemm, cpu_decode.decode_step, cpu_qwen35.gdn_block)
     for fn in kernels:
         locator = fn._cache._impl.locator
         assert type(locator).__name__ == "KernelFilesLocator"

@@ -93,6 +93,20 @@ def test_fused_step_matches_the_op_path_and_the_reference(type_id, activations, 
     assert np.array_equal(fused[5:].argmax(-1), op_path[5:].argmax(-1))
 
 
+@pytest.mark.parametrize("workers", [2, 3, 5])
+def test_fused_step_is_the_same_on_any_number_of_workers(workers, rng):
+    """Each layer's loop hands its rows, conv channels and heads out through counters
+    (cpu_ir_sync): who computed a row changes nothing, and workers beyond the threads find the
+    work done."""
+    fast, ref = tiny_qwen35(rng, 13)
+    ids = rng.integers(0, VOCAB, 10).tolist()
+    fast.fused.workers = 1
+    one = run_tokens(fast, ids, decode_from=3)
+    fast.fused.workers = workers
+    assert np.array_equal(run_tokens(fast, ids, decode_from=3), one)
+    assert rel_err(one, run_tokens(ref, ids, decode_from=3)) < 1e-3
+
+
 def test_fused_step_runs_and_checkpoints_survive_it(rng):
     """A checkpoint taken before fused steps restores the state they started from: the step
     updates the live state in place, never a checkpoint's copy."""

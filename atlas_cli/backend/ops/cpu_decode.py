@@ -23,7 +23,6 @@ from atlas_cli.backend.ops.cpu_kernels import (
     Q4_K,
     Q8_0,
     XF,
-    any_dot,
     attention,
     fast_exp,
     gather_rows,
@@ -209,14 +208,14 @@ def _layers(
                 scores, att, counters, at + ATTEND * SLOT,
             )  # fmt: skip
             prepare_input(att, xs, xq, xf, int8)
-            _add_rows(w, m[O], rows, att, xs, xq, xf, int8, x, part[0], counters,
+            add_rows(w, m[O], rows, att, xs, xq, xf, int8, x, part[0], counters,
                       at + O_ROWS * SLOT, workers)  # fmt: skip
             rms_norm_into(x, norms[layer, 1], eps, h)
             prepare_input(h, xs, xq, xf, int8)
-            _gate_up_rows(w, m, rows, h, xs, xq, xf, int8, act, part, counters,
+            gate_up_rows(w, m, rows, h, xs, xq, xf, int8, act, part, counters,
                           at + GATE_UP_ROWS * SLOT, workers)  # fmt: skip
             prepare_input(act, xs, xq, xf, int8)
-            _add_rows(w, m[DOWN], rows, act, xs, xq, xf, int8, x, part[0], counters,
+            add_rows(w, m[DOWN], rows, act, xs, xq, xf, int8, x, part[0], counters,
                       at + DOWN_ROWS * SLOT, workers)  # fmt: skip
 
 
@@ -224,8 +223,8 @@ def _layers(
 def dots(mat, rows, r0, r1, w, v, xs, xq, xf, int8, out):
     """out[i] = the dot of logical row r0 + i (stored row rows[r0 + i]) of mat ([type, offset,
     row bytes, blocks]) with v, for r0 <= row < r1. The int8 choice is made once here, not per
-    row: inlined into a row loop with both branches, `any_dot` made that loop ~2x slower on
-    the default model's rows (docs/performance.md)."""
+    row: a row loop with both branches inlined per row ran ~2x slower on the default model's
+    rows (docs/performance.md)."""
     t, off, rb, nb = mat[0], mat[1], mat[2], mat[3]
     if int8 and has_int8_dot(t):
         for r in range(r0, r1):
@@ -244,7 +243,7 @@ def take(counters, at, step, n):
 
 
 @njit(cache=True, inline="always")
-def _chunk(n, workers):
+def chunk_size(n, workers):
     """Rows per claim of a stage of n rows."""
     return max(1, n // (CHUNKS_PER_WORKER * workers))
 
@@ -255,7 +254,7 @@ def _qkv_rows(w, m, perm_q, perm_k, rows, bias, h, xs, xq, xf, int8, qkv, part, 
     """qkv = the q, k, v projections of the normed x h (+ biases), claimed in chunks."""
     nq, nk = perm_q.shape[0], perm_k.shape[0]
     n = qkv.shape[0]
-    step = _chunk(n, workers)
+    step = chunk_size(n, workers)
     while True:
         r0, r1 = take(counters, at, step, n)
         if r0 == r1:
@@ -307,10 +306,10 @@ def _attend_heads(qkv, qk_norm, use_qk_norm, cos, sin, eps, kc, vc, pos, scores,
 
 
 @njit(cache=True, fastmath=True)
-def _add_rows(w, mat, rows, v, xs, xq, xf, int8, x, part, counters, at, workers):
+def add_rows(w, mat, rows, v, xs, xq, xf, int8, x, part, counters, at, workers):
     """x += mat @ v (o_proj, down_proj), claimed in chunks of rows."""
     n = x.shape[0]
-    step = _chunk(n, workers)
+    step = chunk_size(n, workers)
     while True:
         r0, r1 = take(counters, at, step, n)
         if r0 == r1:
@@ -323,10 +322,10 @@ def _add_rows(w, mat, rows, v, xs, xq, xf, int8, x, part, counters, at, workers)
 
 
 @njit(cache=True, fastmath=True)
-def _gate_up_rows(w, m, rows, h, xs, xq, xf, int8, act, part, counters, at, workers):
+def gate_up_rows(w, m, rows, h, xs, xq, xf, int8, act, part, counters, at, workers):
     """act = silu(gate(h)) * up(h), claimed in chunks of rows."""
     n = act.shape[0]
-    step = _chunk(n, workers)
+    step = chunk_size(n, workers)
     while True:
         r0, r1 = take(counters, at, step, n)
         if r0 == r1:
@@ -348,24 +347,6 @@ def prepare_input(v, xs, xq, xf, int8):
     group_sums(v, xs[: n // GROUP])
     if int8:
         quantize_x(v, xq[: 2 * n], xf[: n // GROUP * XF])
-
-
-@njit(parallel=True, cache=True, fastmath=True)
-def mlp_block(w, m, norm, eps, x, xn, act, xs, xq, xf, int8):
-    """x += down(silu(gate(h)) * up(h)), h = rms_norm(x), for one layer's matrices m (7, 4)."""
-    hidden = x.shape[0]
-    rms_norm_into(x, norm, eps, xn)
-    prepare_input(xn, xs, xq, xf, int8)
-    gt, go, grb, gnb = m[GATE, 0], m[GATE, 1], m[GATE, 2], m[GATE, 3]
-    ut, uo, urb, unb = m[UP, 0], m[UP, 1], m[UP, 2], m[UP, 3]
-    for r in prange(act.shape[0]):
-        g = any_dot(int8, gt, w, go + r * grb, xn, xs, xq, xf, gnb)
-        u = any_dot(int8, ut, w, uo + r * urb, xn, xs, xq, xf, unb)
-        act[r] = g / (np.float32(1.0) + fast_exp(-g)) * u
-    prepare_input(act, xs, xq, xf, int8)
-    dt, do, drb, dnb = m[DOWN, 0], m[DOWN, 1], m[DOWN, 2], m[DOWN, 3]
-    for r in prange(hidden):
-        x[r] += any_dot(int8, dt, w, do + r * drb, act, xs, xq, xf, dnb)
 
 
 # -- start-up --------------------------------------------------------------------------------

@@ -412,8 +412,8 @@ def _stored_in_order(m) -> bool:
 
 
 class FusedQwen35:
-    """A Qwen3.5 decode step with one numba call per layer (gdn_layer or gated_attention_layer,
-    then mlp_block) on the host HybridCache. Built by `fuse_qwen35`; reads the same packed
+    """A Qwen3.5 decode step with one numba call per layer and its MLP (gdn_block or
+    attention_block) on the host HybridCache. Built by `fuse_qwen35`; reads the same packed
     weights as the op path."""
 
     def __init__(self, model, layers: list[dict]):
@@ -425,11 +425,6 @@ class FusedQwen35:
         self.inv_freq = np.ascontiguousarray(model.inv_freq, np.float32)
         nv, dv, hd = a.linear_num_value_heads, a.linear_value_head_dim, a.head_dim
         nq, nk = a.num_attention_heads * hd, a.num_key_value_heads * hd
-        widest = max(a.hidden_size, a.intermediate_size, nv * dv, nq)
-        self.xn = np.empty(a.hidden_size, np.float32)
-        self.xs = np.empty(widest // _k.GROUP, np.float32)
-        self.xq = np.empty(2 * widest, np.int8)
-        self.xf = np.empty(widest // _k.GROUP * _k.XF, np.float32)
         self.act = np.empty(a.intermediate_size, np.float32)
         self.gdn_proj = np.empty(a.conv_channels + nv * dv + 2 * nv, np.float32)
         self.core = np.empty(nv * dv, np.float32)
@@ -437,10 +432,11 @@ class FusedQwen35:
         self.qk = np.empty(nq + nk, np.float32)
         self.att = np.empty(nq, np.float32)
         self.scores = np.empty((a.num_attention_heads, 0), np.float32)
+        self.workers = None  # iterations of each layer's parallel loop; None: the threads
         # the kernels before the weights are first read, then the compiler's pages let go
         # (as cpu_fast.FusedDecoder)
         self.kv_dtype = FAST_KV_DTYPE
-        if not (_d.kernels_cached() and _d.kernels_cached(_q35.gdn_layer)):
+        if not (_d.kernels_cached() and _d.kernels_cached(_q35.gdn_block)):
             cpu_numba.compile_notice()
         _d.warm_up(self.kv_dtype)
         _q35.warm_up(self.kv_dtype)
@@ -458,30 +454,30 @@ class FusedQwen35:
         """One token at position `pos`: updates `cache` (this position's K/V, every linear
         layer's state) and returns the final normed hidden state (1, H)."""
         int8 = int8_activations()
+        workers = self.workers or numba.get_num_threads()
         if self.scores.shape[1] < cache.capacity:
             self.scores = np.empty((self.scores.shape[0], cache.capacity), np.float32)
         angles = np.float32(pos) * self.inv_freq  # float32, as numpy_ref.rope
         cos, sin = np.cos(angles), np.sin(angles)
         x = embedding(self.embed, np.array([token]))[0]
-        scratch = (self.xn, self.xs, self.xq, self.xf, int8)
         for i, layer in enumerate(self.layers):
             if "conv_w" in layer:
                 state = cache.linear[i]
-                _q35.gdn_layer(
-                    x, layer["norm"], self.eps, layer["descs"], layer["bufs"],
-                    layer["out_perm"], layer["conv_w"], state.conv, state.recurrent,
-                    layer["a_neg"], layer["dt_bias"], layer["gnorm"], layer["n_kh"],
-                    self.gdn_proj, self.xn, self.core, *scratch[1:],
+                _q35.gdn_block(
+                    x, layer["norm"], layer["post_norm"], self.eps, layer["descs"],
+                    layer["bufs"], layer["out_perm"], layer["conv_w"], state.conv,
+                    state.recurrent, layer["a_neg"], layer["dt_bias"], layer["gnorm"],
+                    layer["n_kh"], layer["mlp_buf"], layer["mlp"], self.gdn_proj, self.core,
+                    self.act, int8, workers,
                 )  # fmt: skip
             else:
                 kv = cache.kv[i]
-                _q35.gated_attention_layer(
-                    x, layer["norm"], self.eps, layer["descs"], layer["bufs"],
-                    layer["q_norm"], layer["k_norm"], cos, sin, pos, _k.kv_bits(kv.k),
-                    _k.kv_bits(kv.v), self.attn_proj, self.qk, self.att, self.scores, *scratch,
+                _q35.attention_block(
+                    x, layer["norm"], layer["post_norm"], self.eps, layer["descs"],
+                    layer["bufs"], layer["q_norm"], layer["k_norm"], cos, sin, pos,
+                    _k.kv_bits(kv.k), _k.kv_bits(kv.v), layer["mlp_buf"], layer["mlp"],
+                    self.attn_proj, self.qk, self.att, self.scores, self.act, int8, workers,
                 )  # fmt: skip
-            _d.mlp_block(layer["mlp_buf"], layer["mlp"], layer["post_norm"], self.eps, x,
-                      self.xn, self.act, *scratch[1:])  # fmt: skip
         out = np.empty_like(x)
         _d.rms_norm_into(x, self.final_norm, self.eps, out)
         return out[None, :]
@@ -518,7 +514,7 @@ def fuse_qwen35(model) -> FusedQwen35 | None:
         if not all(_stored_in_order(m) for m in mlp):
             return None
         if len({m.buf.__array_interface__["data"][0] for m in mlp}) != 1:
-            return None  # mlp_block reads the three from one buffer
+            return None  # the MLP stages read the three from one buffer
         table = np.zeros((7, 4), np.int64)  # cpu_decode's layout: rows GATE, UP, DOWN
         for row, m in zip((_d.GATE, _d.UP, _d.DOWN), mlp, strict=True):
             table[row] = _desc(m)[:4]
@@ -526,7 +522,7 @@ def fuse_qwen35(model) -> FusedQwen35 | None:
             "norm": _unit_offset(w[p + "input_layernorm.weight"]),
             "post_norm": _unit_offset(w[p + "post_attention_layernorm.weight"]),
             "mlp": table,
-            "mlp_buf": mlp[0].buf,
+            "mlp_buf": _buffers(mlp[:1])[0],
         }
         if kind == "linear_attention":
             q = p + "linear_attn."

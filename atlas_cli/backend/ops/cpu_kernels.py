@@ -2,7 +2,7 @@
 
 Weights stay in their GGUF blocks; a row's blocks are decoded by the LLVM IR of cpu_ir.py,
 dispatched here on the format. Decode products by default round x to two int8 planes
-(`quantize_x`) and use the integer dots of cpu_ir_int8.py (`gemv_batch_int8`, `any_dot`);
+(`quantize_x`) and use the integer dots of cpu_ir_int8.py (`gemv_batch_int8`, `row_dot_int8`);
 `gemv_batch` and prefill keep x in float32. Every @njit function is cached on disk
 (`cache=True`), stamped with all the kernel files (cpu_numba.py). The exact ones (the
 dequantizers, `quantize_x`) say `fastmath=False`: numba compiles a callee with the fast-math of
@@ -193,15 +193,6 @@ def row_dot_int8(t, w, woff, xq, xqoff, xf, xfoff, nb):
 @njit(cache=True, inline="always")
 def has_int8_dot(t):
     return t in INT8_TYPES
-
-
-@njit(cache=True, inline="always")
-def any_dot(int8, t, w, woff, x, xs, xq, xf, nb):
-    """One row's dot with the token's x: on the int8 x where `int8` and the type has an integer
-    kernel, else on the float32 x (with its 32-group sums xs)."""
-    if int8 and has_int8_dot(t):
-        return row_dot_int8(t, w, woff, xq, 0, xf, 0, nb)
-    return row_dot(t, w, woff, x, 0, xs, 0, nb)
 
 
 @njit(cache=True, fastmath=False)
