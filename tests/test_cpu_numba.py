@@ -39,3 +39,24 @@ def test_functions_elsewhere_keep_numba_s_own_locator(tmp_path, monkeypatch):
     import elsewhere
 
     assert type(elsewhere.f._cache._impl.locator).__name__ != "KernelFilesLocator"
+
+
+def test_row_loops_prefetch_the_rows_ahead():
+    """The decode GEMVs ask for the weights of the rows ahead (cpu_ir.prefetch): the machine
+    code of a row loop carries a prefetch instruction, and the products are unchanged."""
+    from numba import njit, prange
+
+    rows, rb = 64, cpu_kernels.BLOCKS[cpu_kernels.Q8_0][1]
+
+    @njit(parallel=True)
+    def loop(w, perm, x, out):  # gemv_batch's shape: prefetch, then the row's dot
+        for r in prange(perm.shape[0]):
+            cpu_kernels.prefetch_row(w, 0, rb, perm, r, perm.shape[0])
+            out[r] = w[perm[r] * rb] * x
+
+    w, perm = np.arange(rows * rb, dtype=np.uint8), np.arange(rows)
+    out = np.empty(rows, np.float32)
+    loop(w, perm, np.float32(2.0), out)
+    assert np.array_equal(out, w[perm * rb] * np.float32(2.0))
+    asm = "\n".join(loop.inspect_asm().values()).lower()
+    assert "prefetcht0" in asm or "prfm" in asm  # x86, arm64

@@ -34,6 +34,7 @@ from atlas_cli.backend.ops.cpu_kernels import (
     kv_bits,
     kv_rows,
     kv_store,
+    prefetch_row,
     quantize_x,
     row_dequant,
     row_dot,
@@ -228,9 +229,11 @@ def dots(mat, rows, r0, r1, w, v, xs, xq, xf, int8, out):
     t, off, rb, nb = mat[0], mat[1], mat[2], mat[3]
     if int8 and has_int8_dot(t):
         for r in range(r0, r1):
+            prefetch_row(w, off, rb, rows, r, r1)
             out[r - r0] = row_dot_int8(t, w, off + rows[r] * rb, xq, 0, xf, 0, nb)
     else:
         for r in range(r0, r1):
+            prefetch_row(w, off, rb, rows, r, r1)
             out[r - r0] = row_dot(t, w, off + rows[r] * rb, v, 0, xs, 0, nb)
 
 

@@ -50,6 +50,7 @@ from atlas_cli.backend.ops.cpu_ir import (  # noqa: F401  (BLOCKS, F16, ...: thi
     dot_q8_0,
     f32_from_bits,
     narrow_half,
+    prefetch,
     widen_half,
 )
 from atlas_cli.backend.ops.cpu_ir_int8 import (  # noqa: F401  (INT8_TYPES, XF: this path's facts)
@@ -264,6 +265,18 @@ def quantize_x(x, xq, xf):
 # `off`, stored row `perm[r]` is logical row r (llama.cpp's Q/K row order, undone for free).
 
 
+PREFETCH_BYTES = 4096  # how far ahead of its dot a row loop asks for weights (whole rows)
+
+
+@njit(cache=True, inline="always")
+def prefetch_row(w, off, rowbytes, perm, r, end):
+    """Ask for the bytes of the row ~PREFETCH_BYTES after logical row r (stored row
+    perm[r + ahead]) when it is before `end`: decode GEMVs stream their rows from memory."""
+    ahead = r + max(1, PREFETCH_BYTES // rowbytes)
+    if ahead < end:
+        prefetch(w, off + perm[ahead] * rowbytes, rowbytes)
+
+
 @njit(parallel=True, cache=True, fastmath=True)
 def gemv_batch(t, w, off, rowbytes, nb, perm, x, out):
     """out (T, rows) = x (T, cols) @ W^T for a few tokens: each row is read once for all T."""
@@ -275,6 +288,7 @@ def gemv_batch(t, w, off, rowbytes, nb, perm, x, out):
     for i in range(n_tok):
         group_sums(x[i], xs[i * ng : (i + 1) * ng])
     for r in prange(rows):
+        prefetch_row(w, off, rowbytes, perm, r, rows)
         woff = off + perm[r] * rowbytes
         for i in range(n_tok):
             out[i, r] = row_dot(t, w, woff, xf, i * cols, xs, i * ng, nb)
@@ -291,6 +305,7 @@ def gemv_batch_int8(t, w, off, rowbytes, nb, perm, x, out):
     for i in range(n_tok):
         quantize_x(x[i], xq[i * 2 * cols : (i + 1) * 2 * cols], xf[i * ng * XF : (i + 1) * ng * XF])
     for r in prange(rows):
+        prefetch_row(w, off, rowbytes, perm, r, rows)
         woff = off + perm[r] * rowbytes
         for i in range(n_tok):
             out[i, r] = row_dot_int8(t, w, woff, xq, i * 2 * cols, xf, i * ng * XF, nb)
