@@ -192,11 +192,7 @@ def _layers(
     widest = max(hidden, inter, n_heads * hd)
     rows = np.arange(widest)  # the stored row of each logical row, where nothing is permuted
     for _worker in prange(workers):
-        xn = np.empty(widest, np.float32)
-        xs = np.empty(widest // GROUP, np.float32)  # 32-group sums of the input
-        xq = np.empty(2 * widest, np.int8)  # the input rounded to int8 (quantize_x), with
-        xf = np.empty(widest // GROUP * XF, np.float32)  # its scales and sums
-        part = np.empty((2, widest), np.float32)  # a claimed chunk's dots
+        xn, xs, xq, xf, part = worker_scratch(widest)
         for layer in range(mats.shape[0]):
             m, at = mats[layer], layer * STAGES * SLOT
             h = xn[:hidden]
@@ -211,13 +207,22 @@ def _layers(
             prepare_input(att, xs, xq, xf, int8)
             add_rows(w, m[O], rows, att, xs, xq, xf, int8, x, part[0], counters,
                       at + O_ROWS * SLOT, workers)  # fmt: skip
-            rms_norm_into(x, norms[layer, 1], eps, h)
-            prepare_input(h, xs, xq, xf, int8)
-            gate_up_rows(w, m, rows, h, xs, xq, xf, int8, act, part, counters,
-                          at + GATE_UP_ROWS * SLOT, workers)  # fmt: skip
-            prepare_input(act, xs, xq, xf, int8)
-            add_rows(w, m[DOWN], rows, act, xs, xq, xf, int8, x, part[0], counters,
-                      at + DOWN_ROWS * SLOT, workers)  # fmt: skip
+            mlp_rows(w, m, norms[layer, 1], eps, x, h, xs, xq, xf, int8, act, rows, part, counters,
+                     at + GATE_UP_ROWS * SLOT, at + DOWN_ROWS * SLOT, workers)  # fmt: skip
+
+
+@njit(cache=True)
+def worker_scratch(widest):
+    """A worker's own buffers for inputs up to `widest` wide: the input (the normed x, or a
+    later stage's), its 32-group sums, its int8 rounding (quantize_x) with its scales and sums,
+    a claimed chunk's dots."""
+    return (
+        np.empty(widest, np.float32),
+        np.empty(widest // GROUP, np.float32),
+        np.empty(2 * widest, np.int8),
+        np.empty(widest // GROUP * XF, np.float32),
+        np.empty((2, widest), np.float32),
+    )
 
 
 @njit(cache=True, fastmath=True)
@@ -340,6 +345,18 @@ def gate_up_rows(w, m, rows, h, xs, xq, xf, int8, act, part, counters, at, worke
             act[r] = g / (np.float32(1.0) + fast_exp(-g)) * part[1, r - r0]
         claim(counters, at + 1, r1 - r0)
     wait_until(counters, at + 1, n)
+
+
+@njit(cache=True, fastmath=True)
+def mlp_rows(w, m, post_norm, eps, x, h, xs, xq, xf, int8, act, rows, part, counters,
+             at_gate_up, at_down, workers):  # fmt: skip
+    """x += down(silu(gate(h)) * up(h)), h = rms_norm(x): a layer's last two stages (counters
+    at at_gate_up and at_down), on m's GATE, UP and DOWN rows in w."""
+    rms_norm_into(x, post_norm, eps, h)
+    prepare_input(h, xs, xq, xf, int8)
+    gate_up_rows(w, m, rows, h, xs, xq, xf, int8, act, part, counters, at_gate_up, workers)
+    prepare_input(act, xs, xq, xf, int8)
+    add_rows(w, m[DOWN], rows, act, xs, xq, xf, int8, x, part[0], counters, at_down, workers)
 
 
 @njit(cache=True)

@@ -25,24 +25,22 @@ import numpy as np
 from atlas_cli.backend.cache import FAST_KV_DTYPE
 from atlas_cli.backend.ops import cpu_numba
 from atlas_cli.backend.ops.cpu_decode import (
-    DOWN,
     add_rows,
     attend_group,
     chunk_size,
     dots,
-    gate_up_rows,
+    mlp_rows,
     prepare_input,
     rms_norm_into,
     rope_neox,
     take,
+    worker_scratch,
 )
 from atlas_cli.backend.ops.cpu_gdn import gated_delta_rule_chunked
 from atlas_cli.backend.ops.cpu_ir_sync import SLOT, claim, wait_until
 from atlas_cli.backend.ops.cpu_kernels import (
     BLOCKS,
-    GROUP,
     Q8_0,
-    XF,
     fast_exp,
     kv_bits,
     kv_store,
@@ -99,6 +97,18 @@ def _project_rows(descs, bufs, n_mats, h, xs, xq, xf, int8, out, rows, part, cou
             lo = hi
         claim(counters, at + 1, r1 - r0)
     wait_until(counters, at + 1, n)
+
+
+@njit(cache=True, fastmath=True)
+def _norm_project(x, norm, eps, descs, bufs, n_mats, h, xs, xq, xf, int8, proj, rows, part,
+                  counters, workers):  # fmt: skip
+    """A layer's first stage: every worker norms x into h and prepares it, then they share the
+    rows of the layer's n_mats input projections (into proj)."""
+    xn = h[: x.shape[0]]
+    rms_norm_into(x, norm, eps, xn)
+    prepare_input(xn, xs, xq, xf, int8)
+    _project_rows(descs, bufs, n_mats, xn, xs, xq, xf, int8, proj, rows, part[0], counters,
+                  PROJECT * SLOT, workers)  # fmt: skip
 
 
 @njit(cache=True, fastmath=True)
@@ -206,19 +216,6 @@ def _attend_kv_heads(proj, q_norm, k_norm, cos, sin, eps, pos, kc, vc, qk, score
     wait_until(counters, at + 1, n_kv)
 
 
-@njit(cache=True, fastmath=True)
-def _mlp_rows(mlp_w, mlp, post_norm, eps, x, h, xs, xq, xf, int8, act, rows, part, counters,
-              at, workers):  # fmt: skip
-    """x += down(silu(gate(h)) * up(h)), h = rms_norm(x): the last two stages of a layer."""
-    rms_norm_into(x, post_norm, eps, h)
-    prepare_input(h, xs, xq, xf, int8)
-    gate_up_rows(mlp_w, mlp, rows, h, xs, xq, xf, int8, act, part, counters,
-                 at + GATE_UP_ROWS * SLOT, workers)  # fmt: skip
-    prepare_input(act, xs, xq, xf, int8)
-    add_rows(mlp_w, mlp[DOWN], rows, act, xs, xq, xf, int8, x, part[0], counters,
-             at + DOWN_ROWS * SLOT, workers)  # fmt: skip
-
-
 @njit(parallel=True, cache=True, fastmath=True)
 def gdn_block(
     x, norm, post_norm, eps, descs, bufs, out_perm, conv_w, conv_state, rec, a_neg, dt_bias,
@@ -237,16 +234,9 @@ def gdn_block(
     rows = np.arange(widest)  # every matrix here is stored in order
     counters = np.zeros(STAGES * SLOT, np.int64)
     for _worker in prange(workers):
-        h = np.empty(widest, np.float32)
-        xs = np.empty(widest // GROUP, np.float32)
-        xq = np.empty(2 * widest, np.int8)
-        xf = np.empty(widest // GROUP * XF, np.float32)
-        part = np.empty((2, widest), np.float32)
-        xn = h[: x.shape[0]]
-        rms_norm_into(x, norm, eps, xn)
-        prepare_input(xn, xs, xq, xf, int8)
-        _project_rows(descs, bufs, 4, xn, xs, xq, xf, int8, proj, rows, part[0], counters,
-                      PROJECT * SLOT, workers)  # fmt: skip
+        h, xs, xq, xf, part = worker_scratch(widest)
+        _norm_project(x, norm, eps, descs, bufs, 4, h, xs, xq, xf, int8, proj, rows, part,
+                      counters, workers)  # fmt: skip
         _conv_channels(conv_w, conv_state, proj, counters, MIX * SLOT, workers)
         while True:
             head, end = take(counters, HEADS * SLOT, 1, rec.shape[0])
@@ -261,8 +251,8 @@ def gdn_block(
         prepare_input(stored, xs, xq, xf, int8)
         add_rows(bufs[4], descs[4], rows, stored, xs, xq, xf, int8, x, part[0], counters,
                  OUT_ROWS * SLOT, workers)  # fmt: skip
-        _mlp_rows(mlp_w, mlp, post_norm, eps, x, h[: x.shape[0]], xs, xq, xf, int8, act, rows,
-                  part, counters, 0, workers)  # fmt: skip
+        mlp_rows(mlp_w, mlp, post_norm, eps, x, h[: x.shape[0]], xs, xq, xf, int8, act, rows,
+                 part, counters, GATE_UP_ROWS * SLOT, DOWN_ROWS * SLOT, workers)  # fmt: skip
 
 
 @njit(parallel=True, cache=True, fastmath=True)
@@ -279,23 +269,16 @@ def attention_block(
     rows = np.arange(widest)
     counters = np.zeros(STAGES * SLOT, np.int64)
     for _worker in prange(workers):
-        h = np.empty(widest, np.float32)
-        xs = np.empty(widest // GROUP, np.float32)
-        xq = np.empty(2 * widest, np.int8)
-        xf = np.empty(widest // GROUP * XF, np.float32)
-        part = np.empty((2, widest), np.float32)
-        xn = h[: x.shape[0]]
-        rms_norm_into(x, norm, eps, xn)
-        prepare_input(xn, xs, xq, xf, int8)
-        _project_rows(descs, bufs, 3, xn, xs, xq, xf, int8, proj, rows, part[0], counters,
-                      PROJECT * SLOT, workers)  # fmt: skip
+        h, xs, xq, xf, part = worker_scratch(widest)
+        _norm_project(x, norm, eps, descs, bufs, 3, h, xs, xq, xf, int8, proj, rows, part,
+                      counters, workers)  # fmt: skip
         _attend_kv_heads(proj, q_norm, k_norm, cos, sin, eps, pos, kc, vc, qk, scores, att,
                          counters, MIX * SLOT)  # fmt: skip
         prepare_input(att, xs, xq, xf, int8)
         add_rows(bufs[3], descs[3], rows, att, xs, xq, xf, int8, x, part[0], counters,
                  OUT_ROWS * SLOT, workers)  # fmt: skip
-        _mlp_rows(mlp_w, mlp, post_norm, eps, x, xn, xs, xq, xf, int8, act, rows, part,
-                  counters, 0, workers)  # fmt: skip
+        mlp_rows(mlp_w, mlp, post_norm, eps, x, h[: x.shape[0]], xs, xq, xf, int8, act, rows,
+                 part, counters, GATE_UP_ROWS * SLOT, DOWN_ROWS * SLOT, workers)  # fmt: skip
 
 
 def warm_up(kv_dtype=FAST_KV_DTYPE) -> None:
