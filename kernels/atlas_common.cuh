@@ -52,6 +52,23 @@ ATLAS_DEV float add_rn(float a, float b) { return a + b; }
 ATLAS_DEV float sub_rn(float a, float b) { return a - b; }
 #endif
 
+// x rotated right by n (0 <= n < 32), and the bits of a where M is set with those of b where it
+// is not: one instruction each on NVIDIA (SHF.R.W; LOP3, which ptxas makes two of when it
+// sees the mask used elsewhere as well).
+#if defined(ATLAS_CUDA) && !defined(ATLAS_PORTABLE)
+ATLAS_DEV u32 rotr32(u32 x, int n) { return __funnelshift_r(x, x, n); }
+template <u32 M>
+ATLAS_DEV u32 bitsel(u32 a, u32 b) {
+    u32 d;
+    asm("lop3.b32 %0, %1, %2, %3, 0xE2;" : "=r"(d) : "r"(a), "n"(M), "r"(b));
+    return d;
+}
+#else
+ATLAS_DEV u32 rotr32(u32 x, int n) { return (x >> n) | (x << ((32 - n) & 31)); }
+template <u32 M>
+ATLAS_DEV u32 bitsel(u32 a, u32 b) { return (a & M) | (b & ~M); }
+#endif
+
 // ---- 16-bit floats ------------------------------------------------------------------------
 
 // bf16 is the top half of a float32.

@@ -16,6 +16,44 @@
 // (quant.cuh).
 #include "gemv.cuh"
 
+// One loop iteration of gemv_body: U tiles from unit0. FULL: every unit of the U tiles is in
+// the row and the warp's row is live or clamped to a real one (its sum is dropped), so the
+// iterations over whole tiles carry no bounds checks and no divergent branch.
+template <int F, int TT, bool VEC, int U, bool FULL>
+ATLAS_DEV void gemv_tiles(const u8* __restrict__ row, const u8* __restrict__ srow, float gs,
+                          const float* __restrict__ x, int T, int cols, int units, int unit0,
+                          bool live, int lane, bool x_aligned, const GvLane& L, atlas_f4* xs,
+                          float* xsum, float (*acc)[2]) {
+    const bool sums = VEC && GvFmt<F>::sums;
+    GvRaw raw[U];
+    GvUnit g;
+#pragma unroll
+    for (int j = 0; j < U; j++)  // in flight
+        if (VEC && (FULL || live))
+            gv_fetch<F, FULL>(row, srow, unit0 + 32 * j, units, lane, raw[j]);
+    if (!VEC && (FULL || (live && unit0 + lane < units)))
+        gemv_deq<F>(row, srow, gs, unit0 + lane, g);
+    __syncthreads();  // the previous tile's x and weight bytes have been read
+#pragma unroll
+    for (int j = 0; j < U; j++)  // U > 1 only with TT == 1: tile j where token j would be
+        gemv_stage_x<TT, sums, FULL>(x, xs + j * GEMV_TILE_F4, xsum + 64 * j, T, cols,
+                                     unit0 + 32 * j, x_aligned);
+    __syncthreads();
+#pragma unroll
+    for (int j = 0; j < U; j++) {
+        int u0 = unit0 + 32 * j;
+        if (!FULL && (!live || !(VEC ? gv_have<F>(u0, lane, units) : u0 + lane < units)))
+            continue;
+        if (VEC) gv_decode<F>(raw[j], lane, g);
+#pragma unroll
+        for (int t = 0; t < TT; t++) {
+            int k = t + j;  // the staged tile: token t, or (TT == 1) tile j
+            if (TT == 1 || t < T)
+                gemv_dot<F, VEC>(g, L, xs + k * GEMV_TILE_F4, xsum + k * 64, acc[t]);
+        }
+    }
+}
+
 // TT: 1 (the decode step, T == 1 known at compile time) or GEMV_MAX_T (T read at run time).
 // The deq32 path has only the second: one body per format keeps its registers unspilled.
 // U: tiles per loop iteration. The T == 1 body takes four (two for f32: each lane four or two
@@ -25,9 +63,8 @@ ATLAS_DEV void gemv_body(const u8* __restrict__ W, const u8* __restrict__ S, flo
                          const float* __restrict__ x, const float* __restrict__ bias,
                          float* __restrict__ y, int T, int rows, int cols, long long row_bytes,
                          long long srow_bytes, atlas_f4* xs, float* xsum) {
-    const bool sums = VEC && GvFmt<F>::sums;
     int r = blockIdx.x * GEMV_WARPS + warp_id();
-    bool live = r < rows;  // a warp past the last row still stages x and meets the barriers
+    bool live = r < rows;  // a warp past the last row stages x, meets the barriers, reads row 0
     int lane = lane_id();
     const u8* row = W + (long long)(live ? r : 0) * row_bytes;
     const u8* srow = S + (long long)(live ? r : 0) * srow_bytes;
@@ -36,33 +73,14 @@ ATLAS_DEV void gemv_body(const u8* __restrict__ W, const u8* __restrict__ S, flo
     float acc[TT][2];  // per token: the A and B halves' accumulators
 #pragma unroll
     for (int t = 0; t < TT; t++) acc[t][0] = acc[t][1] = 0.0f;
-    int units = cols / 32;
-    for (int unit0 = 0; unit0 < units; unit0 += U * ATLAS_WARP) {
-        GvRaw raw[U];
-        GvUnit g;
-#pragma unroll
-        for (int j = 0; j < U; j++)  // in flight
-            if (VEC && live) gv_fetch<F>(row, srow, unit0 + 32 * j, units, lane, raw[j]);
-        if (!VEC && live && unit0 + lane < units) gemv_deq<F>(row, srow, gs, unit0 + lane, g);
-        __syncthreads();  // the previous tile's x and weight bytes have been read
-#pragma unroll
-        for (int j = 0; j < U; j++)  // U > 1 only with TT == 1: tile j where token j would be
-            gemv_stage_x<TT, sums>(x, xs + j * GEMV_TILE_F4, xsum + 64 * j, T, cols,
-                                   unit0 + 32 * j, x_aligned);
-        __syncthreads();
-#pragma unroll
-        for (int j = 0; j < U; j++) {
-            int u0 = unit0 + 32 * j;
-            if (!live || !(VEC ? gv_have<F>(u0, lane, units) : u0 + lane < units)) continue;
-            if (VEC) gv_decode<F>(raw[j], lane, g);
-#pragma unroll
-            for (int t = 0; t < TT; t++) {
-                int k = t + j;  // the staged tile: token t, or (TT == 1) tile j
-                if (TT == 1 || t < T)
-                    gemv_dot<F, VEC>(g, L, xs + k * GEMV_TILE_F4, xsum + k * 64, acc[t]);
-            }
-        }
-    }
+    int units = cols / 32, whole = units - units % (U * ATLAS_WARP);
+    int unit0 = 0;
+    for (; unit0 < whole; unit0 += U * ATLAS_WARP)
+        gemv_tiles<F, TT, VEC, U, true>(row, srow, gs, x, T, cols, units, unit0, live, lane,
+                                        x_aligned, L, xs, xsum, acc);
+    if (unit0 < units)  // the last, partial tiles
+        gemv_tiles<F, TT, VEC, U, false>(row, srow, gs, x, T, cols, units, unit0, live, lane,
+                                         x_aligned, L, xs, xsum, acc);
     int c = 32 * units + lane;  // a plain format's partial last unit (cols % 32 != 0)
     if (live && c < cols) {
         float wc = deq1<F>(row, c);

@@ -22,8 +22,10 @@
 // Decode: 4-bit codes are masked straight into f16 halves (0x000F000F: two codes 16 bits
 // apart; 0x00F000F0: the two high nibbles, 16 times larger), which are f16 subnormals equal to
 // q * 2^-24 (or 16 q * 2^-24) exactly, converted to float32 by one HADD2.F32 each; the 2^24 and
-// 2^20 go into the half's multiplier. Q5_K / Q6_K OR their high bits into the same halves;
-// Q8_0 flips the sign bit (q + 128, unsigned) and folds the 128 into the offset.
+// 2^20 go into the half's multiplier. Q6_K ORs its high bits into the same halves; Q5_K's
+// device layout (formats.q5_k_device) lets two bit selects and a rotate build four halves of
+// two 5-bit codes each; Q8_0 flips the sign bit (q + 128, unsigned) and folds the 128 into the
+// offset.
 #pragma once
 #include "quant.cuh"
 
@@ -100,11 +102,12 @@ struct GvRaw {
     u32 sc;
 };
 
-// Issue the lane's 16-byte loads of the tile at unit0 (the warp's row is live).
-template <int F>
+// Issue the lane's 16-byte loads of the tile at unit0 (the warp's row is live; FULL: the whole
+// tile is in the row).
+template <int F, bool FULL = false>
 ATLAS_DEV void gv_fetch(const u8* __restrict__ row, const u8* __restrict__ srow, int unit0,
                         int units, int lane, GvRaw& g) {
-    if (!gv_have<F>(unit0, lane, units)) return;
+    if (!FULL && !gv_have<F>(unit0, lane, units)) return;
     int u = unit0 + lane;
     if (F == FMT_NVFP4) {
         g.q[0] = ((const atlas_u4*)row)[u];  // 32 codes
@@ -173,6 +176,9 @@ ATLAS_DEV void gv_kscales(u32 h1, u32 h2, u32 h3, int i, float* sc, float* mn) {
 
 #define GV_2P24 16777216.0f
 #define GV_2P20 1048576.0f
+// Q5_K on the device: the bits of a code word that are codes in the first 5-bit fields of its
+// halves (bits 1-8 and 17-24; the rest, rotated by 8, fill the second halves' fields)
+#define Q5K_CODE_BITS 0x01FE01FEu
 
 // The signed byte p (0..3) of w as a float.
 ATLAS_DEV float gv_i8(u32 w, int p) { return (float)((int)(w << (24 - 8 * p)) >> 24); }
@@ -221,19 +227,22 @@ ATLAS_DEV void gv_decode(const GvRaw& g, int lane, GvUnit& o) {
         u32 h[4] = {g.q[2].x, g.q[2].y, g.q[2].z, g.q[2].w};
 #pragma unroll
         for (int k = 0; k < 4; k++) {
-            u32 a02 = 0, a13 = 0, b02 = 0, b13 = 0;
-            if (F == FMT_Q5_K) {  // bit 2i of byte l: sub-block 2i's fifth bit; 2i + 1: B's
-                u32 hq = h[k] >> (2 * i);
-                a02 = (hq << 4) & 0x00100010u;
-                a13 = (hq >> 4) & 0x00100010u;
-                b02 = (hq << 7) & 0x01000100u;
-                b13 = (hq >> 1) & 0x01000100u;
+            if (F == FMT_Q4_K) {
+                gv_nib8(c[k], 0, 0, 0, 0, o.v + 4 * k, o.v + 16 + 4 * k);
+            } else {  // the device layout (formats.q5_k_device): two 5-bit fields per half
+                u32 b = rotr32(h[k], 2 * i);  // the lane's extra bits: bits 0 and 1 of each byte
+                u32 z02 = bitsel<Q5K_CODE_BITS>(c[k], b);
+                u32 z13 = rotr32(bitsel<Q5K_CODE_BITS>(b, c[k]), 8);
+                h2_to_f32(z02 & 0x001F001Fu, &o.v[4 * k], &o.v[4 * k + 2]);
+                h2_to_f32(z13 & 0x001F001Fu, &o.v[4 * k + 1], &o.v[4 * k + 3]);
+                h2_to_f32(z02 & 0x03E003E0u, &o.v[16 + 4 * k], &o.v[16 + 4 * k + 2]);
+                h2_to_f32(z13 & 0x03E003E0u, &o.v[16 + 4 * k + 1], &o.v[16 + 4 * k + 3]);
             }
-            gv_nib8(c[k], a02, a13, b02, b13, o.v + 4 * k, o.v + 16 + 4 * k);
         }
-        float d20 = mul_rn(d, GV_2P20);  // exact: a power of two
-        o.dA = mul_rn(mul_rn(d20, 16.0f), sc[0]);
-        o.dB = mul_rn(d20, sc[1]);
+        // A: q * 2^-24 (Q4_K, Q5_K); B: 16 q * 2^-24 (Q4_K), 32 q * 2^-24 (Q5_K); exact scalings
+        float d24 = mul_rn(d, GV_2P24);
+        o.dA = mul_rn(d24, sc[0]);
+        o.dB = mul_rn(mul_rn(d24, F == FMT_Q4_K ? 0.0625f : 0.03125f), sc[1]);
         o.mA = mul_rn(dmin, mn[0]);
         o.mB = mul_rn(dmin, mn[1]);
     } else if (F == FMT_Q4_0 || F == FMT_Q4_1 || F == FMT_Q8_0) {
@@ -268,8 +277,9 @@ ATLAS_DEV void gv_decode(const GvRaw& g, int lane, GvUnit& o) {
         u32 h[4] = {g.q[1].x, g.q[1].y, g.q[1].z, g.q[1].w};
 #pragma unroll
         for (int k = 0; k < 4; k++) {
-            u32 hq = h[k] >> (2 * kk);  // A's 2 bits at 0..1, B's at 4..5
-            u32 hl = hq << 4, hr = hq >> 4;
+            // bits 2kk, 2kk + 1 of each byte (A's; B's 4 higher) to bits 4, 5 of bytes 0 and 2
+            // (hl) and of bytes 1 and 3 (hr)
+            u32 hl = h[k] << (4 - 2 * kk), hr = h[k] >> (4 + 2 * kk);
             gv_nib8(c[k], hl & 0x00300030u, hr & 0x00300030u, hl & 0x03000300u,
                     hr & 0x03000300u, o.v + 4 * k, o.v + 16 + 4 * k);
         }
@@ -297,12 +307,13 @@ ATLAS_DEV void gemv_put_x(atlas_f4 q, bool ok, atlas_f4* xs, float* xsum, int uu
 }
 
 // x[t][32 * unit0 .. + 32 * 32) -> xs for t < T: each of the 256 threads copies one float4 of
-// each token's tile (the warp reads 512 contiguous bytes); units past the row's end are left.
-template <int TT, bool SUMS>
+// each token's tile (the warp reads 512 contiguous bytes); units past the row's end are left
+// (FULL: there are none).
+template <int TT, bool SUMS, bool FULL = false>
 ATLAS_DEV void gemv_stage_x(const float* __restrict__ x, atlas_f4* xs, float* xsum, int T,
                             int cols, int unit0, bool x_aligned) {
     int uu = (int)(threadIdx.x >> 3), c = (int)(threadIdx.x & 7);
-    bool ok = unit0 + uu < cols / 32;
+    bool ok = FULL || unit0 + uu < cols / 32;
     if (!SUMS && !ok) return;
     const float* src = x + 32 * (unit0 + uu) + 4 * c;
 #pragma unroll
@@ -311,7 +322,7 @@ ATLAS_DEV void gemv_stage_x(const float* __restrict__ x, atlas_f4* xs, float* xs
             const float* p = src + (long long)t * cols;
             atlas_f4 q = {0.0f, 0.0f, 0.0f, 0.0f};
             if (ok && x_aligned) {
-                q = *(const atlas_f4*)p;
+                q = ld_f4_readonly(p);
             } else if (ok) {
                 q.x = p[0];
                 q.y = p[1];

@@ -85,6 +85,21 @@ ATLAS_DEV void k_scale_min(const u8* s, int j, u32* sc, u32* m) {
 // GEMV lane needs, i and i + 4 (i = 8h + 2k + j, k < 2), are adjacent, at 2 (4h + 2k + j).
 ATLAS_DEV int q6k_scale(int i) { return 2 * (4 * (i >> 3) + (i & 3)) + ((i >> 2) & 1); }
 
+// Element l of sub-block j of a Q5_K block in the device layout (formats.q5_k_device): pair
+// p = j / 2 keeps, per group of 4 elements, one code word (rotated left by 1: bytes of an even
+// sub-block's code / 2 and an odd one's low 4 bits) and, in bits 2p and 2p + 1 of the group's
+// 4 qh bytes, the even code's lowest bit and the odd code's fifth bit (the latter one byte
+// further on, so that the decode's bit selects line up: gemv.cuh).
+ATLAS_DEV u32 q5k_code(const u8* b, int j, int l) {
+    int p = j >> 1, e = l & 15, grp = 16 * (l >> 4) + 4 * (e >> 2), jj = e & 3;
+    const u8* cw = b + 48 + 32 * p + grp;
+    u32 w = (u32)cw[0] | ((u32)cw[1] << 8) | ((u32)cw[2] << 16) | ((u32)cw[3] << 24);
+    u32 byte = rotr32(w, 1) >> (8 * jj);
+    const u8* qh = b + 16 + grp;
+    if ((j & 1) == 0) return ((byte & 15u) << 1) | ((qh[jj] >> (2 * p)) & 1u);
+    return ((byte >> 4) & 15u) | (((u32)(qh[(jj + 1) & 3] >> (2 * p + 1)) & 1u) << 4);
+}
+
 // Elements [32u, 32u+32) of one row into v[0..31].
 template <int F>
 ATLAS_DEV void deq32(const u8* __restrict__ row, const u8* __restrict__ srow, float gs, int u,
@@ -138,8 +153,7 @@ ATLAS_DEV void deq32(const u8* __restrict__ row, const u8* __restrict__ srow, fl
         int shift = 4 * (j & 1);
 #pragma unroll
         for (int l = 0; l < 32; l++) {
-            u32 q = (qs[l] >> shift) & 15u;
-            if (F == FMT_Q5_K) q |= ((u32)(b[16 + l] >> j) & 1u) << 4;
+            u32 q = F == FMT_Q4_K ? (qs[l] >> shift) & 15u : q5k_code(b, j, l);
             v[l] = sub_rn(mul_rn(dsc, (float)q), dm);
         }
     } else if (F == FMT_Q6_K) {
@@ -186,6 +200,18 @@ typedef struct __attribute__((aligned(16))) {
 typedef struct __attribute__((aligned(16))) {
     float x, y, z, w;
 } atlas_f4;
+
+// 16 bytes of x, read-only for the kernel's lifetime: the non-coherent load (LDG.E.128.CONSTANT),
+// which nvcc does not always infer from __restrict__ in the larger GEMV bodies.
+ATLAS_DEV atlas_f4 ld_f4_readonly(const float* p) {
+#if defined(ATLAS_CUDA) && !defined(ATLAS_PORTABLE)
+    float4 v = __ldg((const float4*)p);
+    atlas_f4 q = {v.x, v.y, v.z, v.w};
+    return q;
+#else
+    return *(const atlas_f4*)p;
+#endif
+}
 
 // The two halves of `h` (IEEE f16 bit patterns, low half first) as float32, exactly.
 ATLAS_DEV void h2_to_f32(u32 h, float* lo, float* hi) {

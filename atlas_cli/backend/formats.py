@@ -16,6 +16,7 @@ Block layouts and formulas: docs/formats.md.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,6 +36,13 @@ class WeightFormat:
     # both: the device rows are the stored rows.
     device_order: tuple[int, ...] | None = None
     device_split: tuple[int, int] | None = None
+    # Blocks (..., block_bytes) -> the same blocks in the kernels' bit layout (Q5_K)
+    device_repack: Callable[[np.ndarray], np.ndarray] | None = None
+
+    @property
+    def device_layout(self) -> bool:
+        """Whether the device rows differ from the stored rows (split_blocks makes them)."""
+        return self.device_split is not None or self.device_repack is not None
 
     @property
     def quantized(self) -> bool:
@@ -49,18 +57,24 @@ class WeightFormat:
         return self.block_bytes - self.device_split[1], self.device_split[1]
 
 
-def split_blocks(fmt: WeightFormat, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Stored rows (rows, row_bytes) uint8 -> the native kernels' (codes, scales) rows.
+def split_blocks(fmt: WeightFormat, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """Stored rows (rows, row_bytes) uint8 -> the native kernels' (codes, scales) rows (scales
+    None where the format keeps none apart).
 
     Q4_0, Q4_1, Q8_0 and Q6_K blocks are 18, 20, 34 and 210 bytes: rows of them are not
     16-byte multiples and a block's codes straddle 16-byte boundaries. Each block's f16
     scale(s) go to a second buffer, so that the rest (16, 16, 32, 208 bytes) is 16-byte units
     the GEMV reads with 16-byte loads straight from the row (kernels/gemv.cuh); Q6_K's 16 int8
     scales are reordered so that the two a GEMV lane multiplies by are adjacent
-    (kernels/quant.cuh q6k_scale)."""
-    off, size = fmt.device_split
+    (kernels/quant.cuh q6k_scale). Q5_K blocks keep their size and get a new bit layout
+    (q5_k_device)."""
     n = rows.shape[0]
     blocks = rows.reshape(n, -1, fmt.block_bytes)
+    if fmt.device_repack is not None:
+        blocks = fmt.device_repack(blocks)
+    if fmt.device_split is None:
+        return np.ascontiguousarray(blocks.reshape(n, -1)), None
+    off, size = fmt.device_split
     if fmt.device_order is not None:
         blocks = blocks[:, :, list(fmt.device_order)]
     scales = blocks[:, :, off : off + size].reshape(n, -1)
@@ -90,7 +104,39 @@ Q4_0 = register(WeightFormat("Q4_0", "q4_0", 2, 32, 18, cpu=True, native=True, d
 Q4_1 = register(WeightFormat("Q4_1", "q4_1", 3, 32, 20, cpu=True, native=True, device_split=(0, 4)))
 Q8_0 = register(WeightFormat("Q8_0", "q8_0", 8, 32, 34, cpu=True, native=True, device_split=(0, 2)))
 Q4_K = register(WeightFormat("Q4_K", "q4_k", 12, QK_K, 144, cpu=True, native=True))
-Q5_K = register(WeightFormat("Q5_K", "q5_k", 13, QK_K, 176, cpu=True, native=True))
+
+
+def q5_k_device(blocks: np.ndarray) -> np.ndarray:
+    """Q5_K blocks (..., 176) -> the GEMV's layout, same size, header unchanged.
+
+    A GEMV lane multiplies 16 elements of sub-blocks 2p (A) and 2p + 1 (B), 4 of each per code
+    word. Here each of its 32-bit code words holds, rotated left by 1, 4 bytes of (A code >> 1)
+    | (B code & 15) << 4, and bits 2p, 2p + 1 of the group's 4 qh bytes hold A's lowest bit
+    (byte j: element j) and B's fifth bit (byte j: element j - 1 mod 4). The decode then
+    builds f16 halves of two 5-bit fields each (A at bits 0-4, B at 5-9) from a code word and
+    its qh word with two bit selects and a rotate (kernels/gemv.cuh, kernels/quant.cuh
+    q5k_code)."""
+    lead = blocks.shape[:-1]
+    qh = blocks[..., 16:48]
+    qs = blocks[..., 48:176].reshape(*lead, 4, 32)  # pair p, element
+    bits = (qh[..., None, :] >> np.arange(8, dtype=np.uint8)[:, None]) & 1  # sub-block, element
+    a = (qs & 15) | (bits[..., 0::2, :] << 4)  # the 5-bit codes of sub-blocks 2p
+    b = (qs >> 4) | (bits[..., 1::2, :] << 4)  # and 2p + 1
+    word = ((a >> 1) | ((b & 15) << 4)).reshape(*lead, 4, 8, 4).astype(np.uint32)
+    word = word[..., 0] | word[..., 1] << 8 | word[..., 2] << 16 | word[..., 3] << 24
+    word = (word << 1 | word >> 31) & 0xFFFFFFFF
+    b_prev = b.reshape(*lead, 4, 8, 4)[..., [3, 0, 1, 2]].reshape(*lead, 4, 32)
+    shifts = 2 * np.arange(4, dtype=np.uint8)[:, None]
+    new_qh = ((a & 1) << shifts | (b_prev >> 4) << (shifts + 1)).sum(axis=-2, dtype=np.uint8)
+    out = blocks.copy()
+    out[..., 16:48] = new_qh
+    out[..., 48:176] = word.astype("<u4").view(np.uint8).reshape(*lead, 128)
+    return out
+
+
+Q5_K = register(
+    WeightFormat("Q5_K", "q5_k", 13, QK_K, 176, cpu=True, native=True, device_repack=q5_k_device)
+)
 # Q6_K on the device: ql, qh as stored, the int8 scales in pairs (i, i + 4) for i = 0..3 and
 # 8..11 (kernels/quant.cuh q6k_scale), d.
 _Q6_K_SCALE_PAIRS = [192 + i + 4 * j for h in (0, 8) for i in range(h, h + 4) for j in (0, 1)]

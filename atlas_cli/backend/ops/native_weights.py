@@ -90,7 +90,7 @@ class WeightLaunchers(DeviceOpsBase):
         assert whole and raw.shape[1] == cols // fmt.block_elems * fmt.block_bytes, (
             f"{fmt.kernel} weight {shape}: {raw.shape[1]} bytes per row"
         )
-        codes, scales = (raw, None) if fmt.device_split is None else formats.split_blocks(fmt, raw)
+        codes, scales = formats.split_blocks(fmt, raw) if fmt.device_layout else (raw, None)
         sbuf, srow = (
             (self._dummy, 0) if scales is None else (self._upload_bytes(scales), scales.shape[1])
         )
