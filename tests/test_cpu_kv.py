@@ -124,14 +124,19 @@ def test_the_kv_type_reaches_the_caches(smollm2_path):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
-@pytest.mark.parametrize(("hd", "n_pos"), [(64, 133), (128, 70), (128, 9), (48, 40)])
-def test_decode_attention_of_one_group_is_numpys(dtype, hd, n_pos, rng):
-    """cpu_decode.attend_group: whole 16s of keys on dots16, the tail (and hd = 48, not a
-    multiple of 16) on tile_dots; 3 query heads sharing one KV head."""
-    g = 3
+@pytest.mark.parametrize(
+    ("hd", "n_pos", "g"),
+    [(64, 133, 3), (128, 70, 2), (128, 9, 1), (48, 40, 3), (80, 33, 9), (256, 17, 4), (64, 300, 7)],
+)
+@pytest.mark.parametrize("slab", ["rows", "strided"])
+def test_decode_attention_of_one_group_is_numpys(dtype, hd, n_pos, g, slab, rng):
+    """cpu_decode.attend_group: in place on a slab of whole rows (scores on dots16 per 16 keys,
+    the tail on tile_dots; values on pv64_* / pv16_* in sets of 4, 2, 1 heads, 16 columns where
+    hd % 64 != 0), and through widened tiles where the rows are strided or hd % 16 != 0."""
     q = rng.standard_normal(g * hd).astype(np.float32)
-    k = rng.standard_normal((n_pos + 5, hd)).astype(dtype)  # the cache holds more than n_pos
-    v = rng.standard_normal((n_pos + 5, hd)).astype(dtype)
+    width = hd if slab == "rows" else hd + 16  # the cache holds more than n_pos (and columns)
+    k = rng.standard_normal((n_pos + 5, width)).astype(dtype)[:, :hd]
+    v = rng.standard_normal((n_pos + 5, width)).astype(dtype)[:, :hd]
     scores, out = np.empty((g, n_pos + 5), np.float32), np.empty(g * hd, np.float32)
     scale = np.float32(1.0 / np.sqrt(hd))
     cpu_decode.attend_group(q, kv_bits(k), kv_bits(v), n_pos, scale, scores, out)

@@ -14,7 +14,15 @@ import numpy as np
 
 from atlas_cli.backend.cache import FAST_KV_DTYPE
 from atlas_cli.backend.ops import cpu_amx, cpu_numba, cpu_rows
-from atlas_cli.backend.ops.cpu_ir_attention import dots16
+from atlas_cli.backend.ops.cpu_ir_attention import (
+    dots16,
+    pv16_1,
+    pv16_2,
+    pv16_4,
+    pv64_1,
+    pv64_2,
+    pv64_4,
+)
 from atlas_cli.backend.ops.cpu_ir_sync import SLOT, claim, wait_until
 from atlas_cli.backend.ops.cpu_kernels import (
     BLOCKS,
@@ -83,25 +91,27 @@ def rope_neox(v, n_heads, hd, cos, sin):
 @njit(cache=True, fastmath=True)
 def attend_group(q, keys, vals, n_pos, scale, scores, out):
     """Attention of one GQA group's query heads q (g * hd,) over keys/vals (>= n_pos, hd),
-    float32 or float16 bits (kv_rows); scores (g, >= n_pos) scratch; writes out (g * hd,)."""
+    float32 or float16 bits (kv_rows); scores (g, >= n_pos) scratch; writes out (g * hd,).
+    Slabs of whole rows with hd % 16 == 0 (every model here) are read in place by the IR
+    kernels, float16 widened in registers: the scores 16 keys at a time (dots16), the values
+    64 (or 16) columns at a time with the group's heads summed in registers (pv64_*, pv16_*)."""
     g = scores.shape[0]
     hd = keys.shape[1]
+    rows_whole = keys.strides[0] == keys.itemsize * hd and vals.strides[0] == vals.itemsize * hd
+    in_place = hd % 16 == 0 and rows_whole and keys.strides[1] == keys.itemsize
+    in_place = in_place and vals.strides[1] == vals.itemsize and scores.strides[1] == 4
     qs = np.empty((g, hd), np.float32)
     for j in range(g):
         for d in range(hd):
             qs[j, d] = q[j * hd + d] * scale
     tile = np.empty((KV_TILE, hd), np.float32)
-    for s0 in range(0, n_pos, KV_TILE):
+    n16 = n_pos // 16 * 16 if in_place else 0
+    for j in range(g):
+        for c in range(0, n16, 16):
+            dots16(qs[j], keys, c * hd, hd, scores[j], c)
+    for s0 in range(n16, n_pos, KV_TILE):  # the last keys (all of them for other slabs)
         n = min(KV_TILE, n_pos - s0)
-        rows = kv_rows(keys, s0, n, tile)
-        # whole 16s of keys on dots16 (rows hd floats apart), the rest on tile_dots
-        full = n // 16 * 16 if hd % 16 == 0 and rows.strides[0] == 4 * hd else 0
-        for j in range(g):
-            for c in range(0, full, 16):
-                dots16(qs[j], rows, c * hd, hd, scores[j], s0 + c)
-        if full < n:
-            tile_dots(qs, rows[full:n], n - full, scores, s0 + full)
-    acc = np.zeros((g, hd), np.float32)
+        tile_dots(qs, kv_rows(keys, s0, n, tile), n, scores, s0)
     for j in range(g):
         best = np.float32(-np.inf)
         for s in range(n_pos):
@@ -114,15 +124,38 @@ def attend_group(q, keys, vals, n_pos, scale, scores, out):
         inv = np.float32(1.0) / total
         for s in range(n_pos):
             scores[j, s] *= inv
-    for s0 in range(0, n_pos, KV_TILE):
-        n = min(KV_TILE, n_pos - s0)
-        rows = kv_rows(vals, s0, n, tile)
-        for j in range(g):  # per head, on 1-D views of its sums and probabilities
-            head, probs = acc[j], scores[j]
-            for s in range(n):
-                p, row = probs[s0 + s], rows[s]
-                for d in range(hd):
-                    head[d] += p * row[d]
+    acc = np.zeros((g, hd), np.float32)
+    if in_place:
+        stride = scores.strides[0] // 4
+        cols = 64 if hd % 64 == 0 else 16
+        for c in range(0, hd, cols):
+            j = 0
+            while j < g:  # the group's heads in sets of 4, 2, 1
+                heads = 4 if g - j >= 4 else 2 if g - j >= 2 else 1
+                at, to = j * stride, j * hd + c
+                if cols == 64 and heads == 4:
+                    pv64_4(scores, at, stride, vals, c, n_pos, hd, acc, to)
+                elif cols == 64 and heads == 2:
+                    pv64_2(scores, at, stride, vals, c, n_pos, hd, acc, to)
+                elif cols == 64:
+                    pv64_1(scores, at, stride, vals, c, n_pos, hd, acc, to)
+                elif heads == 4:
+                    pv16_4(scores, at, stride, vals, c, n_pos, hd, acc, to)
+                elif heads == 2:
+                    pv16_2(scores, at, stride, vals, c, n_pos, hd, acc, to)
+                else:
+                    pv16_1(scores, at, stride, vals, c, n_pos, hd, acc, to)
+                j += heads
+    else:
+        for s0 in range(0, n_pos, KV_TILE):
+            n = min(KV_TILE, n_pos - s0)
+            rows = kv_rows(vals, s0, n, tile)
+            for j in range(g):  # per head, on 1-D views of its sums and probabilities
+                head, probs = acc[j], scores[j]
+                for s in range(n):
+                    p, row = probs[s0 + s], rows[s]
+                    for d in range(hd):
+                        head[d] += p * row[d]
     for j in range(g):
         for d in range(hd):
             out[j * hd + d] = acc[j, d]

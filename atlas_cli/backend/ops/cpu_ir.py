@@ -271,16 +271,22 @@ def prefetch(typingctx, w, start, n):
     def codegen(context, b, signature, args):
         wv, startv, nv = args
         base = _ptr(context, b, signature.args[0], wv)
-        i8p = _I8.as_pointer()
-        fn = cgutils.get_or_insert_function(
-            b.module, ir.FunctionType(ir.VoidType(), [i8p, _I32, _I32, _I32]), "llvm.prefetch.p0i8"
-        )
-        read, keep, data = ir.Constant(_I32, 0), ir.Constant(_I32, 3), ir.Constant(_I32, 1)
         with cgutils.for_range_slice(b, startv, b.add(startv, nv), _i64(64)) as (at, _):
-            b.call(fn, [b.gep(base, [at]), read, keep, data])
+            prefetch_line(b, b.gep(base, [at]))
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+def prefetch_line(b: ir.IRBuilder, address) -> None:
+    """LLVM's prefetch of the 64-byte line holding `address` (any pointer): read, keep in every
+    level; a hint that cannot fault, wherever the address points."""
+    i8p = _I8.as_pointer()
+    fn = cgutils.get_or_insert_function(
+        b.module, ir.FunctionType(ir.VoidType(), [i8p, _I32, _I32, _I32]), "llvm.prefetch.p0i8"
+    )
+    read, keep, data = ir.Constant(_I32, 0), ir.Constant(_I32, 3), ir.Constant(_I32, 1)
+    b.call(fn, [b.bitcast(address, i8p), read, keep, data])
 
 
 def _make_row_dot(type_id: int):

@@ -1,5 +1,7 @@
-"""Attention scores as LLVM IR: prefill's 4 queries x 32 keys tile (cpu_kernels.attention), and
-the decode step's one query x 16 keys (cpu_decode.attend_group).
+"""Attention as LLVM IR: prefill's 4 queries x 32 keys tile of scores (cpu_kernels.attention), and
+the decode step's one query x 16 keys and its probabilities x values (cpu_decode.attend_group),
+both reading a float16 KV cache's bits directly (one vcvtph2ps per 16 elements), so that no
+pass widens the keys and values into a float32 tile first.
 
 Scores are q . k over a head's 64-256 dims. As a dot product per (query, key) (tile_dots) every
 result ends in a horizontal sum of 16 lanes, as many instructions as the products themselves at
@@ -20,11 +22,13 @@ from numba.extending import intrinsic  # noqa: E402
 
 from atlas_cli.backend.ops.cpu_ir import (  # noqa: E402
     _FAST,
+    _HALF,
     _VF,
     _i64,
     _mask,
     _ptr,
     _splat,
+    prefetch_line,
     sum_lanes,
 )
 
@@ -33,6 +37,37 @@ QK_QUERIES, QK_KEYS = 4, 32  # 8 accumulators, 2 key vectors, 4 broadcasts: 14 z
 
 def _vec_ptr(b, base, index):
     return b.bitcast(b.gep(base, [index]), _VF.as_pointer())
+
+
+# How far ahead of its reads a kernel asks for KV rows: a decode step streams ~1.5 MB of
+# float16 keys and values per layer at 2,048 positions of a 3-KV-head model, from memory.
+KV_AHEAD_BYTES = 4096
+
+
+class _Slab:
+    """A KV slab (float32, or float16 bits as uint16) from element `offset` on: load(index)
+    gives 16 float32 from element offset + index (widened where the slab is float16);
+    prefetch(index, count) asks for the lines of elements index .. index + count."""
+
+    def __init__(self, context, b, aryty, value, offset):
+        self.b = b
+        self.half = aryty.dtype == types.uint16
+        self.elem_bytes = 2 if self.half else 4
+        base = b.gep(_ptr(context, b, aryty, value), [offset])
+        self.base = b.bitcast(base, _HALF.as_pointer()) if self.half else base
+
+    def load(self, index):
+        b = self.b
+        if not self.half:
+            return b.load(_vec_ptr(b, self.base, index), align=4)
+        vh = ir.VectorType(_HALF, 16)
+        v = b.load(b.bitcast(b.gep(self.base, [index]), vh.as_pointer()), align=2)
+        return b.fpext(v, _VF)
+
+    def prefetch(self, index, count: int):
+        per_line = 64 // self.elem_bytes
+        for k in range(0, count, per_line):
+            prefetch_line(self.b, self.b.gep(self.base, [self.b.add(index, _i64(k))]))
 
 
 @intrinsic
@@ -75,24 +110,28 @@ def tile_qk(typingctx, q, qoff, kt, koff, kstride, hd, out, ooff, ostride):
 @intrinsic
 def dots16(typingctx, q, rows, roff, hd, out, ooff):
     """out[ooff + s] = sum_d q[d] * rows_flat[roff + s * hd + d] for s < 16: one query (hd
-    floats, hd % 16 == 0) against 16 key rows hd floats apart from element `roff` of `rows`
-    (a KV slab or its widened tile). The decode step's scores: each key's 16-lane partial sums
-    are summed across by sum_lanes' tree (45 instructions for 16 keys) instead of 8 each."""
+    floats, hd % 16 == 0) against 16 key rows hd elements apart from element `roff` of `rows`
+    (a KV slab, float32 or float16 bits). The decode step's scores: each key's 16-lane partial
+    sums are summed across by sum_lanes' tree (45 instructions for 16 keys) instead of 8 each."""
     sig = types.none(q, rows, roff, hd, out, ooff)
 
     def codegen(context, b, signature, args):
         qv, rowsv, roffv, hdv, outv, ooffv = args
         ats = signature.args
         qp = _ptr(context, b, ats[0], qv)
-        kp = b.gep(_ptr(context, b, ats[1], rowsv), [roffv])
+        keys = _Slab(context, b, ats[1], rowsv, roffv)
         op = b.gep(_ptr(context, b, ats[4], outv), [ooffv])
         zero = ir.Constant(_VF, [0.0] * 16)
         accs = [cgutils.alloca_once_value(b, zero) for _ in range(16)]
         with cgutils.for_range(b, b.sdiv(hdv, _i64(16))) as loop:
             col = b.mul(loop.index, _i64(16))
             qc = b.load(_vec_ptr(b, qp, col), align=4)
+            # the same 16 columns of the rows KV_AHEAD_BYTES on (a hint: it cannot fault)
+            ahead = b.sdiv(_i64(KV_AHEAD_BYTES // keys.elem_bytes), hdv)
+            for s in range(16):
+                keys.prefetch(b.add(b.mul(hdv, b.add(ahead, _i64(s))), col), 16)
             for s, acc in enumerate(accs):
-                key = b.load(_vec_ptr(b, kp, b.add(b.mul(hdv, _i64(s)), col)), align=4)
+                key = keys.load(b.add(b.mul(hdv, _i64(s)), col))
                 b.store(b.fadd(b.load(acc), b.fmul(qc, key, flags=_FAST), flags=_FAST), acc)
         total, lane_of = sum_lanes(b, [b.load(acc) for acc in accs])
         in_order = b.shuffle_vector(total, total, _mask([lane_of[s] for s in range(16)]))
@@ -100,3 +139,52 @@ def dots16(typingctx, q, rows, roff, hd, out, ooff):
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+def _make_pv16(heads: int, vecs: int):
+    @intrinsic
+    def pv16(typingctx, probs, poff, pstride, rows, roff, n, hd, acc, aoff):
+        """acc[aoff + h * hd + c] += sum_{s < n} probs[poff + h * pstride + s] *
+        rows_flat[roff + s * hd + c] for h < `heads`, c < 16 * `vecs`: the probabilities of
+        `heads` query heads times 16 * `vecs` columns of n value rows (a KV slab, float32 or
+        float16 bits). Each head's sums stay in registers while the rows stream past, every row
+        loaded (and widened) once for all the heads; heads * vecs independent sums keep the
+        FMA latency hidden (one sum per head would wait on each FMA)."""
+        sig = types.none(probs, poff, pstride, rows, roff, n, hd, acc, aoff)
+
+        def codegen(context, b, signature, args):
+            pv, poffv, pstridev, rowsv, roffv, nv, hdv, accv, aoffv = args
+            ats = signature.args
+            pp = b.gep(_ptr(context, b, ats[0], pv), [poffv])
+            vals = _Slab(context, b, ats[3], rowsv, roffv)
+            ap = b.gep(_ptr(context, b, ats[7], accv), [aoffv])
+            zero = ir.Constant(_VF, [0.0] * 16)
+            sums = [cgutils.alloca_once_value(b, zero) for _ in range(heads * vecs)]
+            ahead = b.sdiv(_i64(KV_AHEAD_BYTES // vals.elem_bytes), hdv)  # rows
+            with cgutils.for_range(b, nv) as loop:
+                s = loop.index
+                at = b.mul(s, hdv)
+                vals.prefetch(b.mul(b.add(s, ahead), hdv), 16 * vecs)
+                row = [vals.load(b.add(at, _i64(16 * v))) for v in range(vecs)]
+                for h in range(heads):
+                    p = _splat(b, b.load(b.gep(pp, [b.add(b.mul(pstridev, _i64(h)), s)])))
+                    for v in range(vecs):
+                        total = sums[h * vecs + v]
+                        prod = b.fmul(p, row[v], flags=_FAST)
+                        b.store(b.fadd(b.load(total), prod, flags=_FAST), total)
+            for h in range(heads):
+                for v in range(vecs):
+                    out = _vec_ptr(b, ap, b.add(b.mul(hdv, _i64(h)), _i64(16 * v)))
+                    total = b.load(sums[h * vecs + v])
+                    b.store(b.fadd(b.load(out, align=4), total, flags=_FAST), out, align=4)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return pv16
+
+
+# 64 columns (4 vectors) of up to 4 heads: 16 sums and 4 rows in the 32 vector registers; 16
+# columns where hd % 64 != 0
+pv64_4, pv64_2, pv64_1 = (_make_pv16(h, 4) for h in (4, 2, 1))
+pv16_4, pv16_2, pv16_1 = (_make_pv16(h, 1) for h in (4, 2, 1))
