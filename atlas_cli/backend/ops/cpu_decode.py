@@ -47,6 +47,7 @@ from atlas_cli.backend.ops.cpu_kernels import (
     row_dequant,
     row_dot,
     row_dot_int8,
+    softmax_row,
     tile_dots,
 )
 from atlas_cli.backend.ops.cpu_prefill import gemm_int16
@@ -113,17 +114,7 @@ def attend_group(q, keys, vals, n_pos, scale, scores, out):
         n = min(KV_TILE, n_pos - s0)
         tile_dots(qs, kv_rows(keys, s0, n, tile), n, scores, s0)
     for j in range(g):
-        best = np.float32(-np.inf)
-        for s in range(n_pos):
-            best = max(best, scores[j, s])
-        total = np.float32(0.0)
-        for s in range(n_pos):
-            e = fast_exp(scores[j, s] - best)
-            scores[j, s] = e
-            total += e
-        inv = np.float32(1.0) / total
-        for s in range(n_pos):
-            scores[j, s] *= inv
+        softmax_row(scores[j], n_pos)
     acc = np.zeros((g, hd), np.float32)
     if in_place:
         stride = scores.strides[0] // 4
