@@ -39,6 +39,16 @@ def _vec_ptr(b, base, index):
     return b.bitcast(b.gep(base, [index]), _VF.as_pointer())
 
 
+def _outer_accumulate(b, scalars, vectors, accs) -> None:
+    """accs[i * len(vectors) + h] += scalars[i] * vectors[h]: each scalar broadcast once, one
+    FMA per pair into its own accumulator (allocas that LLVM keeps in registers)."""
+    for i, x in enumerate(scalars):
+        xs = _splat(b, x)
+        for h, v in enumerate(vectors):
+            acc = accs[i * len(vectors) + h]
+            b.store(b.fadd(b.load(acc), b.fmul(xs, v, flags=_FAST), flags=_FAST), acc)
+
+
 # How far ahead of its reads a kernel asks for KV rows: a decode step streams ~1.5 MB of
 # float16 keys and values per layer at 2,048 positions of a 3-KV-head model, from memory.
 KV_AHEAD_BYTES = 4096
@@ -92,12 +102,10 @@ def tile_qk(typingctx, q, qoff, kt, koff, kstride, hd, out, ooff, ostride):
             keys = [
                 b.load(_vec_ptr(b, kp, b.add(row, _i64(16 * h))), align=4) for h in range(halves)
             ]
-            for i in range(QK_QUERIES):
-                qi = _splat(b, b.load(b.gep(qp, [b.add(b.mul(hdv, _i64(i)), d)])))
-                for h in range(halves):
-                    acc = accs[i * halves + h]
-                    prod = b.fmul(qi, keys[h], flags=_FAST)
-                    b.store(b.fadd(b.load(acc), prod, flags=_FAST), acc)
+            queries = [
+                b.load(b.gep(qp, [b.add(b.mul(hdv, _i64(i)), d)])) for i in range(QK_QUERIES)
+            ]
+            _outer_accumulate(b, queries, keys, accs)
         for i in range(QK_QUERIES):
             for h in range(halves):
                 at = b.add(b.mul(ostridev, _i64(i)), _i64(16 * h))
@@ -166,12 +174,10 @@ def _make_pv16(heads: int, vecs: int):
                 at = b.mul(s, hdv)
                 vals.prefetch(b.mul(b.add(s, ahead), hdv), 16 * vecs)
                 row = [vals.load(b.add(at, _i64(16 * v))) for v in range(vecs)]
-                for h in range(heads):
-                    p = _splat(b, b.load(b.gep(pp, [b.add(b.mul(pstridev, _i64(h)), s)])))
-                    for v in range(vecs):
-                        total = sums[h * vecs + v]
-                        prod = b.fmul(p, row[v], flags=_FAST)
-                        b.store(b.fadd(b.load(total), prod, flags=_FAST), total)
+                probs = [
+                    b.load(b.gep(pp, [b.add(b.mul(pstridev, _i64(h)), s)])) for h in range(heads)
+                ]
+                _outer_accumulate(b, probs, row, sums)
             for h in range(heads):
                 for v in range(vecs):
                     out = _vec_ptr(b, ap, b.add(b.mul(hdv, _i64(h)), _i64(16 * v)))
