@@ -23,8 +23,8 @@
 // apart; 0x00F000F0: the two high nibbles, 16 times larger), which are f16 subnormals equal to
 // q * 2^-24 (or 16 q * 2^-24) exactly, converted to float32 by one HADD2.F32 each; the 2^24 and
 // 2^20 go into the half's multiplier. Q6_K ORs its high bits into the same halves; Q5_K's
-// device layout (formats.q5_k_device) lets two bit selects and a rotate build four halves of
-// two 5-bit codes each; Q8_0 flips the sign bit (q + 128, unsigned) and folds the 128 into the
+// device layout (formats.q5_k_device) lets two bit selects and two rotates build four halves
+// of two 5-bit codes each; Q8_0 flips the sign bit (q + 128, unsigned) and folds the 128 into the
 // offset.
 #pragma once
 #include "quant.cuh"

@@ -149,9 +149,9 @@ def dots16(typingctx, q, rows, roff, hd, out, ooff):
     return sig, codegen
 
 
-def _make_pv16(heads: int, vecs: int):
+def _make_pv(heads: int, vecs: int):
     @intrinsic
-    def pv16(typingctx, probs, poff, pstride, rows, roff, n, hd, acc, aoff):
+    def pv(typingctx, probs, poff, pstride, rows, roff, n, hd, acc, aoff):
         """acc[aoff + h * hd + c] += sum_{s < n} probs[poff + h * pstride + s] *
         rows_flat[roff + s * hd + c] for h < `heads`, c < 16 * `vecs`: the probabilities of
         `heads` query heads times 16 * `vecs` columns of n value rows (a KV slab, float32 or
@@ -187,10 +187,10 @@ def _make_pv16(heads: int, vecs: int):
 
         return sig, codegen
 
-    return pv16
+    return pv
 
 
 # 64 columns (4 vectors) of up to 4 heads: 16 sums and 4 rows in the 32 vector registers; 16
 # columns where hd % 64 != 0
-pv64_4, pv64_2, pv64_1 = (_make_pv16(h, 4) for h in (4, 2, 1))
-pv16_4, pv16_2, pv16_1 = (_make_pv16(h, 1) for h in (4, 2, 1))
+pv64_4, pv64_2, pv64_1 = (_make_pv(h, 4) for h in (4, 2, 1))
+pv16_4, pv16_2, pv16_1 = (_make_pv(h, 1) for h in (4, 2, 1))
