@@ -107,15 +107,23 @@ Q4_K = register(WeightFormat("Q4_K", "q4_k", 12, QK_K, 144, cpu=True, native=Tru
 
 
 def q5_k_device(blocks: np.ndarray) -> np.ndarray:
-    """Q5_K blocks (..., 176) -> the GEMV's layout, same size, header unchanged.
+    """Q5_K blocks (rows, blocks, 176) -> the GEMV's layout, same size, header unchanged.
 
     A GEMV lane multiplies 16 elements of sub-blocks 2p (A) and 2p + 1 (B), 4 of each per code
     word. Here each of its 32-bit code words holds, rotated left by 1, 4 bytes of (A code >> 1)
     | (B code & 15) << 4, and bits 2p, 2p + 1 of the group's 4 qh bytes hold A's lowest bit
     (byte j: element j) and B's fifth bit (byte j: element j - 1 mod 4). The decode then
     builds f16 halves of two 5-bit fields each (A at bits 0-4, B at 5-9) from a code word and
-    its qh word with two bit selects and a rotate (kernels/gemv.cuh, kernels/quant.cuh
-    q5k_code)."""
+    its qh word with two bit selects and two rotates (kernels/gemv.cuh, kernels/quant.cuh
+    q5k_code). Done a few thousand blocks at a time: the temporaries are ~6x the blocks."""
+    out = np.empty_like(blocks)
+    step = max(1, 8192 // max(1, blocks.shape[1]))
+    for r in range(0, blocks.shape[0], step):
+        out[r : r + step] = _q5_k_device(blocks[r : r + step])
+    return out
+
+
+def _q5_k_device(blocks: np.ndarray) -> np.ndarray:
     lead = blocks.shape[:-1]
     qh = blocks[..., 16:48]
     qs = blocks[..., 48:176].reshape(*lead, 4, 32)  # pair p, element
