@@ -260,6 +260,11 @@ def _ptr(context, builder, aryty, value):
     return context.make_array(aryty)(context, builder, value).data
 
 
+# How far ahead of its reads a streaming loop asks for its bytes: the decode GEMVs' weight rows
+# (cpu_kernels.prefetch_row) and the decode attention's KV rows (cpu_ir_attention).
+PREFETCH_BYTES = 4096
+
+
 @intrinsic
 def prefetch(typingctx, w, start, n):
     """Ask the caches for the 64-byte lines of bytes w[start : start + n] (LLVM's prefetch:

@@ -24,6 +24,7 @@ from atlas_cli.backend.ops.cpu_ir import (  # noqa: E402
     _FAST,
     _HALF,
     _VF,
+    PREFETCH_BYTES,
     _i64,
     _mask,
     _ptr,
@@ -49,15 +50,11 @@ def _outer_accumulate(b, scalars, vectors, accs) -> None:
             b.store(b.fadd(b.load(acc), b.fmul(xs, v, flags=_FAST), flags=_FAST), acc)
 
 
-# How far ahead of its reads a kernel asks for KV rows: a decode step streams ~1.5 MB of
-# float16 keys and values per layer at 2,048 positions of a 3-KV-head model, from memory.
-KV_AHEAD_BYTES = 4096
-
-
 class _Slab:
     """A KV slab (float32, or float16 bits as uint16) from element `offset` on: load(index)
-    gives 16 float32 from element offset + index (widened where the slab is float16);
-    prefetch(index, count) asks for the lines of elements index .. index + count."""
+    gives 16 float32 from element offset + index (widened where the slab is float16). A decode
+    step streams ~1.5 MB of float16 keys and values per layer at 2,048 positions of a
+    3-KV-head model from memory: the kernels ask for their rows PREFETCH_BYTES ahead."""
 
     def __init__(self, context, b, aryty, value, offset):
         self.b = b
@@ -74,10 +71,20 @@ class _Slab:
         v = b.load(b.bitcast(b.gep(self.base, [index]), vh.as_pointer()), align=2)
         return b.fpext(v, _VF)
 
-    def prefetch(self, index, count: int):
-        per_line = 64 // self.elem_bytes
-        for k in range(0, count, per_line):
-            prefetch_line(self.b, self.b.gep(self.base, [self.b.add(index, _i64(k))]))
+    def prefetch(self, index, count):
+        """Ask for the lines of elements index .. index + count, once each: `count` a Python
+        int (the calls written out, as a row loop wants them) or an IR value (a loop)."""
+        b, per_line = self.b, 64 // self.elem_bytes
+        if isinstance(count, int):
+            for k in range(0, count, per_line):
+                prefetch_line(b, b.gep(self.base, [b.add(index, _i64(k))]))
+            return
+        with cgutils.for_range_slice(b, index, b.add(index, count), _i64(per_line)) as (at, _):
+            prefetch_line(b, b.gep(self.base, [at]))
+
+    def rows_ahead(self, hd):
+        """How many rows of hd elements PREFETCH_BYTES are (an IR value)."""
+        return self.b.sdiv(_i64(PREFETCH_BYTES // self.elem_bytes), hd)
 
 
 @intrinsic
@@ -131,13 +138,11 @@ def dots16(typingctx, q, rows, roff, hd, out, ooff):
         op = b.gep(_ptr(context, b, ats[4], outv), [ooffv])
         zero = ir.Constant(_VF, [0.0] * 16)
         accs = [cgutils.alloca_once_value(b, zero) for _ in range(16)]
+        # the 16 rows that many rows on: one run of 16 * hd elements (a hint: it cannot fault)
+        keys.prefetch(b.mul(keys.rows_ahead(hdv), hdv), b.mul(hdv, _i64(16)))
         with cgutils.for_range(b, b.sdiv(hdv, _i64(16))) as loop:
             col = b.mul(loop.index, _i64(16))
             qc = b.load(_vec_ptr(b, qp, col), align=4)
-            # the same 16 columns of the rows KV_AHEAD_BYTES on (a hint: it cannot fault)
-            ahead = b.sdiv(_i64(KV_AHEAD_BYTES // keys.elem_bytes), hdv)
-            for s in range(16):
-                keys.prefetch(b.add(b.mul(hdv, b.add(ahead, _i64(s))), col), 16)
             for s, acc in enumerate(accs):
                 key = keys.load(b.add(b.mul(hdv, _i64(s)), col))
                 b.store(b.fadd(b.load(acc), b.fmul(qc, key, flags=_FAST), flags=_FAST), acc)
@@ -168,7 +173,7 @@ def _make_pv(heads: int, vecs: int):
             ap = b.gep(_ptr(context, b, ats[7], accv), [aoffv])
             zero = ir.Constant(_VF, [0.0] * 16)
             sums = [cgutils.alloca_once_value(b, zero) for _ in range(heads * vecs)]
-            ahead = b.sdiv(_i64(KV_AHEAD_BYTES // vals.elem_bytes), hdv)  # rows
+            ahead = vals.rows_ahead(hdv)
             with cgutils.for_range(b, nv) as loop:
                 s = loop.index
                 at = b.mul(s, hdv)

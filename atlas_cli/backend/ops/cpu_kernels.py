@@ -24,6 +24,7 @@ from atlas_cli.backend.ops.cpu_ir import (  # noqa: F401  (BLOCKS, F16, ...: thi
     F16,
     F32,
     GROUP,
+    PREFETCH_BYTES,
     Q4_0,
     Q4_1,
     Q4_K,
@@ -289,9 +290,6 @@ def quantize_x(x, xq, xf):
 # ---------------------------------------------------------------------------------------------
 # Matrix products on a stored matrix: w is the flat uint8 buffer, the matrix starts at byte
 # `off`, stored row `perm[r]` is logical row r (llama.cpp's Q/K row order, undone for free).
-
-
-PREFETCH_BYTES = 4096  # how far ahead of its dot a row loop asks for weights (whole rows)
 
 
 @njit(cache=True, inline="always")
