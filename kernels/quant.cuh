@@ -85,19 +85,23 @@ ATLAS_DEV void k_scale_min(const u8* s, int j, u32* sc, u32* m) {
 // GEMV lane needs, i and i + 4 (i = 8h + 2k + j, k < 2), are adjacent, at 2 (4h + 2k + j).
 ATLAS_DEV int q6k_scale(int i) { return 2 * (4 * (i >> 3) + (i & 3)) + ((i >> 2) & 1); }
 
-// Element l of sub-block j of a Q5_K block in the device layout (formats.q5_k_device): pair
-// p = j / 2 keeps, per group of 4 elements, one code word (rotated left by 1: bytes of an even
-// sub-block's code / 2 and an odd one's low 4 bits) and, in bits 2p and 2p + 1 of the group's
-// 4 qh bytes, the even code's lowest bit and the odd code's fifth bit (the latter one byte
-// further on, so that the decode's bit selects line up: gemv.cuh).
-ATLAS_DEV u32 q5k_code(const u8* b, int j, int l) {
-    int p = j >> 1, e = l & 15, grp = 16 * (l >> 4) + 4 * (e >> 2), jj = e & 3;
-    const u8* cw = b + 48 + 32 * p + grp;
-    u32 w = (u32)cw[0] | ((u32)cw[1] << 8) | ((u32)cw[2] << 16) | ((u32)cw[3] << 24);
-    u32 byte = rotr32(w, 1) >> (8 * jj);
-    const u8* qh = b + 16 + grp;
-    if ((j & 1) == 0) return ((byte & 15u) << 1) | ((qh[jj] >> (2 * p)) & 1u);
-    return ((byte >> 4) & 15u) | (((u32)(qh[(jj + 1) & 3] >> (2 * p + 1)) & 1u) << 4);
+// Elements 4g .. 4g + 3 of sub-block j of a Q5_K block in the device layout
+// (formats.q5_k_device): pair p = j / 2 keeps, per group of 4 elements, one code word (rotated
+// left by 1: bytes of an even sub-block's code / 2 and an odd one's low 4 bits) and, in bits
+// 2p and 2p + 1 of the group's 4 qh bytes, the even code's lowest bit and the odd code's fifth
+// bit (the latter one byte further on, so that the decode's bit selects line up: gemv.cuh).
+ATLAS_DEV void q5k_codes4(const u8* b, int j, int g, u32* q) {
+    int p = j >> 1;
+    const u8* cw = b + 48 + 32 * p + 4 * g;
+    const u8* qh = b + 16 + 4 * g;
+    u32 w = rotr32((u32)cw[0] | ((u32)cw[1] << 8) | ((u32)cw[2] << 16) | ((u32)cw[3] << 24), 1);
+    u32 h = (u32)qh[0] | ((u32)qh[1] << 8) | ((u32)qh[2] << 16) | ((u32)qh[3] << 24);
+#pragma unroll
+    for (int jj = 0; jj < 4; jj++) {
+        u32 byte = w >> (8 * jj);
+        if ((j & 1) == 0) q[jj] = ((byte & 15u) << 1) | ((h >> (8 * jj + 2 * p)) & 1u);
+        else q[jj] = ((byte >> 4) & 15u) | (((h >> (8 * ((jj + 1) & 3) + 2 * p + 1)) & 1u) << 4);
+    }
 }
 
 // Elements [32u, 32u+32) of one row into v[0..31].
@@ -149,12 +153,18 @@ ATLAS_DEV void deq32(const u8* __restrict__ row, const u8* __restrict__ srow, fl
         k_scale_min(b + 4, j, &sc, &mn);
         float dsc = mul_rn(d, (float)sc);
         float dm = mul_rn(dmin, (float)mn);
-        const u8* qs = b + (F == FMT_Q4_K ? 16 : 48) + 32 * (j >> 1);
+        const u8* qs = b + 16 + 32 * (j >> 1);  // Q4_K's codes
         int shift = 4 * (j & 1);
 #pragma unroll
-        for (int l = 0; l < 32; l++) {
-            u32 q = F == FMT_Q4_K ? (qs[l] >> shift) & 15u : q5k_code(b, j, l);
-            v[l] = sub_rn(mul_rn(dsc, (float)q), dm);
+        for (int g = 0; g < 8; g++) {  // groups of 4 elements: one Q5_K code word each
+            u32 q[4];
+            if (F == FMT_Q5_K) q5k_codes4(b, j, g, q);
+#pragma unroll
+            for (int jj = 0; jj < 4; jj++) {
+                int l = 4 * g + jj;
+                if (F == FMT_Q4_K) q[jj] = (qs[l] >> shift) & 15u;
+                v[l] = sub_rn(mul_rn(dsc, (float)q[jj]), dm);
+            }
         }
     } else if (F == FMT_Q6_K) {
         int k32 = u & 7;

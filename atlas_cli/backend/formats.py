@@ -115,7 +115,7 @@ def q5_k_device(blocks: np.ndarray) -> np.ndarray:
     (byte j: element j) and B's fifth bit (byte j: element j - 1 mod 4). The decode then
     builds f16 halves of two 5-bit fields each (A at bits 0-4, B at 5-9) from a code word and
     its qh word with two bit selects and two rotates (kernels/gemv.cuh, kernels/quant.cuh
-    q5k_code). Done a few thousand blocks at a time: the temporaries are ~6x the blocks."""
+    q5k_codes4). Done a few thousand blocks at a time: the temporaries are ~6x the blocks."""
     out = np.empty_like(blocks)
     step = max(1, 8192 // max(1, blocks.shape[1]))
     for r in range(0, blocks.shape[0], step):
