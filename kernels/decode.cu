@@ -4,9 +4,11 @@
 // replays as a graph at every step.
 //
 // dgemv_<fmt>: y (rows) = W x for T == 1 with what runs next to it fused in:
-//   - a prologue on x as it is staged in shared memory: none; RMSNorm (x * w or x * (1 + w),
-//     sum(x^2) accumulated on the way; the scalar rsqrt(mean(x^2) + eps) factors out of the dot
-//     and is applied once per row at the end); or the attention output gate x * sigmoid(g).
+//   - a prologue on x as it is staged in shared memory (a template parameter: one loop each):
+//     none; x * pw, pw the attention output gate's sigmoid (qk_rope_kv writes it) or an RMSNorm
+//     weight (the host passes 1 + w for Qwen3.5's unit-offset norms), and for RMSNorm sum(x^2)
+//     accumulated on the way (the scalar rsqrt(mean(x^2) + eps) factors out of the dot and is
+//     applied once per row at the end).
 //   - W as up to DG_SEGS matrices of one format stacked by rows (qkv|z|b|a of a Gated DeltaNet
 //     layer, q|k|v of attention), described by a device table `segs` of DG_SEG_WORDS int64 per
 //     matrix: data, scales, row_bytes, srow_bytes, end row (cumulative), global-scale bits.
@@ -18,7 +20,8 @@
 //     lm_head logits); bump (optional): block 0 adds 1 to the position counter at the end of
 //     the step.
 //   Reference: numpy_ref.rms_norm / sigmoid, then numpy_ref.linear on the dequantized W, then
-//   numpy_ref.silu_mul / causal_conv1d + silu. Grid (ceil(rows / 8)), block 256.
+//   numpy_ref.silu_mul / causal_conv1d + silu. Grid (ceil(rows / DG_BLOCK_ROWS)), block
+//   256.
 // gdn_decode: the rest of a Gated DeltaNet layer for one token, one block per value head h:
 //   l2norm of q, k (the conv output), beta = sigmoid(b), g = A * softplus(a + dt_bias), the
 //   recurrent state update in place (as gdn_recurrent), then RMSNormGated with z.
@@ -26,7 +29,7 @@
 //   out (nv, dv). Reference: numpy_ref.l2norm, gated_delta_rule, rms_norm_gated. Grid (nv),
 //   block 256; the same size limits as gdn_recurrent.
 // qk_rope_kv_<kv>: q/k RMSNorm (optional), partial neox RoPE at position *pos, K/V appended to
-//   the cache at *pos; q (and the output gate of gated attention) copied out contiguous.
+//   the cache at *pos; q copied out contiguous (and sigmoid of gated attention's output gate).
 //   qkv: [q (nh * hd, or nh * 2hd with each head's gate after it) | k (nkv*hd) | v (nkv*hd)].
 //   Reference: numpy_ref.rms_norm, rope, cache.KVCache.update. Grid (nh + 2 * nkv), block 128.
 #include "gdn.cuh"
@@ -34,13 +37,15 @@
 
 #define DG_NONE 0
 #define DG_NORM 1
-#define DG_GATE 2
+#define DG_MUL 2
 #define DG_STORE 0
 #define DG_ADD 1
 #define DG_SWIGLU 2
 #define DG_SEGS 4
 #define DG_SEG_WORDS 6
 #define DG_KMAX 8
+#define DG_WARP_ROWS 2                              // output rows per warp
+#define DG_BLOCK_ROWS (DG_WARP_ROWS * GEMV_WARPS)  // output rows per block
 
 struct DgSeg {
     const u8* W;
@@ -62,36 +67,37 @@ ATLAS_DEV DgSeg dg_seg(const long long* __restrict__ t, int s) {
     return g;
 }
 
-ATLAS_DEV float dg_pro(int pro, float xv, const float* __restrict__ pw, int i, int unit_w) {
-    if (pro == DG_NORM) return xv * (unit_w ? 1.0f + pw[i] : pw[i]);
-    if (pro == DG_GATE) return xv * sigmoidf_(pw[i]);
-    return xv;
-}
-
-// Stage x[32 * unit0 ..) with the prologue applied (and, with SUMS, its per-16 sums); returns
-// this thread's sum of x^2 there. Every thread of the block calls it.
-template <bool SUMS>
-ATLAS_DEV float dg_stage(const float* __restrict__ x, const float* __restrict__ pw, int pro,
-                         int unit_w, atlas_f4* xs, float* xsum, int cols, int unit0) {
-    int uu = (int)(threadIdx.x >> 3), c = (int)(threadIdx.x & 7);
-    bool ok = unit0 + uu < cols / 32;
-    if (!SUMS && !ok) return 0.0f;
-    int i = 32 * (unit0 + uu) + 4 * c;
-    float a = 0.0f, b = 0.0f, d = 0.0f, e = 0.0f;
-    atlas_f4 q = {0.0f, 0.0f, 0.0f, 0.0f};
-    if (ok) {
-        a = x[i];
-        b = x[i + 1];
-        d = x[i + 2];
-        e = x[i + 3];
-        q.x = dg_pro(pro, a, pw, i, unit_w);
-        q.y = dg_pro(pro, b, pw, i + 1, unit_w);
-        q.z = dg_pro(pro, d, pw, i + 2, unit_w);
-        q.w = dg_pro(pro, e, pw, i + 3, unit_w);
+// dgemv's staging: x, with MUL times pw, and then also the sum of x^2 (RMSNorm's) returned;
+// zeros past the row's end. VEC: x and pw are 16-byte aligned (dg_entry checks).
+template <bool MUL, bool SUMS, bool VEC>
+struct DgStage {
+    const float* x;
+    const float* pw;
+    int cols;
+    __device__ __forceinline__ atlas_f4 load(const float* p, int i) const {
+        if (VEC) return ld_f4_readonly(p + i);
+        atlas_f4 q = {p[i], p[i + 1], p[i + 2], p[i + 3]};
+        return q;
     }
-    gemv_put_x<SUMS>(q, ok, xs, xsum, uu, c);
-    return fmaf(e, e, fmaf(d, d, fmaf(b, b, a * a)));
-}
+    __device__ __forceinline__ float operator()(atlas_f4* xs, float* xsum, int unit0) const {
+        int uu = (int)(threadIdx.x >> 3), c = (int)(threadIdx.x & 7);
+        int i = 32 * (unit0 + uu) + 4 * c;
+        atlas_f4 v = {0.0f, 0.0f, 0.0f, 0.0f}, q = v;
+        if (unit0 + uu < cols / 32) {
+            q = v = load(x, i);
+            if (MUL) {
+                atlas_f4 w = load(pw, i);
+                q.x *= w.x;
+                q.y *= w.y;
+                q.z *= w.z;
+                q.w *= w.w;
+            }
+        }
+        gemv_put_x<SUMS>(q, true, xs, xsum, uu, c);
+        if (!MUL) return 0.0f;
+        return fmaf(v.w, v.w, fmaf(v.z, v.z, fmaf(v.y, v.y, v.x * v.x)));
+    }
+};
 
 // The conv of channel r (weights w (C, K), state st (K-1, C)) on the new input xt; shifts the
 // channel's state in place. The order of causal_conv1d's sums.
@@ -109,7 +115,7 @@ struct DgArgs {
     int nseg;
     const float* x;
     const float* pw;
-    int pro, unit_w;
+    int pro;
     float eps;
     int epi;
     float* y;
@@ -121,56 +127,57 @@ struct DgArgs {
     int conv_rows, K;
 };
 
-template <int F, bool VEC>
-ATLAS_DEV void dg_body(const DgArgs& a, atlas_f4* xs, float* xsum, float* red) {
-    const bool sums = VEC && GvFmt<F>::sums;
-    int r = blockIdx.x * GEMV_WARPS + warp_id();
-    bool live = r < a.rows;  // a warp past the last row still stages x and meets the barriers
-    int lane = lane_id();
-    bool pair = a.epi == DG_SWIGLU;
-    int s0 = 0, lr = live ? r : 0;
-    if (!pair) {
+ATLAS_DEV GvRow dg_row(const DgSeg& g, int r) {
+    GvRow row = {g.W + (long long)r * g.rb, g.S + (long long)r * g.srb, g.gs};
+    return row;
+}
+
+// Output row k (< DG_WARP_ROWS) of the warp: b * DG_BLOCK_ROWS + GEMV_WARPS * k + w.
+ATLAS_DEV int dg_out_row(int k) { return blockIdx.x * DG_BLOCK_ROWS + GEMV_WARPS * k + warp_id(); }
+
+// Row m of W (m < 2: the SwiGLU pair's matrix) behind output row r; a row past the last
+// reads row 0.
+ATLAS_DEV GvRow dg_w_row(const DgArgs& a, int r, int m) {
+    int s0 = 0, lr = r < a.rows ? r : 0;
+    if (a.epi == DG_SWIGLU) {
+        s0 = m;
+    } else {
         while (s0 < a.nseg - 1 && lr >= dg_seg(a.segs, s0).end) s0++;
         if (s0) lr -= dg_seg(a.segs, s0 - 1).end;
     }
-    DgSeg A = dg_seg(a.segs, s0), B = dg_seg(a.segs, pair ? 1 : s0);
-    const u8* rowA = A.W + (long long)lr * A.rb;
-    const u8* srowA = A.S + (long long)lr * A.srb;
-    const u8* rowB = B.W + (long long)lr * B.rb;
-    const u8* srowB = B.S + (long long)lr * B.srb;
+    return dg_row(dg_seg(a.segs, s0), lr);
+}
+
+// The dots of NR rows of W, each warp its own (live: whether the first is a real row), against
+// x with MUL's prologue (x * pw, and the sum of x^2 for RMSNorm), scaled into d; returns the
+// RMSNorm scale (1 without). Every thread of the block calls it.
+template <int F, bool VEC, bool MUL, int NR>
+ATLAS_DEV float dg_dots(const DgArgs& a, const GvRow (&rows)[NR], bool live, float* d,
+                        atlas_f4* xs, float* xsum, float* red) {
+    const bool sums = VEC && GvFmt<F>::sums;
+    const int lane_units = F == FMT_F32 ? 2 : 4;  // per lane and iteration, as in gemv.cu
+    const int U = VEC && NR < lane_units ? lane_units / NR : 1;  // tiles per iteration
+    int lane = lane_id();
     GvLane L = VEC ? gv_lane<F>(lane) : gv_lane<FMT_F32>(lane);
-    float acc0[2] = {0.0f, 0.0f}, acc1[2] = {0.0f, 0.0f}, ss = 0.0f;
+    float acc[NR][2], ss = 0.0f;
+#pragma unroll
+    for (int k = 0; k < NR; k++) acc[k][0] = acc[k][1] = 0.0f;
+    // the 16-byte path reads past the row's end as its last unit (GV_CLAMPED), x staged as
+    // zeros there; the fallback checks
     int units = a.cols / 32;
-    for (int unit0 = 0; unit0 < units; unit0 += ATLAS_WARP) {
-        bool have = live && (VEC ? gv_have<F>(unit0, lane, units) : unit0 + lane < units);
-        GvRaw rawA, rawB;
-        GvUnit g;
-        if (VEC && live) {  // in flight while x stages
-            gv_fetch<F>(rowA, srowA, unit0, units, lane, rawA);
-            if (pair) gv_fetch<F>(rowB, srowB, unit0, units, lane, rawB);
-        }
-        __syncthreads();  // the previous tile's x and weight bytes have been read
-        ss += dg_stage<sums>(a.x, a.pw, a.pro, a.unit_w, xs, xsum, a.cols, unit0);
-        __syncthreads();
-        if (!have) continue;
-        if (VEC) gv_decode<F>(rawA, lane, g);
-        else gemv_deq<F>(rowA, srowA, A.gs, unit0 + lane, g);
-        gemv_dot<F, VEC>(g, L, xs, xsum, acc0);
-        if (pair) {
-            if (VEC) gv_decode<F>(rawB, lane, g);
-            else gemv_deq<F>(rowB, srowB, B.gs, unit0 + lane, g);
-            gemv_dot<F, VEC>(g, L, xs, xsum, acc1);
-        }
-    }
+    DgStage<MUL, sums, VEC> stage = {a.x, a.pw, a.cols};
+    for (int unit0 = 0; unit0 < units; unit0 += U * ATLAS_WARP)
+        ss += gemv_tiles<F, 1, NR, VEC, U, VEC ? GV_CLAMPED : GV_CHECKED>(
+            rows, 1, units, unit0, live, lane, L, xs, xsum, acc, stage);
     int tail = a.cols - 32 * units;  // a plain format's partial last unit (cols % 32 != 0)
     int c = 32 * units + lane;
     if (live && c < a.cols) {
-        float xc = dg_pro(a.pro, a.x[c], a.pw, c, a.unit_w);
-        acc0[0] = fmaf(deq1<F>(rowA, c), xc, acc0[0]);
-        if (pair) acc1[0] = fmaf(deq1<F>(rowB, c), xc, acc1[0]);
+        float xc = MUL ? a.x[c] * a.pw[c] : a.x[c];
+#pragma unroll
+        for (int k = 0; k < NR; k++) acc[k][0] = fmaf(deq1<F>(rows[k].w, c), xc, acc[k][0]);
     }
     float scale = 1.0f;
-    if (a.pro == DG_NORM) {  // block-uniform
+    if (MUL && a.pro == DG_NORM) {  // block-uniform
         if ((int)threadIdx.x < tail) {
             float xv = a.x[32 * units + threadIdx.x];
             ss = fmaf(xv, xv, ss);
@@ -178,43 +185,109 @@ ATLAS_DEV void dg_body(const DgArgs& a, atlas_f4* xs, float* xsum, float* red) {
         ss = block_sum(ss, red);
         scale = rsqrtf(ss / (float)a.cols + a.eps);
     }
-    if (blockIdx.x == 0 && a.xn_out) {  // the normed x, as rms_norm writes it
-        for (int i = threadIdx.x; i < a.cols; i += blockDim.x)
-            a.xn_out[i] = a.x[i] * scale * (a.unit_w ? 1.0f + a.pw[i] : a.pw[i]);
+#pragma unroll
+    for (int k = 0; k < NR; k++) {
+        d[k] = warp_sum(acc[k][0] + acc[k][1]) * gemv_row_scale<F, VEC>(rows[k].gs);
+        d[k] *= scale;
     }
-    if (blockIdx.x == 0 && threadIdx.x == 0 && a.bump) *a.bump += 1;
-    if (!live) return;
-    float d0 = warp_sum(acc0[0] + acc0[1]) * gemv_row_scale<F, VEC>(A.gs) * scale;
-    float d1 = pair ? warp_sum(acc1[0] + acc1[1]) * gemv_row_scale<F, VEC>(B.gs) * scale : 0.0f;
-    if (lane != 0) return;
+    return scale;
+}
+
+// The epilogue of output row r (lane 0 of its warp): d0 its dot, d1 the SwiGLU pair's.
+ATLAS_DEV void dg_store(const DgArgs& a, int r, float d0, float d1) {
     if (r < a.conv_rows) a.y[r] = dg_conv(a.conv_w, a.conv_st, a.conv_rows, a.K, r, d0);
     else if (a.epi == DG_ADD) a.y[r] = a.y[r] + d0;
-    else if (pair) a.y[r] = siluf_(d0) * d1;
+    else if (a.epi == DG_SWIGLU) a.y[r] = siluf_(d0) * d1;
     else a.y[r] = d0;
+}
+
+// The 16-byte path: all of a warp's rows against each staged tile (PAIR: the SwiGLU pair's
+// two rows of W per output row); f32, whose lane units take 8 loads each, one output row at a
+// time, which keeps its loads in registers.
+template <int F, bool MUL, bool PAIR>
+ATLAS_DEV float dg_body(const DgArgs& a, atlas_f4* xs, float* xsum, float* red) {
+    const int M = PAIR ? 2 : 1, WR = F == FMT_F32 ? 1 : DG_WARP_ROWS, NR = WR * M;
+    float scale = 1.0f;
+#pragma unroll 1
+    for (int k0 = 0; k0 < DG_WARP_ROWS; k0 += WR) {
+        GvRow rows[NR];
+#pragma unroll
+        for (int k = 0; k < NR; k++) rows[k] = dg_w_row(a, dg_out_row(k0 + k / M), k % M);
+        float d[NR];
+        if (k0) __syncthreads();  // the previous pass's last tile has been read
+        bool live = dg_out_row(k0) < a.rows;
+        scale = dg_dots<F, true, MUL, NR>(a, rows, live, d, xs, xsum, red);
+#pragma unroll
+        for (int k = 0; k < WR; k++)
+            if (dg_out_row(k0 + k) < a.rows && lane_id() == 0)
+                dg_store(a, dg_out_row(k0 + k), d[M * k], d[M * k + M - 1]);
+    }
+    return scale;
+}
+
+// The fallback (deq32's byte loads, x read with 4-byte loads): one row of W at a time, which
+// keeps its code small.
+template <int F, bool MUL>
+ATLAS_DEV float dg_fallback(const DgArgs& a, atlas_f4* xs, float* xsum, float* red) {
+    float scale = 1.0f;
+#pragma unroll 1
+    for (int k = 0; k < DG_WARP_ROWS; k++) {
+        int r = dg_out_row(k);
+        float d0 = 0.0f, d1 = 0.0f;
+#pragma unroll 1
+        for (int m = 0; m < (a.epi == DG_SWIGLU ? 2 : 1); m++) {
+            GvRow row[1] = {dg_w_row(a, r, m)};
+            float d[1];
+            __syncthreads();  // the previous pass's last tile has been read
+            scale = dg_dots<F, false, MUL, 1>(a, row, r < a.rows, d, xs, xsum, red);
+            d1 = d[0];  // the pair: d0 is the first pass's
+            if (m == 0) d0 = d[0];
+        }
+        if (r < a.rows && lane_id() == 0) dg_store(a, r, d0, d1);
+    }
+    return scale;
+}
+
+template <int F>
+ATLAS_DEV float dg_pick(const DgArgs& a, bool vec, atlas_f4* xs, float* xsum, float* red) {
+    bool mul = a.pro != DG_NONE || a.epi == DG_SWIGLU;
+    if (!vec) {
+        if (mul) return dg_fallback<F, true>(a, xs, xsum, red);
+        return dg_fallback<F, false>(a, xs, xsum, red);
+    }
+    if (a.epi == DG_SWIGLU) return dg_body<F, true, true>(a, xs, xsum, red);  // the MLP's gate|up
+    if (mul) return dg_body<F, true, false>(a, xs, xsum, red);
+    return dg_body<F, false, false>(a, xs, xsum, red);
 }
 
 template <int F>
 ATLAS_DEV void dg_entry(const DgArgs& a) {
-    __shared__ atlas_f4 xs[GEMV_TILE_F4];
-    __shared__ float xsum[64];
+    __shared__ atlas_f4 xs[4 * GEMV_TILE_F4];
+    __shared__ float xsum[GvFmt<F>::sums ? 4 * 64 : 1];
     __shared__ float red[32];
-    bool vec = true;
+    bool vec = (((unsigned long long)a.x | (unsigned long long)a.pw) & 15ull) == 0;
     for (int s = 0; s < a.nseg; s++) {
         DgSeg g = dg_seg(a.segs, s);
         vec = vec && gemv_aligned(g.W, g.S, g.rb, g.srb, F);
     }
-    if (vec) dg_body<F, true>(a, xs, xsum, red);
-    else dg_body<F, false>(a, xs, xsum, red);
+    float scale = dg_pick<F>(a, vec, xs, xsum, red);
+    if (blockIdx.x == 0 && a.xn_out) {  // the normed x, as rms_norm writes it
+        for (int i = threadIdx.x; i < a.cols; i += blockDim.x)
+            a.xn_out[i] = a.x[i] * scale * a.pw[i];
+    }
+    if (blockIdx.x == 0 && threadIdx.x == 0 && a.bump) *a.bump += 1;
 }
 
+// (256, 1): the register budget of one block per SM, as gemv.cu's; without it NVRTC 13.5's
+// ptxas spills the f16 and f32 bodies
 #define DGEMV_ENTRY(name, F)                                                                    \
-    extern "C" __global__ void __launch_bounds__(256)                                           \
+    extern "C" __global__ void __launch_bounds__(256, 1)                                        \
         dgemv_##name(const long long* __restrict__ segs, int nseg, const float* x,              \
-                     const float* pw, int pro, int unit_w, float eps, int epi, float* y,        \
-                     int rows, int cols, float* xn_out, i32* bump, const float* conv_w,         \
-                     float* conv_st, int conv_rows, int K) {                                    \
-        DgArgs a = {segs, nseg, x,  pw,     pro,  unit_w, eps,     epi,      y,                 \
-                    rows, cols, xn_out, bump, conv_w, conv_st, conv_rows, K};                   \
+                     const float* pw, int pro, float eps, int epi, float* y, int rows,          \
+                     int cols, float* xn_out, i32* bump, const float* conv_w, float* conv_st,   \
+                     int conv_rows, int K) {                                                    \
+        DgArgs a = {segs,   nseg, x,      pw,      pro,       eps, epi, y, rows, cols,          \
+                    xn_out, bump, conv_w, conv_st, conv_rows, K};                               \
         dg_entry<F>(a);                                                                         \
     }
 ATLAS_FOR_EACH_FORMAT(DGEMV_ENTRY)
@@ -338,7 +411,7 @@ ATLAS_DEV void qk_rope_kv_body(const float* __restrict__ qkv, const float* __res
     if (b < nh) {
         for (int d = tid; d < hd; d += blockDim.x) {
             q_out[(long long)b * hd + d] = xh[d];
-            if (gated) gate_out[(long long)b * hd + d] = src[hd + d];
+            if (gated) gate_out[(long long)b * hd + d] = sigmoidf_(src[hd + d]);
         }
     } else {
         int h = b - nh;

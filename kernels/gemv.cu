@@ -16,44 +16,6 @@
 // (quant.cuh).
 #include "gemv.cuh"
 
-// One loop iteration of gemv_body: U tiles from unit0. FULL: every unit of the U tiles is in
-// the row and the warp's row is live or clamped to a real one (its sum is dropped), so the
-// iterations over whole tiles carry no bounds checks and no divergent branch.
-template <int F, int TT, bool VEC, int U, bool FULL>
-ATLAS_DEV void gemv_tiles(const u8* __restrict__ row, const u8* __restrict__ srow, float gs,
-                          const float* __restrict__ x, int T, int cols, int units, int unit0,
-                          bool live, int lane, bool x_aligned, const GvLane& L, atlas_f4* xs,
-                          float* xsum, float (*acc)[2]) {
-    const bool sums = VEC && GvFmt<F>::sums;
-    GvRaw raw[U];
-    GvUnit g;
-#pragma unroll
-    for (int j = 0; j < U; j++)  // in flight
-        if (VEC && (FULL || live))
-            gv_fetch<F, FULL>(row, srow, unit0 + 32 * j, units, lane, raw[j]);
-    if (!VEC && (FULL || (live && unit0 + lane < units)))
-        gemv_deq<F>(row, srow, gs, unit0 + lane, g);
-    __syncthreads();  // the previous tile's x and weight bytes have been read
-#pragma unroll
-    for (int j = 0; j < U; j++)  // U > 1 only with TT == 1: tile j where token j would be
-        gemv_stage_x<TT, sums, FULL>(x, xs + j * GEMV_TILE_F4, xsum + 64 * j, T, cols,
-                                     unit0 + 32 * j, x_aligned);
-    __syncthreads();
-#pragma unroll
-    for (int j = 0; j < U; j++) {
-        int u0 = unit0 + 32 * j;
-        if (!FULL && (!live || !(VEC ? gv_have<F>(u0, lane, units) : u0 + lane < units)))
-            continue;
-        if (VEC) gv_decode<F>(raw[j], lane, g);
-#pragma unroll
-        for (int t = 0; t < TT; t++) {
-            int k = t + j;  // the staged tile: token t, or (TT == 1) tile j
-            if (TT == 1 || t < T)
-                gemv_dot<F, VEC>(g, L, xs + k * GEMV_TILE_F4, xsum + k * 64, acc[t]);
-        }
-    }
-}
-
 // TT: 1 (the decode step, T == 1 known at compile time) or GEMV_MAX_T (T read at run time).
 // The deq32 path has only the second: one body per format keeps its registers unspilled.
 // U: tiles per loop iteration. The T == 1 body takes four (two for f32: each lane four or two
@@ -66,24 +28,27 @@ ATLAS_DEV void gemv_body(const u8* __restrict__ W, const u8* __restrict__ S, flo
     int r = blockIdx.x * GEMV_WARPS + warp_id();
     bool live = r < rows;  // a warp past the last row stages x, meets the barriers, reads row 0
     int lane = lane_id();
-    const u8* row = W + (long long)(live ? r : 0) * row_bytes;
-    const u8* srow = S + (long long)(live ? r : 0) * srow_bytes;
+    const bool sums = VEC && GvFmt<F>::sums;
     bool x_aligned = TT == 1 || ((unsigned long long)x & 15ull) == 0;
     GvLane L = VEC ? gv_lane<F>(lane) : gv_lane<FMT_F32>(lane);
+    GvRow row[1] = {{W + (long long)(live ? r : 0) * row_bytes,
+                     S + (long long)(live ? r : 0) * srow_bytes, gs}};
     float acc[TT][2];  // per token: the A and B halves' accumulators
 #pragma unroll
     for (int t = 0; t < TT; t++) acc[t][0] = acc[t][1] = 0.0f;
     int units = cols / 32, whole = units - units % (U * ATLAS_WARP);
     int unit0 = 0;
+    GvStageX<TT, sums, true> whole_tiles = {x, T, cols, x_aligned};
+    GvStageX<TT, sums, false> last_tiles = {x, T, cols, x_aligned};
     for (; unit0 < whole; unit0 += U * ATLAS_WARP)
-        gemv_tiles<F, TT, VEC, U, true>(row, srow, gs, x, T, cols, units, unit0, live, lane,
-                                        x_aligned, L, xs, xsum, acc);
+        gemv_tiles<F, TT, 1, VEC, U, GV_WHOLE>(row, T, units, unit0, live, lane, L, xs, xsum,
+                                               acc, whole_tiles);
     if (unit0 < units)  // the last, partial tiles
-        gemv_tiles<F, TT, VEC, U, false>(row, srow, gs, x, T, cols, units, unit0, live, lane,
-                                         x_aligned, L, xs, xsum, acc);
+        gemv_tiles<F, TT, 1, VEC, U, GV_CHECKED>(row, T, units, unit0, live, lane, L, xs, xsum,
+                                                 acc, last_tiles);
     int c = 32 * units + lane;  // a plain format's partial last unit (cols % 32 != 0)
     if (live && c < cols) {
-        float wc = deq1<F>(row, c);
+        float wc = deq1<F>(row[0].w, c);
 #pragma unroll
         for (int t = 0; t < TT; t++)
             if (TT == 1 || t < T) acc[t][0] = fmaf(wc, x[(long long)t * cols + c], acc[t][0]);

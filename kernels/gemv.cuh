@@ -102,46 +102,56 @@ struct GvRaw {
     u32 sc;
 };
 
-// Issue the lane's 16-byte loads of the tile at unit0 (the warp's row is live; FULL: the whole
-// tile is in the row).
-template <int F, bool FULL = false>
+// How a loop iteration treats the row's end:
+#define GV_CHECKED 0  // a lane with no unit of the row in the tile does nothing (the last tiles)
+#define GV_WHOLE 1    // every unit of the tiles is in the row: no checks
+#define GV_CLAMPED 2  // a lane past the row's end reads its last unit (K-quants: block), which
+                      // the staged zeros of x there cancel: no checks but a min per load
+
+// Issue the lane's 16-byte loads of the tile at unit0 (the warp's row is live; units: the
+// row's).
+template <int F, int MODE>
 ATLAS_DEV void gv_fetch(const u8* __restrict__ row, const u8* __restrict__ srow, int unit0,
                         int units, int lane, GvRaw& g) {
-    if (!FULL && !gv_have<F>(unit0, lane, units)) return;
-    int u = unit0 + lane;
+    if (MODE == GV_CHECKED && !gv_have<F>(unit0, lane, units)) return;
+    int u = MODE == GV_CLAMPED ? min(unit0 + lane, units - 1) : unit0 + lane;
+    int blk = unit0 / 8 + (lane >> 3);  // K-quants: the lane's block
+    if (MODE == GV_CLAMPED) blk = min(blk, units / 8 - 1);
     if (F == FMT_NVFP4) {
-        g.q[0] = ((const atlas_u4*)row)[u];  // 32 codes
-        g.sc = ((const u16*)srow)[u];        // the unit's two E4M3 block scales
+        g.q[0] = ld_u4_readonly((const atlas_u4*)row + u);  // 32 codes
+        g.sc = ld_u16_readonly((const u16*)srow + u);       // the unit's two E4M3 block scales
     } else if (F == FMT_Q4_0 || F == FMT_Q4_1) {
-        g.q[0] = ((const atlas_u4*)row)[u];  // qs[16]
-        g.sc = F == FMT_Q4_1 ? ((const u32*)srow)[u] : ((const u16*)srow)[u];  // d (, m)
+        g.q[0] = ld_u4_readonly((const atlas_u4*)row + u);  // qs[16]
+        g.sc = F == FMT_Q4_1 ? ld_u32_readonly((const u32*)srow + u)  // d, m
+                             : ld_u16_readonly((const u16*)srow + u);  // d
     } else if (F == FMT_Q8_0) {
-        g.q[0] = ((const atlas_u4*)row)[2 * u];
-        g.q[1] = ((const atlas_u4*)row)[2 * u + 1];
-        g.sc = ((const u16*)srow)[u];
+        g.q[0] = ld_u4_readonly((const atlas_u4*)row + 2 * u);
+        g.q[1] = ld_u4_readonly((const atlas_u4*)row + 2 * u + 1);
+        g.sc = ld_u16_readonly((const u16*)srow + u);
     } else if (F == FMT_Q6_K) {
-        int blk = unit0 / 8 + (lane >> 3), s = lane & 7;
+        int s = lane & 7;
         const atlas_u4* b = (const atlas_u4*)(row + (long long)ROW_BYTES_Q6_K * blk);
-        g.q[0] = b[s];                           // ql bytes 16 s = 64 hh + 32 kk + 16 h16
-        g.q[1] = b[8 + 2 * (s >> 2) + (s & 1)];  // qh bytes 128 + 32 hh + 16 h16
+        g.q[0] = ld_u4_readonly(b + s);  // ql bytes 16 s = 64 hh + 32 kk + 16 h16
+        g.q[1] = ld_u4_readonly(b + 8 + 2 * (s >> 2) + (s & 1));  // qh: 128 + 32 hh + 16 h16
         // the lane's two int8 scales (row bytes 192 + 2 s: q6k_scale), d
-        g.sc = ((const u16*)(b + 12))[s] | ((u32)((const u16*)srow)[blk] << 16);
+        g.sc = ld_u16_readonly((const u16*)(b + 12) + s) |
+               (ld_u16_readonly((const u16*)srow + blk) << 16);
     } else if (F == FMT_BF16 || F == FMT_F16) {
 #pragma unroll
-        for (int c = 0; c < 4; c++) g.q[c] = ((const atlas_u4*)row)[4 * u + c];
+        for (int c = 0; c < 4; c++) g.q[c] = ld_u4_readonly((const atlas_u4*)row + 4 * u + c);
     } else if (F == FMT_F32) {
 #pragma unroll
-        for (int c = 0; c < 8; c++) g.q[c] = ((const atlas_u4*)row)[8 * u + c];
+        for (int c = 0; c < 8; c++) g.q[c] = ld_u4_readonly((const atlas_u4*)row + 8 * u + c);
     } else if (F == FMT_Q4_K || F == FMT_Q5_K) {
         const int bb = F == FMT_Q4_K ? BLOCK_BYTES_Q4_K : BLOCK_BYTES_Q5_K;
-        const atlas_u4* b = (const atlas_u4*)(row + (long long)bb * (unit0 / 8 + (lane >> 3)));
+        const atlas_u4* b = (const atlas_u4*)(row + (long long)bb * blk);
         int s = lane & 7;
-        g.q[0] = b[0];  // d, dmin, the 12 bytes of 6-bit scales and mins
+        g.q[0] = ld_u4_readonly(b);  // d, dmin, the 12 bytes of 6-bit scales and mins
         if (F == FMT_Q4_K) {
-            g.q[1] = b[1 + s];  // code bytes 16 s .. 16 s + 15
+            g.q[1] = ld_u4_readonly(b + 1 + s);  // code bytes 16 s .. 16 s + 15
         } else {
-            g.q[1] = b[3 + s];
-            g.q[2] = b[1 + (s & 1)];  // the high bits of the same 16 element positions
+            g.q[1] = ld_u4_readonly(b + 3 + s);
+            g.q[2] = ld_u4_readonly(b + 1 + (s & 1));  // the high bits of the same 16 positions
         }
     }
 }
@@ -381,4 +391,73 @@ ATLAS_DEV void gemv_deq(const u8* __restrict__ row, const u8* __restrict__ srow,
     deq32<F>(row, srow, gs, u, o.v);
     o.dA = o.dB = 1.0f;
     o.mA = o.mB = 0.0f;
+}
+
+// ---- a loop iteration -----------------------------------------------------------------------
+
+// A row a warp multiplies: its codes, its block scales (quant.cuh), NVFP4's global scale.
+struct GvRow {
+    const u8* w;
+    const u8* s;
+    float gs;
+};
+
+// gemv.cu's staging: x of TT tokens as it is (tokens t at xs + t * GEMV_TILE_F4).
+template <int TT, bool SUMS, bool FULL>
+struct GvStageX {
+    const float* x;
+    int T, cols;
+    bool x_aligned;
+    __device__ __forceinline__ float operator()(atlas_f4* xs, float* xsum, int unit0) const {
+        gemv_stage_x<TT, SUMS, FULL>(x, xs, xsum, T, cols, unit0, x_aligned);
+        return 0.0f;
+    }
+};
+
+// One loop iteration: U tiles from unit0, each warp's NR rows (they share the staged x) against
+// TT staged tokens, into acc[r * TT + t]. Every thread of the block calls it: `stage(xs, xsum,
+// unit0)` stages one tile of x (GvStageX, or decode.cu's with its prologue) and returns what it
+// sums on the way (the fused RMSNorm's squares), which this returns. U > 1 only with TT == 1:
+// tile j sits where token j would. MODE: the row's end (GV_CHECKED, ...); without checks the
+// warp's rows are live or clamped to real ones (their sums are dropped), so the loop carries
+// no divergent branch. !VEC (the deq32 fallback) dequantizes after the barrier, a unit at a
+// time, and takes GV_CHECKED.
+template <int F, int TT, int NR, bool VEC, int U, int MODE, class Stage>
+ATLAS_DEV float gemv_tiles(const GvRow (&rows)[NR], int T, int units, int unit0, bool live,
+                           int lane, const GvLane& L, atlas_f4* xs, float* xsum,
+                           float (*acc)[2], const Stage& stage) {
+    GvRaw raw[NR][U];
+#pragma unroll
+    for (int r = 0; r < NR; r++) {
+#pragma unroll
+        for (int j = 0; j < U; j++)  // in flight
+            if (VEC && (MODE != GV_CHECKED || live))
+                gv_fetch<F, MODE>(rows[r].w, rows[r].s, unit0 + 32 * j, units, lane, raw[r][j]);
+    }
+    __syncthreads();  // the previous tile's x and weight bytes have been read
+    float staged = 0.0f;
+#pragma unroll
+    for (int j = 0; j < U; j++)
+        staged += stage(xs + j * GEMV_TILE_F4, xsum + 64 * j, unit0 + 32 * j);
+    __syncthreads();
+    GvUnit g;
+#pragma unroll
+    for (int j = 0; j < U; j++) {
+        int u0 = unit0 + 32 * j;
+        if (MODE == GV_CHECKED &&
+            (!live || !(VEC ? gv_have<F>(u0, lane, units) : u0 + lane < units)))
+            continue;
+#pragma unroll
+        for (int r = 0; r < NR; r++) {
+            if (VEC) gv_decode<F>(raw[r][j], lane, g);
+            else gemv_deq<F>(rows[r].w, rows[r].s, rows[r].gs, u0 + lane, g);
+#pragma unroll
+            for (int t = 0; t < TT; t++) {
+                int k = t + j;  // the staged tile: token t, or (TT == 1) tile j
+                if (TT == 1 || t < T)
+                    gemv_dot<F, VEC>(g, L, xs + k * GEMV_TILE_F4, xsum + k * 64, acc[r * TT + t]);
+            }
+        }
+    }
+    return staged;
 }

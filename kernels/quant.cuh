@@ -211,17 +211,28 @@ typedef struct __attribute__((aligned(16))) {
     float x, y, z, w;
 } atlas_f4;
 
-// 16 bytes of x, read-only for the kernel's lifetime: the non-coherent load (LDG.E.128.CONSTANT),
-// which nvcc does not always infer from __restrict__ in the larger GEMV bodies.
-ATLAS_DEV atlas_f4 ld_f4_readonly(const float* p) {
+// Loads of what stays read-only for the kernel's lifetime (x, weights, scales): the
+// non-coherent loads (LDG.E.128.CONSTANT, ...), which nvcc does not always infer from
+// __restrict__ in the larger GEMV bodies, nor ever through the fused step's table of pointers.
 #if defined(ATLAS_CUDA) && !defined(ATLAS_PORTABLE)
+ATLAS_DEV atlas_f4 ld_f4_readonly(const float* p) {
     float4 v = __ldg((const float4*)p);
     atlas_f4 q = {v.x, v.y, v.z, v.w};
     return q;
-#else
-    return *(const atlas_f4*)p;
-#endif
 }
+ATLAS_DEV atlas_u4 ld_u4_readonly(const void* p) {
+    uint4 v = __ldg((const uint4*)p);
+    atlas_u4 q = {v.x, v.y, v.z, v.w};
+    return q;
+}
+ATLAS_DEV u32 ld_u32_readonly(const void* p) { return __ldg((const unsigned int*)p); }
+ATLAS_DEV u32 ld_u16_readonly(const void* p) { return __ldg((const unsigned short*)p); }
+#else
+ATLAS_DEV atlas_f4 ld_f4_readonly(const float* p) { return *(const atlas_f4*)p; }
+ATLAS_DEV atlas_u4 ld_u4_readonly(const void* p) { return *(const atlas_u4*)p; }
+ATLAS_DEV u32 ld_u32_readonly(const void* p) { return *(const u32*)p; }
+ATLAS_DEV u32 ld_u16_readonly(const void* p) { return *(const u16*)p; }
+#endif
 
 // The two halves of `h` (IEEE f16 bit patterns, low half first) as float32, exactly.
 ATLAS_DEV void h2_to_f32(u32 h, float* lo, float* hi) {

@@ -22,9 +22,10 @@ from atlas_cli.backend.ops.native_array import DeviceArray, DeviceWeight
 from atlas_cli.backend.ops.native_attention import ATTN_HEAD_DIMS, row_kernel_rows
 from atlas_cli.backend.ops.runtime import f32, i32, i64, ptr
 
-PRO_NONE, PRO_NORM, PRO_GATE = 0, 1, 2  # decode.cu DG_NONE, DG_NORM, DG_GATE
+PRO_NONE, PRO_NORM, PRO_MUL = 0, 1, 2  # decode.cu DG_NONE, DG_NORM, DG_MUL
 EPI_STORE, EPI_ADD, EPI_SWIGLU = 0, 1, 2  # decode.cu DG_STORE, DG_ADD, DG_SWIGLU
 SEGS_MAX = 4  # decode.cu DG_SEGS
+BLOCK_ROWS = 16  # decode.cu DG_BLOCK_ROWS: output rows per dgemv block
 FULL = "full_attention"
 LINEAR = "linear_attention"
 
@@ -49,6 +50,67 @@ class Group:
     offset: int  # first output row
 
 
+def stack(ops, mats: list[DeviceWeight]) -> list[Group]:
+    """Matrices of one width stacked by rows, as runs of one format (one dgemv launch each)
+    with their device segment tables."""
+    assert all(m.cols == mats[0].cols for m in mats)
+    runs: list[list[DeviceWeight]] = []
+    for m in mats:
+        if runs and runs[-1][0].fmt == m.fmt and len(runs[-1]) < SEGS_MAX:
+            runs[-1].append(m)
+        else:
+            runs.append([m])
+    out, offset = [], 0
+    for run in runs:
+        table, end = [], 0
+        for m in run:
+            end += m.rows
+            gs = int(np.array(m.gscale, np.float32).view(np.int32))
+            table.append([m.data.ptr, m.scales.ptr, m.row_bytes, m.srow_bytes, end, gs])
+        dev = ops.asarray(np.asarray(table, np.int64), np.int64)
+        out.append(Group(run[0].fmt, dev, len(run), end, offset))
+        offset += end
+    return out
+
+
+def dgemv(
+    groups: list[Group],
+    rows0: int,
+    cols: int,
+    x: DeviceArray,
+    y: DeviceArray,
+    pro: int = PRO_NONE,
+    pw: DeviceArray | None = None,
+    epi: int = EPI_STORE,
+    conv: tuple | None = None,
+    xn: DeviceArray | None = None,
+    bump: DeviceArray | None = None,
+    eps: float = 0.0,
+) -> list[Launch]:
+    """The launches of y = W x (W: the stacked `groups`, `cols` wide; `rows0`: the first
+    matrix's rows) with the prologue `pro` (x times `pw`: the norm weight, or the sigmoid of
+    the gate; PRO_NORM also scales by rsqrt(mean(x^2) + eps)) and epilogue `epi` (EPI_SWIGLU:
+    silu(matrix 0) * matrix 1, rows0 rows); `conv` = (weight (C, K), state (K-1, C)) runs the
+    Gated DeltaNet conv on the first C rows; `xn` receives the normed x, `bump` is the
+    position counter to advance (decode.cu dgemv_<fmt>)."""
+    assert epi != EPI_SWIGLU or pro == PRO_NORM  # decode.cu's one SwiGLU body
+    out = []
+    for g in groups:
+        rows = g.rows if epi != EPI_SWIGLU else rows0
+        cw, cs = conv if conv is not None and g.offset == 0 else (None, None)
+        crows = cs.shape[1] if cs is not None else 0
+        assert crows <= rows and (cs is None or cw.shape[1] - 1 == cs.shape[0])
+        args = [ptr(g.table.ptr), i32(g.nseg), ptr(x.ptr), ptr(pw.ptr if pw is not None else 0)]
+        args += [i32(pro), f32(eps), i32(epi)]
+        args += [ptr(y.ptr + 4 * g.offset), i32(rows), i32(cols)]
+        args += [ptr(xn.ptr if xn is not None else 0), ptr(bump.ptr if bump is not None else 0)]
+        args += [ptr(cw.ptr if cw is not None else 0), ptr(cs.ptr if cs is not None else 0)]
+        args += [i32(crows), i32(cw.shape[1] if cw is not None else 0)]
+        grid = (-(-rows // BLOCK_ROWS),)
+        out.append(Launch("decode.cu", f"dgemv_{g.fmt}", grid, (256,), args))
+    return out
+
+
 class DeviceDecoder:
     """One decoded token of a Llama-family or Qwen3.5 model per `decode` call."""
 
@@ -61,6 +123,7 @@ class DeviceDecoder:
         self.h, self.hd = a.hidden_size, a.dim_per_head
         self.nh, self.nkv = a.num_attention_heads, a.num_key_value_heads
         self.w = {k: self._vec(v) for k, v in w.items() if not isinstance(v, DeviceWeight)}
+        self._unit_norms: dict[str, DeviceArray] = {}
         self.inv_freq = ops.asarray(np.asarray(model.inv_freq, np.float32))
         self.rot = 2 * int(model.inv_freq.shape[0])
         self.qk_norm = self.unit or bool(getattr(model, "qk_norm", False))
@@ -74,6 +137,16 @@ class DeviceDecoder:
         self._slot = 0
         self._last: tuple | None = None
         self.final = [self._final_launch(s) for s in (0, 1)]
+
+    def _norm(self, name: str) -> DeviceArray:
+        """The RMSNorm weight `name` as dgemv's prologue multiplies by it: Qwen3.5's
+        unit-offset norms as 1 + w (float32, the sum the kernel would form per element)."""
+        if not self.unit:
+            return self.w[name]
+        if name not in self._unit_norms:
+            w = self.w[name].numpy().astype(np.float32)
+            self._unit_norms[name] = self.ops.asarray(np.float32(1.0) + w)
+        return self._unit_norms[name]
 
     def _vec(self, v):
         return v if isinstance(v, DeviceArray) else self.ops.asarray(np.asarray(v, np.float32))
@@ -190,66 +263,17 @@ class DeviceDecoder:
     def groups(self, names: tuple[str, ...]) -> list[Group]:
         """The matrices `names`, stacked by rows, as runs of one format (one launch each)."""
         if names not in self._groups:
-            mats = [self.model.w[n] for n in names]
-            assert all(m.cols == mats[0].cols for m in mats)
-            runs: list[list[DeviceWeight]] = []
-            for m in mats:
-                if runs and runs[-1][0].fmt == m.fmt and len(runs[-1]) < SEGS_MAX:
-                    runs[-1].append(m)
-                else:
-                    runs.append([m])
-            out, offset = [], 0
-            for run in runs:
-                table, end = [], 0
-                for m in run:
-                    end += m.rows
-                    gs = int(np.array(m.gscale, np.float32).view(np.int32))
-                    table.append([m.data.ptr, m.scales.ptr, m.row_bytes, m.srow_bytes, end, gs])
-                dev = self.ops.asarray(np.asarray(table, np.int64), np.int64)
-                out.append(Group(run[0].fmt, dev, len(run), end, offset))
-                offset += end
-            self._groups[names] = out
+            self._groups[names] = stack(self.ops, [self.model.w[n] for n in names])
         return self._groups[names]
 
-    def gemv(
-        self,
-        names: tuple[str, ...],
-        x: DeviceArray,
-        y: DeviceArray,
-        pro: int = PRO_NONE,
-        pw: DeviceArray | None = None,
-        epi: int = EPI_STORE,
-        conv: tuple | None = None,
-        xn: DeviceArray | None = None,
-        bump: DeviceArray | None = None,
-    ) -> list[Launch]:
-        """y = W x (rows of the matrices `names` stacked) with the prologue `pro` (weight or
-        gate `pw`) and epilogue `epi`; `conv` = (weight (C, K), state (K-1, C)) runs the
-        Gated DeltaNet conv on the first C rows."""
-        groups = self.groups(names)
-        cols = self.model.w[names[0]].cols
-        out = []
-        for g in groups:
-            rows = g.rows if epi != EPI_SWIGLU else self.model.w[names[0]].rows
-            cw, cs = conv if conv is not None and g.offset == 0 else (None, None)
-            crows = cs.shape[1] if cs is not None else 0
-            assert crows <= rows and (cs is None or cw.shape[1] - 1 == cs.shape[0])
-            args = [ptr(g.table.ptr), i32(g.nseg), ptr(x.ptr), ptr(pw.ptr if pw is not None else 0)]
-            args += [i32(pro), i32(int(self.unit)), f32(self.eps), i32(epi)]
-            args += [ptr(y.ptr + 4 * g.offset), i32(rows), i32(cols)]
-            args += [ptr(xn.ptr if xn is not None else 0), ptr(bump.ptr if bump is not None else 0)]
-            args += [
-                ptr(cw.ptr if cw is not None else 0),
-                ptr(cs.ptr if cs is not None else 0),
-                i32(crows),
-            ]
-            args += [i32(cw.shape[1] if cw is not None else 0)]
-            out.append(Launch("decode.cu", f"dgemv_{g.fmt}", (-(-rows // 8),), (256,), args))
-        return out
+    def gemv(self, names: tuple[str, ...], x: DeviceArray, y: DeviceArray, *args, **kw):
+        """dgemv (below) of the matrices `names` stacked by rows."""
+        w = self.model.w[names[0]]
+        return dgemv(self.groups(names), w.rows, w.cols, x, y, *args, eps=self.eps, **kw)
 
     def _mlp(self, i: int) -> list[Launch]:
         p = f"model.layers.{i}."
-        norm = self.w[p + "post_attention_layernorm.weight"]
+        norm = self._norm(p + "post_attention_layernorm.weight")
         gate, up, down = (p + f"mlp.{n}_proj.weight" for n in ("gate", "up", "down"))
         out = []
         if len(self.groups((gate, up))) == 1:  # one format: silu(gate) * up in the epilogue
@@ -269,7 +293,7 @@ class DeviceDecoder:
         nk, dk = a.linear_num_key_heads, a.linear_key_head_dim
         nv, dv = a.linear_num_value_heads, a.linear_value_head_dim
         state = cache.linear[i]
-        norm = self.w[f"model.layers.{i}.input_layernorm.weight"]
+        norm = self._norm(f"model.layers.{i}.input_layernorm.weight")
         conv = (self.w[p + "conv1d.weight"], state.conv)
         out = self.gemv(
             tuple(self._in_names(i, LINEAR)), self.x, self.proj, PRO_NORM, norm, conv=conv
@@ -287,7 +311,7 @@ class DeviceDecoder:
         kv = getattr(cache, "device_kv", cache)
         kb, vb = kv.layers[cache.slot[i] if hasattr(cache, "slot") else i]
         gated = self.model.w[p + "q_proj.weight"].rows == 2 * nh * hd
-        norm = self.w[f"model.layers.{i}.input_layernorm.weight"]
+        norm = self._norm(f"model.layers.{i}.input_layernorm.weight")
         out = self.gemv(tuple(self._in_names(i, FULL)), self.x, self.proj, PRO_NORM, norm)
         qn = self.w.get(p + "q_norm.weight") if self.qk_norm else None
         kn = self.w.get(p + "k_norm.weight") if self.qk_norm else None
@@ -302,7 +326,7 @@ class DeviceDecoder:
         args += [i32(nh), i32(nkv), i32(hd), i32(kv.capacity), i32(int(gated))]
         out.append(Launch("decode.cu", f"qk_rope_kv_{kv.dtype}", (nh + 2 * nkv,), (128,), args))
         out += self._attention(kv, kb, vb)
-        gate = (PRO_GATE, self.gate) if gated else (PRO_NONE, None)
+        gate = (PRO_MUL, self.gate) if gated else (PRO_NONE, None)  # x * sigmoid(gate)
         return out + self.gemv((p + "o_proj.weight",), self.attn_out, self.x, *gate, EPI_ADD)
 
     def _attention(self, kv, kb, vb) -> list[Launch]:
@@ -336,7 +360,7 @@ class DeviceDecoder:
             self.x,
             self.logits[slot],
             PRO_NORM,
-            self.w["model.norm.weight"],
+            self._norm("model.norm.weight"),
             xn=self.hidden[slot],
             bump=self.pos,
         )
