@@ -46,6 +46,7 @@
 #define DG_KMAX 8
 #define DG_WARP_ROWS 2                              // output rows per warp
 #define DG_BLOCK_ROWS (DG_WARP_ROWS * GEMV_WARPS)  // output rows per block
+#define DG_CHUNK_TILES 8  // tiles of x staged at once (8,192 columns, 39 KB with their sums)
 
 struct DgSeg {
     const u8* W;
@@ -162,13 +163,23 @@ ATLAS_DEV float dg_dots(const DgArgs& a, const GvRow (&rows)[NR], bool live, flo
     float acc[NR][2], ss = 0.0f;
 #pragma unroll
     for (int k = 0; k < NR; k++) acc[k][0] = acc[k][1] = 0.0f;
-    // the 16-byte path reads past the row's end as its last unit (GV_CLAMPED), x staged as
-    // zeros there; the fallback checks
+    // x staged a chunk of up to DG_CHUNK_TILES tiles at a time, then the weight loop over the
+    // chunk without barriers; the 16-byte path reads past the row's end as its last unit
+    // (GV_CLAMPED), x staged as zeros there; the fallback checks
     int units = a.cols / 32;
     DgStage<MUL, sums, VEC> stage = {a.x, a.pw, a.cols};
-    for (int unit0 = 0; unit0 < units; unit0 += U * ATLAS_WARP)
-        ss += gemv_tiles<F, 1, NR, VEC, U, VEC ? GV_CLAMPED : GV_CHECKED>(
-            rows, 1, units, unit0, live, lane, L, xs, xsum, acc, stage);
+    for (int c0 = 0; c0 < units; c0 += 32 * DG_CHUNK_TILES) {
+        int n = min(units - c0, 32 * DG_CHUNK_TILES);
+        int tiles = (n + 32 * U - 1) / (32 * U) * U;  // whole iterations
+        __syncthreads();  // the previous chunk has been read
+        for (int t = 0; t < tiles; t++)
+            ss += stage(xs + t * GEMV_TILE_F4, xsum + 64 * t, c0 + 32 * t);
+        __syncthreads();
+        for (int u = 0; u < n; u += U * ATLAS_WARP)
+            gemv_tiles<F, 1, NR, VEC, U, VEC ? GV_CLAMPED : GV_CHECKED>(
+                rows, 1, units, c0 + u, live, lane, L, xs + (u / 32) * GEMV_TILE_F4,
+                xsum + 2 * u, acc, GvPrestaged());
+    }
     int tail = a.cols - 32 * units;  // a plain format's partial last unit (cols % 32 != 0)
     int c = 32 * units + lane;
     if (live && c < a.cols) {
@@ -214,7 +225,6 @@ ATLAS_DEV float dg_body(const DgArgs& a, atlas_f4* xs, float* xsum, float* red) 
 #pragma unroll
         for (int k = 0; k < NR; k++) rows[k] = dg_w_row(a, dg_out_row(k0 + k / M), k % M);
         float d[NR];
-        if (k0) __syncthreads();  // the previous pass's last tile has been read
         bool live = dg_out_row(k0) < a.rows;
         scale = dg_dots<F, true, MUL, NR>(a, rows, live, d, xs, xsum, red);
 #pragma unroll
@@ -238,7 +248,6 @@ ATLAS_DEV float dg_fallback(const DgArgs& a, atlas_f4* xs, float* xsum, float* r
         for (int m = 0; m < (a.epi == DG_SWIGLU ? 2 : 1); m++) {
             GvRow row[1] = {dg_w_row(a, r, m)};
             float d[1];
-            __syncthreads();  // the previous pass's last tile has been read
             scale = dg_dots<F, false, MUL, 1>(a, row, r < a.rows, d, xs, xsum, red);
             d1 = d[0];  // the pair: d0 is the first pass's
             if (m == 0) d0 = d[0];
@@ -262,8 +271,8 @@ ATLAS_DEV float dg_pick(const DgArgs& a, bool vec, atlas_f4* xs, float* xsum, fl
 
 template <int F>
 ATLAS_DEV void dg_entry(const DgArgs& a) {
-    __shared__ atlas_f4 xs[4 * GEMV_TILE_F4];
-    __shared__ float xsum[GvFmt<F>::sums ? 4 * 64 : 1];
+    __shared__ atlas_f4 xs[DG_CHUNK_TILES * GEMV_TILE_F4];
+    __shared__ float xsum[GvFmt<F>::sums ? DG_CHUNK_TILES * 64 : 1];
     __shared__ float red[32];
     bool vec = (((unsigned long long)a.x | (unsigned long long)a.pw) & 15ull) == 0;
     for (int s = 0; s < a.nseg; s++) {

@@ -405,6 +405,7 @@ struct GvRow {
 // gemv.cu's staging: x of TT tokens as it is (tokens t at xs + t * GEMV_TILE_F4).
 template <int TT, bool SUMS, bool FULL>
 struct GvStageX {
+    static const bool pre = false;  // staged by gemv_tiles, a tile at a time
     const float* x;
     int T, cols;
     bool x_aligned;
@@ -414,10 +415,16 @@ struct GvStageX {
     }
 };
 
+// x staged for many tiles before the loop (decode.cu): gemv_tiles neither stages nor waits.
+struct GvPrestaged {
+    static const bool pre = true;
+    __device__ __forceinline__ float operator()(atlas_f4*, float*, int) const { return 0.0f; }
+};
+
 // One loop iteration: U tiles from unit0, each warp's NR rows (they share the staged x) against
 // TT staged tokens, into acc[r * TT + t]. Every thread of the block calls it: `stage(xs, xsum,
-// unit0)` stages one tile of x (GvStageX, or decode.cu's with its prologue) and returns what it
-// sums on the way (the fused RMSNorm's squares), which this returns. U > 1 only with TT == 1:
+// unit0)` stages one tile of x (GvStageX) and returns what it sums on the way, which this
+// returns; GvPrestaged: the tiles are staged already. U > 1 only with TT == 1:
 // tile j sits where token j would. MODE: the row's end (GV_CHECKED, ...); without checks the
 // warp's rows are live or clamped to real ones (their sums are dropped), so the loop carries
 // no divergent branch. !VEC (the deq32 fallback) dequantizes after the barrier, a unit at a
@@ -434,12 +441,14 @@ ATLAS_DEV float gemv_tiles(const GvRow (&rows)[NR], int T, int units, int unit0,
             if (VEC && (MODE != GV_CHECKED || live))
                 gv_fetch<F, MODE>(rows[r].w, rows[r].s, unit0 + 32 * j, units, lane, raw[r][j]);
     }
-    __syncthreads();  // the previous tile's x and weight bytes have been read
     float staged = 0.0f;
+    if (!Stage::pre) {
+        __syncthreads();  // the previous tile's x and weight bytes have been read
 #pragma unroll
-    for (int j = 0; j < U; j++)
-        staged += stage(xs + j * GEMV_TILE_F4, xsum + 64 * j, unit0 + 32 * j);
-    __syncthreads();
+        for (int j = 0; j < U; j++)
+            staged += stage(xs + j * GEMV_TILE_F4, xsum + 64 * j, unit0 + 32 * j);
+        __syncthreads();
+    }
     GvUnit g;
 #pragma unroll
     for (int j = 0; j < U; j++) {

@@ -19,9 +19,11 @@ from atlas_cli.backend.ops import runtime_emu
 from tests.gpu.checks import FORMATS, random_weight
 
 EPS = 1e-6
-# 2 x 32 units (2,048 columns) per iteration of a single-row body, 32 units of the SwiGLU
-# pair's: several iterations, the last partial. K-quants: whole 256-element blocks.
-COLS = {"q4_k": 2304, "q5_k": 2304, "q6_k": 2304}
+# x is staged 8,192 columns at a time (decode.cu DG_CHUNK_TILES): two chunks, the second with
+# a partial last iteration (2 x 32 units per iteration of a single-row body, 32 units of the
+# SwiGLU pair's). K-quants: whole 256-element blocks.
+COLS = {"q4_k": 9472, "q5_k": 9472, "q6_k": 9472}
+DEFAULT_COLS = 8192 + 1024 + 96
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +42,7 @@ def _run(ops, launches) -> None:
 
 def _check(got, xp: np.ndarray, w: np.ndarray, want: np.ndarray, what: str) -> None:
     """`got` against `want` (float64), relative to the sum of |x' w| of each row (one wrong
-    weight of ~2,000 would be ~5e-4 of it)."""
+    weight of ~9,000 would be ~1e-4 of it)."""
     scale = np.abs(w).astype(np.float64) @ np.abs(xp).astype(np.float64)
     err = np.max(np.abs(np.asarray(got, np.float64) - want) / scale)
     assert err < 1e-6, f"{what}: {err:.2e} of the sum of |x w|"
@@ -55,7 +57,7 @@ def test_every_body_matches_numpy(emu_rt, fmt, aligned):
     ops = NativeOps(emu_rt, weight_dtype="f32" if fmt == "f32" else "bf16")
     ops.poison = True  # an output row the kernel forgets is NaN
     rng = np.random.default_rng(3)
-    cols = COLS.get(fmt, 2048 + 96)
+    cols = COLS.get(fmt, DEFAULT_COLS)
     (w1, f1), (w2, f2), (w3, f3) = (random_weight(fmt, n, cols, rng) for n in (21, 16, 21))
     d1, d2, d3 = (ops.prepare_weight(w) for w in (w1, w2, w3))
     x = rng.standard_normal(cols).astype(np.float32)
