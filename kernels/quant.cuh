@@ -228,10 +228,29 @@ ATLAS_DEV atlas_u4 ld_u4_readonly(const void* p) {
 ATLAS_DEV u32 ld_u32_readonly(const void* p) { return __ldg((const unsigned int*)p); }
 ATLAS_DEV u32 ld_u16_readonly(const void* p) { return __ldg((const unsigned short*)p); }
 #else
+// HIP: the global address space, so that a pointer read from memory (the fused step's table)
+// takes global_load_* rather than flat_load_*
+#if defined(ATLAS_HIP) && !defined(ATLAS_PORTABLE)
+#define ATLAS_RO const __attribute__((address_space(1)))
+typedef unsigned int atlas_v4u __attribute__((ext_vector_type(4)));
+ATLAS_DEV atlas_u4 ld_u4_readonly(const void* p) {
+    atlas_v4u v = *(ATLAS_RO atlas_v4u*)p;
+    atlas_u4 q = {v.x, v.y, v.z, v.w};
+    return q;
+}
+ATLAS_DEV atlas_f4 ld_f4_readonly(const float* p) {
+    atlas_u4 v = ld_u4_readonly(p);
+    atlas_f4 q = {__uint_as_float(v.x), __uint_as_float(v.y), __uint_as_float(v.z),
+                  __uint_as_float(v.w)};
+    return q;
+}
+#else
+#define ATLAS_RO const
 ATLAS_DEV atlas_f4 ld_f4_readonly(const float* p) { return *(const atlas_f4*)p; }
 ATLAS_DEV atlas_u4 ld_u4_readonly(const void* p) { return *(const atlas_u4*)p; }
-ATLAS_DEV u32 ld_u32_readonly(const void* p) { return *(const u32*)p; }
-ATLAS_DEV u32 ld_u16_readonly(const void* p) { return *(const u16*)p; }
+#endif
+ATLAS_DEV u32 ld_u32_readonly(const void* p) { return *(ATLAS_RO u32*)p; }
+ATLAS_DEV u32 ld_u16_readonly(const void* p) { return *(ATLAS_RO u16*)p; }
 #endif
 
 // The two halves of `h` (IEEE f16 bit patterns, low half first) as float32, exactly.

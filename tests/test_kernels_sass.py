@@ -326,3 +326,24 @@ def test_every_format_matches_numpy(emu_ops, fmt):
             got = emu_ops.linear(emu_ops.asarray(x), weight).numpy()
             err = np.max(np.abs(got - want) / scale)
             assert err < 2e-7, f"{fmt} T={t}: {err:.2e} of the sum of |x w|"  # measured <= 2.2e-8
+
+
+@pytest.fixture(scope="module")
+def decode_gfx1151() -> str:
+    return machine_code.gfx1151_asm("decode.cu")
+
+
+@pytest.mark.parametrize("fmt", [f for f, _, _ in FAST_PATHS])
+def test_gfx1151_dgemv_loops_read_global_128_bit(decode_gfx1151, fmt):
+    """The fused step's weight loops on gfx1151 (one per body or more: clang unswitches): the
+    row's pointers come from a table in memory, so without the global address space
+    (quant.cuh ld_u4_readonly) they were flat_load_b128; now global_load_b128 for the codes, x
+    from LDS, no byte loads, no scratch."""
+    loops = _amd_loops(decode_gfx1151, f"dgemv_{fmt}")
+    inner = [c for c in loops if not c["s_barrier"] and c["ds_load_b128"] >= 8]
+    fast = [c for c in inner if c["global_load_b128"]]  # not the fallback (deq32's loads)
+    assert len(fast) >= 3, f"dgemv_{fmt}: {len(fast)} loops with 16-byte global loads"
+    for c in fast:
+        assert c["global_load_b128"] >= ROW_LOADS[fmt] and not c["flat_load_b128"], c
+        assert not any(op.endswith(("load_u8", "load_i8")) for op in c), c
+    assert "scratch_" not in machine_code.amd_function(decode_gfx1151, f"dgemv_{fmt}")
