@@ -4,7 +4,7 @@
 // replays as a graph at every step.
 //
 // dgemv_<fmt>: y (rows) = W x for T == 1 with what runs next to it fused in:
-//   - a prologue on x as it is staged in shared memory (a template parameter: one loop each):
+//   - a prologue on x as it is staged in shared memory (a body each, chosen at the entry):
 //     none; x * pw, pw the attention output gate's sigmoid (qk_rope_kv writes it) or an RMSNorm
 //     weight (the host passes 1 + w for Qwen3.5's unit-offset norms), and for RMSNorm sum(x^2)
 //     accumulated on the way (the scalar rsqrt(mean(x^2) + eps) factors out of the dot and is
@@ -19,6 +19,8 @@
 //   - xn_out (optional): block 0 writes the normed x (the final hidden state beside the
 //     lm_head logits); bump (optional): block 0 adds 1 to the position counter at the end of
 //     the step.
+//   Each warp takes DG_WARP_ROWS output rows; x is staged DG_CHUNK_TILES tiles (8,192 columns)
+//   at a time, and the weight loop (gemv.cuh gemv_tiles) runs over them without barriers.
 //   Reference: numpy_ref.rms_norm / sigmoid, then numpy_ref.linear on the dequantized W, then
 //   numpy_ref.silu_mul / causal_conv1d + silu. Grid (ceil(rows / DG_BLOCK_ROWS)), block
 //   256.
@@ -178,7 +180,7 @@ ATLAS_DEV float dg_dots(const DgArgs& a, const GvRow (&rows)[NR], bool live, flo
         for (int u = 0; u < n; u += U * ATLAS_WARP)
             gemv_tiles<F, 1, NR, VEC, U, VEC ? GV_CLAMPED : GV_CHECKED>(
                 rows, 1, units, c0 + u, live, lane, L, xs + (u / 32) * GEMV_TILE_F4,
-                xsum + 2 * u, acc, GvPrestaged());
+                xsum + 2 * u, acc, GvPrestaged());  // two sums of 16 per unit
     }
     int tail = a.cols - 32 * units;  // a plain format's partial last unit (cols % 32 != 0)
     int c = 32 * units + lane;
