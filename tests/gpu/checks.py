@@ -10,12 +10,15 @@ otherwise.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 
 from atlas_cli.backend import sample as host_sample
 from atlas_cli.backend.loaders import quant
 from atlas_cli.backend.loaders.gguf import QuantizedTensor
 from atlas_cli.backend.loaders.safetensors import NVFP4Tensor
+from atlas_cli.backend.ops import native_decoder as nd
 from atlas_cli.backend.ops import numpy_ref as ref
 from atlas_cli.backend.ops.native_array import bf16_bits_to_f32, f32_to_bf16_bits
 
@@ -365,6 +368,86 @@ def check_sampling(ops, rng, scale: int = 1) -> None:
                 continue  # float32 vs float64 rounding could pick the neighbour
             want = int(ids[np.searchsorted(cdf, u, side="right")])
             assert ops.sample(d, top_k, top_p, min_p, temp, float(u)) == want
+
+
+# -- the fused decode step's GEMV (decode.cu dgemv_<fmt>, not in ALL_CHECKS: per format) -------
+
+# x is staged 8,192 columns at a time (decode.cu DG_CHUNK_TILES): two chunks, the second with
+# a partial last iteration (2 x 32 units per iteration of a single-row body, 32 units of the
+# SwiGLU pair's). K-quants: whole 256-element blocks.
+FUSED_COLS = {"q4_k": 9472, "q5_k": 9472, "q6_k": 9472}
+FUSED_DEFAULT_COLS = 8192 + 1024 + 96
+
+
+def _launch_all(ops, launches) -> None:
+    for launch in launches:
+        ops._launch(launch.file, launch.name, launch.grid, launch.block, launch.args)
+
+
+def _check_rows(got, xp: np.ndarray, w: np.ndarray, want: np.ndarray, what: str) -> None:
+    """`got` against `want` (float64), relative to the sum of |x' w| of each row (one wrong
+    weight of ~9,000 would be ~1e-4 of it)."""
+    scale = np.abs(w).astype(np.float64) @ np.abs(xp).astype(np.float64)
+    err = np.max(np.abs(np.asarray(got, np.float64) - want) / scale)
+    assert err < 1e-6, f"{what}: {err:.2e} of the sum of |x w|"
+
+
+def check_fused_gemv(ops, rng, fmt: str, aligned: bool) -> None:
+    """Every body of dgemv_<fmt> against numpy: RMSNorm over two stacked matrices (the normed
+    x written out, the position counter advanced), x times the gate added into y, the SwiGLU
+    pair, no prologue; 21- and 37-row outputs leave blocks part empty; x in two chunks. Not
+    `aligned`: x 4 bytes off 16-byte alignment, the fallback body."""
+    kept = ops.weight_dtype  # bf16 and f32 weights as themselves, whatever the ops keep
+    ops.weight_dtype = fmt if fmt in ("bf16", "f32") else kept
+    try:
+        _check_fused_gemv(ops, rng, fmt, aligned)
+    finally:
+        ops.weight_dtype = kept
+
+
+def _check_fused_gemv(ops, rng, fmt: str, aligned: bool) -> None:
+    eps = 1e-6
+    cols = FUSED_COLS.get(fmt, FUSED_DEFAULT_COLS)
+    (w1, f1), (w2, f2), (w3, f3) = (random_weight(fmt, n, cols, rng) for n in (21, 16, 21))
+    d1, d2, d3 = (ops.prepare_weight(w) for w in (w1, w2, w3))
+    x = rng.standard_normal(cols).astype(np.float32)
+    norm_w = (1 + 0.1 * rng.standard_normal(cols)).astype(np.float32)
+    gate = rng.uniform(0, 1, cols).astype(np.float32)
+    buf = ops.asarray(x if aligned else np.concatenate([np.zeros(1, np.float32), x]))
+    dx = SimpleNamespace(ptr=buf.ptr + (0 if aligned else 4))
+    x64 = x.astype(np.float64)
+    xn = x64 / np.sqrt(np.mean(x64 * x64) + eps) * norm_w
+
+    y, xn_out, bump = ops.zeros((37,)), ops.zeros((cols,)), ops.zeros((1,), np.int32)
+    args = (nd.PRO_NORM, ops.asarray(norm_w), nd.EPI_STORE)
+    launches = nd.dgemv(
+        nd.stack(ops, [d1, d2]), 21, cols, dx, y, *args, xn=xn_out, bump=bump, eps=eps
+    )
+    _launch_all(ops, launches)
+    w12 = np.concatenate([f1, f2])
+    _check_rows(y.numpy(), xn, w12, w12.astype(np.float64) @ xn, f"{fmt} norm")
+    np.testing.assert_allclose(xn_out.numpy(), xn, rtol=1e-6)
+    assert bump.numpy()[0] == 1
+
+    y0 = rng.standard_normal(21).astype(np.float32)
+    y, xg = ops.asarray(y0), x64 * gate
+    args = (nd.PRO_MUL, ops.asarray(gate), nd.EPI_ADD)
+    _launch_all(ops, nd.dgemv(nd.stack(ops, [d1]), 21, cols, dx, y, *args))
+    _check_rows(y.numpy() - y0, xg, f1, f1.astype(np.float64) @ xg, f"{fmt} gate + add")
+
+    y = ops.zeros((21,))
+    args = (nd.PRO_NORM, ops.asarray(norm_w), nd.EPI_SWIGLU)
+    _launch_all(ops, nd.dgemv(nd.stack(ops, [d1, d3]), 21, cols, dx, y, *args, eps=eps))
+    g, u = f1.astype(np.float64) @ xn, f3.astype(np.float64) @ xn
+    sig = 0.5 * (1 + np.tanh(g / 2))
+    # the errors of g and u carry over with weights |u| sig' (sig' <= 1.1) and |silu(g)|
+    bound = np.abs(f1) @ np.abs(xn) * np.abs(u) * 1.1 + np.abs(g * sig) * (np.abs(f3) @ np.abs(xn))
+    err = np.abs(y.numpy() - g * sig * u) / bound
+    assert err.max() < 1e-6, f"{fmt} swiglu: {err.max():.2e} of the bound"
+
+    y = ops.zeros((16,))
+    _launch_all(ops, nd.dgemv(nd.stack(ops, [d2]), 16, cols, dx, y))
+    _check_rows(y.numpy(), x64, f2, f2.astype(np.float64) @ x64, f"{fmt} plain")
 
 
 ALL_CHECKS = {

@@ -20,6 +20,17 @@ def test_kernel_matches_reference(gpu_ops, name):
     gpu_ops.rt.synchronize()
 
 
+@pytest.mark.parametrize("fmt", checks.FORMATS)
+@pytest.mark.parametrize("aligned", [True, False], ids=["16-byte", "fallback"])
+def test_fused_gemv_matches_reference(gpu_ops, fmt, aligned):
+    """The fused decode step's GEMV, every body (decode.cu dgemv_<fmt>)."""
+    seed = np.random.SeedSequence().entropy
+    try:
+        checks.check_fused_gemv(gpu_ops, np.random.default_rng(seed), fmt, aligned)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc} (seed {seed})") from None
+
+
 def test_portable_fp8_decode_matches_hardware_path(gpu_ops):
     """The guarded sm_89+ conversion and its portable fallback agree on all 256 codes."""
     np.testing.assert_array_equal(gpu_ops.fp8_decode(np.arange(256, dtype=np.uint8)), checks.E4M3)
