@@ -251,6 +251,7 @@ ATLAS_DEV atlas_u4 ld_u4_readonly(const void* p) { return *(const atlas_u4*)p; }
 #endif
 ATLAS_DEV u32 ld_u32_readonly(const void* p) { return *(ATLAS_RO u32*)p; }
 ATLAS_DEV u32 ld_u16_readonly(const void* p) { return *(ATLAS_RO u16*)p; }
+#undef ATLAS_RO
 #endif
 
 // The two halves of `h` (IEEE f16 bit patterns, low half first) as float32, exactly.
