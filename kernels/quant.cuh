@@ -69,6 +69,7 @@
     X(nvfp4, FMT_NVFP4)
 
 ATLAS_DEV u16 ld_u16(const u8* p) { return (u16)(p[0] | (p[1] << 8)); }
+ATLAS_DEV u32 ld_u32(const u8* p) { return (u32)ld_u16(p) | ((u32)ld_u16(p + 2) << 16); }
 
 // K-quant 6-bit scale and min of sub-block j (ggml get_scale_min_k4).
 ATLAS_DEV void k_scale_min(const u8* s, int j, u32* sc, u32* m) {
@@ -94,8 +95,7 @@ ATLAS_DEV void q5k_codes4(const u8* b, int j, int g, u32* q) {
     int p = j >> 1;
     const u8* cw = b + 48 + 32 * p + 4 * g;
     const u8* qh = b + 16 + 4 * g;
-    u32 w = rotr32((u32)cw[0] | ((u32)cw[1] << 8) | ((u32)cw[2] << 16) | ((u32)cw[3] << 24), 1);
-    u32 h = (u32)qh[0] | ((u32)qh[1] << 8) | ((u32)qh[2] << 16) | ((u32)qh[3] << 24);
+    u32 w = rotr32(ld_u32(cw), 1), h = ld_u32(qh);
 #pragma unroll
     for (int jj = 0; jj < 4; jj++) {
         u32 byte = w >> (8 * jj);

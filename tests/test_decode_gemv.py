@@ -7,30 +7,14 @@ fallback for an x that is not 16-byte aligned."""
 
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
-
 import numpy as np
 import pytest
 
-from atlas_cli.backend.ops import runtime_emu
 from tests.gpu.checks import FORMATS, check_fused_gemv
-
-
-@pytest.fixture(scope="module")
-def emu_rt():
-    if not runtime_emu.available():
-        pytest.skip("g++ not installed")
-    cache = Path(tempfile.gettempdir()) / "atlas-emu-kernels"
-    cache.mkdir(exist_ok=True)
-    return runtime_emu.EmuRuntime(cache)
+from tests.test_native_qwen35 import emu_ops
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("aligned", [True, False], ids=["16-byte", "fallback"])
-def test_every_body_matches_numpy(emu_rt, fmt, aligned):
-    from atlas_cli.backend.ops.native import NativeOps
-
-    ops = NativeOps(emu_rt)
-    ops.poison = True  # an output row the kernel forgets is NaN
-    check_fused_gemv(ops, np.random.default_rng(3), fmt, aligned)
+def test_every_body_matches_numpy(fmt, aligned):
+    check_fused_gemv(emu_ops("f32"), np.random.default_rng(3), fmt, aligned)

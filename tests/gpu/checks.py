@@ -379,11 +379,6 @@ FUSED_COLS = {"q4_k": 9472, "q5_k": 9472, "q6_k": 9472}
 FUSED_DEFAULT_COLS = 8192 + 1024 + 96
 
 
-def _launch_all(ops, launches) -> None:
-    for launch in launches:
-        ops._launch(launch.file, launch.name, launch.grid, launch.block, launch.args)
-
-
 def _check_rows(got, xp: np.ndarray, w: np.ndarray, want: np.ndarray, what: str) -> None:
     """`got` against `want` (float64), relative to the sum of |x' w| of each row (one wrong
     weight of ~9,000 would be ~1e-4 of it)."""
@@ -423,7 +418,7 @@ def _check_fused_gemv(ops, rng, fmt: str, aligned: bool) -> None:
     launches = nd.dgemv(
         nd.stack(ops, [d1, d2]), 21, cols, dx, y, *args, xn=xn_out, bump=bump, eps=eps
     )
-    _launch_all(ops, launches)
+    nd.run(ops, launches)
     w12 = np.concatenate([f1, f2])
     _check_rows(y.numpy(), xn, w12, w12.astype(np.float64) @ xn, f"{fmt} norm")
     np.testing.assert_allclose(xn_out.numpy(), xn, rtol=1e-6)
@@ -432,12 +427,12 @@ def _check_fused_gemv(ops, rng, fmt: str, aligned: bool) -> None:
     y0 = rng.standard_normal(21).astype(np.float32)
     y, xg = ops.asarray(y0), x64 * gate
     args = (nd.PRO_MUL, ops.asarray(gate), nd.EPI_ADD)
-    _launch_all(ops, nd.dgemv(nd.stack(ops, [d1]), 21, cols, dx, y, *args))
+    nd.run(ops, nd.dgemv(nd.stack(ops, [d1]), 21, cols, dx, y, *args))
     _check_rows(y.numpy() - y0, xg, f1, f1.astype(np.float64) @ xg, f"{fmt} gate + add")
 
     y = ops.zeros((21,))
     args = (nd.PRO_NORM, ops.asarray(norm_w), nd.EPI_SWIGLU)
-    _launch_all(ops, nd.dgemv(nd.stack(ops, [d1, d3]), 21, cols, dx, y, *args, eps=eps))
+    nd.run(ops, nd.dgemv(nd.stack(ops, [d1, d3]), 21, cols, dx, y, *args, eps=eps))
     g, u = f1.astype(np.float64) @ xn, f3.astype(np.float64) @ xn
     sig = 0.5 * (1 + np.tanh(g / 2))
     # the errors of g and u carry over with weights |u| sig' (sig' <= 1.1) and |silu(g)|
@@ -446,7 +441,7 @@ def _check_fused_gemv(ops, rng, fmt: str, aligned: bool) -> None:
     assert err.max() < 1e-6, f"{fmt} swiglu: {err.max():.2e} of the bound"
 
     y = ops.zeros((16,))
-    _launch_all(ops, nd.dgemv(nd.stack(ops, [d2]), 16, cols, dx, y))
+    nd.run(ops, nd.dgemv(nd.stack(ops, [d2]), 16, cols, dx, y))
     _check_rows(y.numpy(), x64, f2, f2.astype(np.float64) @ x64, f"{fmt} plain")
 
 

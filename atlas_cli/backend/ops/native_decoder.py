@@ -111,6 +111,12 @@ def dgemv(
     return out
 
 
+def run(ops, launches: list[Launch]) -> None:
+    """Launch `launches` in order, directly (no graph)."""
+    for launch in launches:
+        ops._launch(launch.file, launch.name, launch.grid, launch.block, launch.args)
+
+
 class DeviceDecoder:
     """One decoded token of a Llama-family or Qwen3.5 model per `decode` call."""
 
@@ -198,8 +204,7 @@ class DeviceDecoder:
         self._pos_on_device = pos + 1
         self._run_body(cache)
         self._slot ^= 1  # two output slots: the previous step's hidden state stays valid
-        launch = self.final[self._slot]
-        self.ops._launch(launch.file, launch.name, launch.grid, launch.block, launch.args)
+        run(self.ops, [self.final[self._slot]])
         self._last = (self.hidden[self._slot], self.logits[self._slot])
         return self._last[0]
 
@@ -219,8 +224,7 @@ class DeviceDecoder:
         if key != self._key:
             self._body, self._key, self._graph = self._build_body(cache), key, None
         if not self.graph:
-            for launch in self._body:
-                self.ops._launch(launch.file, launch.name, launch.grid, launch.block, launch.args)
+            run(self.ops, self._body)
             return
         if self._graph is None:
             fns = [self.ops._fn(launch.file, launch.name) for launch in self._body]
