@@ -192,19 +192,21 @@ def measure_decode(
     graph: bool = True,
 ):
     """Counts per decode token, through Engine.generate, MTP drafting off; with the by-kernel
-    launch counts of one token under "by_kernel" (launches outside graphs)."""
+    launch counts of one token under "by_kernel" (launches outside graphs) and the counts of
+    the prompt's prefill and first token under "first"."""
     model, _, rt = build(shape, fmt, graph=graph)
     engine = Engine(model, PlaceholderTokenizer(), 64, draft=0, cache_bytes=0)
     gen = engine.generate(
         [1, 2, 3, 4], max_tokens=1 + tokens, sampling=sampling or SamplingParams(temperature=0)
     )
-    with rt.phase("first"):
+    with rt.phase("first") as first:
         next(gen)  # the prompt's prefill and the first token
     with rt.phase("decode") as counts:
         for _ in range(tokens):
             next(gen)
     result: dict[str, Any] = per(counts, tokens)
     result["by_kernel"] = {k: v / tokens for k, v in sorted(counts.launches.items())}
+    result["first"] = per(first, 1)
     return result
 
 

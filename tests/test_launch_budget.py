@@ -64,6 +64,13 @@ def test_27b_decode_token_counts_as_measured(decode_27b_direct, decode_27b):
     assert decode_27b["weight_bytes"] == c["weight_bytes"] > 15.9e9
 
 
+def test_the_first_token_reads_back_only_the_token(decode_27b):
+    """Building the fused step (on the first token) reads nothing back from the device: the
+    weights it derives (Qwen3.5's 1 + w norms) are formed at load."""
+    first = decode_27b["first"]
+    assert first["d2h"] == 1 and first["d2h_bytes"] == 8, first
+
+
 def test_host_sampling_reads_the_logits_back_twice():
     """What the device sampler saves: with a grammar-free setting sample.cu does not take
     (top-k off), the CPU Sampler's path reads the whole logits row twice per token."""

@@ -129,7 +129,9 @@ class DeviceDecoder:
         self.h, self.hd = a.hidden_size, a.dim_per_head
         self.nh, self.nkv = a.num_attention_heads, a.num_key_value_heads
         self.w = {k: self._vec(v) for k, v in w.items() if not isinstance(v, DeviceWeight)}
-        self._unit_norms: dict[str, DeviceArray] = {}
+        # Formed here, at load: read back from the device during a decode step it would be
+        # a copy to the host the step must not make.
+        self._unit_norms = {k: self._unit_norm(v) for k, v in w.items() if self._is_norm(k)}
         self.inv_freq = ops.asarray(np.asarray(model.inv_freq, np.float32))
         self.rot = 2 * int(model.inv_freq.shape[0])
         self.qk_norm = self.unit or bool(getattr(model, "qk_norm", False))
@@ -144,15 +146,19 @@ class DeviceDecoder:
         self._last: tuple | None = None
         self.final = [self._final_launch(s) for s in (0, 1)]
 
+    def _is_norm(self, name: str) -> bool:
+        """Whether `name` is an RMSNorm weight that a dgemv prologue multiplies by."""
+        return self.unit and (name.endswith("layernorm.weight") or name == "model.norm.weight")
+
+    def _unit_norm(self, v) -> DeviceArray:
+        """Qwen3.5's unit-offset norm weight as 1 + w (float32, the sum the kernel would form
+        per element)."""
+        w = v.numpy() if isinstance(v, DeviceArray) else np.asarray(v)
+        return self.ops.asarray(np.float32(1.0) + w.astype(np.float32))
+
     def _norm(self, name: str) -> DeviceArray:
-        """The RMSNorm weight `name` as dgemv's prologue multiplies by it: Qwen3.5's
-        unit-offset norms as 1 + w (float32, the sum the kernel would form per element)."""
-        if not self.unit:
-            return self.w[name]
-        if name not in self._unit_norms:
-            w = self.w[name].numpy().astype(np.float32)
-            self._unit_norms[name] = self.ops.asarray(np.float32(1.0) + w)
-        return self._unit_norms[name]
+        """The RMSNorm weight `name` as dgemv's prologue multiplies by it."""
+        return self._unit_norms[name] if self.unit else self.w[name]
 
     def _vec(self, v):
         return v if isinstance(v, DeviceArray) else self.ops.asarray(np.asarray(v, np.float32))
