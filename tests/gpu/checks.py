@@ -372,11 +372,11 @@ def check_sampling(ops, rng, scale: int = 1) -> None:
 
 # -- the fused decode step's GEMV (decode.cu dgemv_<fmt>, not in ALL_CHECKS: per format) -------
 
-# x is staged 8,192 columns at a time (decode.cu DG_CHUNK_TILES): two chunks, the second with
-# a partial last iteration (2 x 32 units per iteration of a single-row body, 32 units of the
-# SwiGLU pair's). K-quants: whole 256-element blocks.
-FUSED_COLS = {"q4_k": 9472, "q5_k": 9472, "q6_k": 9472}
-FUSED_DEFAULT_COLS = 8192 + 1024 + 96
+# For T == 1 x is staged 8,192 columns at a time (gemv.cuh GV_CHUNK_TILES): two chunks, the
+# second with a partial last iteration (gemv.cu: 4 x 32 units per iteration; dgemv: 2 x 32 of
+# a single-row body, 32 of the SwiGLU pair's). K-quants: whole 256-element blocks.
+CHUNKED_COLS = {"q4_k": 9472, "q5_k": 9472, "q6_k": 9472}
+CHUNKED_DEFAULT_COLS = 8192 + 1024 + 96
 
 
 def _check_rows(got, xp: np.ndarray, w: np.ndarray, want: np.ndarray, what: str) -> None:
@@ -402,7 +402,7 @@ def check_fused_gemv(ops, rng, fmt: str, aligned: bool) -> None:
 
 def _check_fused_gemv(ops, rng, fmt: str, aligned: bool) -> None:
     eps = 1e-6
-    cols = FUSED_COLS.get(fmt, FUSED_DEFAULT_COLS)
+    cols = CHUNKED_COLS.get(fmt, CHUNKED_DEFAULT_COLS)
     (w1, f1), (w2, f2), (w3, f3) = (random_weight(fmt, n, cols, rng) for n in (21, 16, 21))
     d1, d2, d3 = (ops.prepare_weight(w) for w in (w1, w2, w3))
     x = rng.standard_normal(cols).astype(np.float32)
