@@ -115,6 +115,11 @@ def rel_err(got, want) -> float:
 FORMATS = ("f32", "f16", "bf16", "q4_0", "q4_1", "q8_0", "q4_k", "q5_k", "q6_k", "nvfp4")
 PLAIN = ("f32", "f16", "bf16")  # one element per block: rows of any length (a partial unit)
 ODD_COLS = (8, 16, 48)  # tiny models' hidden sizes, not multiples of 32
+# For T == 1 x is staged 8,192 columns at a time (gemv.cuh GV_CHUNK_TILES): two chunks, the
+# second with a partial last iteration (gemv.cu: 4 x 32 units per iteration; dgemv: 2 x 32 of
+# a single-row body, 32 of the SwiGLU pair's). K-quants: whole 256-element blocks.
+CHUNKED_COLS = {"q4_k": 9472, "q5_k": 9472, "q6_k": 9472}
+CHUNKED_DEFAULT_COLS = 8192 + 1024 + 96
 
 
 def _cols(fmt: str, base: int) -> int:
@@ -162,6 +167,7 @@ def check_linear(ops, rng, scale: int = 1) -> None:
     for fmt in FORMATS:
         for t, rows, cols in (
             (1, 37, _cols(fmt, 96)),
+            (1, 21, CHUNKED_COLS.get(fmt, CHUNKED_DEFAULT_COLS)),
             (3, 64, _cols(fmt, 256)),
             (8, 33, _cols(fmt, 64)),
             (9, 70, _cols(fmt, 96)),
@@ -176,7 +182,7 @@ def check_linear(ops, rng, scale: int = 1) -> None:
             want = ref.linear(x, wf, bias)
             assert rel_err(got, want) < 2e-5, f"linear {fmt} T={t} {rows}x{cols}"
     for fmt in PLAIN:  # gemv (T <= 8) and gemm over a partial last unit
-        for t, cols in ((1, 16), (3, 48), (9, 8), (70, 48)):
+        for t, cols in ((1, 16), (1, 8192 + 48), (3, 48), (9, 8), (70, 48)):
             w, wf = random_weight(fmt, 37, cols, rng)
             x = rng.standard_normal((t, cols)).astype(np.float32)
             got = ops.linear(ops.asarray(x), ops.prepare_weight(w))
@@ -371,12 +377,6 @@ def check_sampling(ops, rng, scale: int = 1) -> None:
 
 
 # -- the fused decode step's GEMV (decode.cu dgemv_<fmt>, not in ALL_CHECKS: per format) -------
-
-# For T == 1 x is staged 8,192 columns at a time (gemv.cuh GV_CHUNK_TILES): two chunks, the
-# second with a partial last iteration (gemv.cu: 4 x 32 units per iteration; dgemv: 2 x 32 of
-# a single-row body, 32 of the SwiGLU pair's). K-quants: whole 256-element blocks.
-CHUNKED_COLS = {"q4_k": 9472, "q5_k": 9472, "q6_k": 9472}
-CHUNKED_DEFAULT_COLS = 8192 + 1024 + 96
 
 
 def _check_rows(got, xp: np.ndarray, w: np.ndarray, want: np.ndarray, what: str) -> None:
