@@ -1,8 +1,9 @@
 """What the compiler makes of the decode GEMV (kernels/gemv.cu), read from the machine code: the
 sm_90 SASS (nvcc or NVRTC, then cuobjdump -sass) and the gfx1151 ISA (clang-19 -S). The inner
 loop of each fast path is found as a backward branch's body; the decode-step loop (T == 1) is
-the one that reads x from shared memory with exactly 8 16-byte loads (32 floats). Where a
-toolchain is missing the test skips. The misaligned-row fallback is checked on the emulator.
+the one with no barrier that reads x from shared memory (8 16-byte loads per 32 weights) and
+the weights with 16-byte loads. Where a toolchain is missing the test skips. The misaligned-row
+fallback is checked on the emulator. The fused decode step's GEMV (kernels/decode.cu) the same.
 """
 
 from __future__ import annotations
