@@ -19,8 +19,8 @@
 //   - xn_out (optional): block 0 writes the normed x (the final hidden state beside the
 //     lm_head logits); bump (optional): block 0 adds 1 to the position counter at the end of
 //     the step.
-//   Each warp takes DG_WARP_ROWS output rows; x is staged GV_CHUNK_TILES tiles (8,192 columns)
-//   at a time, and the weight loop runs over them without barriers (gemv.cuh gemv_chunks).
+//   Each warp takes DG_WARP_ROWS output rows; x is staged DG_CHUNK_TILES tiles (8,192 columns)
+//   at a time, and the weight loop (gemv.cuh gemv_tiles) runs over them without barriers.
 //   Reference: numpy_ref.rms_norm / sigmoid, then numpy_ref.linear on the dequantized W, then
 //   numpy_ref.silu_mul / causal_conv1d + silu. Grid (ceil(rows / DG_BLOCK_ROWS)), block
 //   256.
@@ -48,6 +48,7 @@
 #define DG_KMAX 8
 #define DG_WARP_ROWS 2                              // output rows per warp
 #define DG_BLOCK_ROWS (DG_WARP_ROWS * GEMV_WARPS)  // output rows per block
+#define DG_CHUNK_TILES 8  // tiles of x staged at once (8,192 columns, 39 KB with their sums)
 
 struct DgSeg {
     const u8* W;
@@ -68,6 +69,38 @@ ATLAS_DEV DgSeg dg_seg(const long long* __restrict__ t, int s) {
     g.gs = __int_as_float((int)p[5]);
     return g;
 }
+
+// dgemv's staging: x, with MUL times pw, and then also the sum of x^2 (RMSNorm's) returned;
+// zeros past the row's end. VEC: x and pw are 16-byte aligned (dg_entry checks).
+template <bool MUL, bool SUMS, bool VEC>
+struct DgStage {
+    const float* x;
+    const float* pw;
+    int cols;
+    __device__ __forceinline__ atlas_f4 load(const float* p, int i) const {
+        if (VEC) return ld_f4_readonly(p + i);
+        atlas_f4 q = {p[i], p[i + 1], p[i + 2], p[i + 3]};
+        return q;
+    }
+    __device__ __forceinline__ float operator()(atlas_f4* xs, float* xsum, int unit0) const {
+        int uu = (int)(threadIdx.x >> 3), c = (int)(threadIdx.x & 7);
+        int i = 32 * (unit0 + uu) + 4 * c;
+        atlas_f4 v = {0.0f, 0.0f, 0.0f, 0.0f}, q = v;
+        if (unit0 + uu < cols / 32) {
+            q = v = load(x, i);
+            if (MUL) {
+                atlas_f4 w = load(pw, i);
+                q.x *= w.x;
+                q.y *= w.y;
+                q.z *= w.z;
+                q.w *= w.w;
+            }
+        }
+        gemv_put_x<SUMS>(q, true, xs, xsum, uu, c);
+        if (!MUL) return 0.0f;
+        return fmaf(v.w, v.w, fmaf(v.z, v.z, fmaf(v.y, v.y, v.x * v.x)));
+    }
+};
 
 // The conv of channel r (weights w (C, K), state st (K-1, C)) on the new input xt; shifts the
 // channel's state in place. The order of causal_conv1d's sums.
@@ -129,12 +162,26 @@ ATLAS_DEV float dg_dots(const DgArgs& a, const GvRow (&rows)[NR], bool live, flo
     const int U = VEC && NR < lane_units ? lane_units / NR : 1;  // tiles per iteration
     int lane = lane_id();
     GvLane L = VEC ? gv_lane<F>(lane) : gv_lane<FMT_F32>(lane);
-    float acc[NR][2];
+    float acc[NR][2], ss = 0.0f;
 #pragma unroll
     for (int k = 0; k < NR; k++) acc[k][0] = acc[k][1] = 0.0f;
+    // x staged a chunk of up to DG_CHUNK_TILES tiles at a time, then the weight loop over the
+    // chunk without barriers; the 16-byte path reads past the row's end as its last unit
+    // (GV_CLAMPED), x staged as zeros there; the fallback checks
     int units = a.cols / 32;
-    GvStageChunk<MUL, sums, VEC> stage = {a.x, a.pw, a.cols};
-    float ss = gemv_chunks<F, NR, VEC, U>(rows, units, live, lane, L, xs, xsum, acc, stage);
+    DgStage<MUL, sums, VEC> stage = {a.x, a.pw, a.cols};
+    for (int c0 = 0; c0 < units; c0 += 32 * DG_CHUNK_TILES) {
+        int n = min(units - c0, 32 * DG_CHUNK_TILES);
+        int tiles = (n + 32 * U - 1) / (32 * U) * U;  // whole iterations
+        __syncthreads();  // the previous chunk has been read
+        for (int t = 0; t < tiles; t++)
+            ss += stage(xs + t * GEMV_TILE_F4, xsum + 64 * t, c0 + 32 * t);
+        __syncthreads();
+        for (int u = 0; u < n; u += U * ATLAS_WARP)
+            gemv_tiles<F, 1, NR, VEC, U, VEC ? GV_CLAMPED : GV_CHECKED>(
+                rows, 1, units, c0 + u, live, lane, L, xs + (u / 32) * GEMV_TILE_F4,
+                xsum + 2 * u, acc, GvPrestaged());  // two sums of 16 per unit
+    }
     int tail = a.cols - 32 * units;  // a plain format's partial last unit (cols % 32 != 0)
     int c = 32 * units + lane;
     if (live && c < a.cols) {
@@ -226,8 +273,8 @@ ATLAS_DEV float dg_pick(const DgArgs& a, bool vec, atlas_f4* xs, float* xsum, fl
 
 template <int F>
 ATLAS_DEV void dg_entry(const DgArgs& a) {
-    __shared__ atlas_f4 xs[GV_CHUNK_TILES * GEMV_TILE_F4];
-    __shared__ float xsum[GvFmt<F>::sums ? GV_CHUNK_TILES * 64 : 1];
+    __shared__ atlas_f4 xs[DG_CHUNK_TILES * GEMV_TILE_F4];
+    __shared__ float xsum[GvFmt<F>::sums ? DG_CHUNK_TILES * 64 : 1];
     __shared__ float red[32];
     bool vec = (((unsigned long long)a.x | (unsigned long long)a.pw) & 15ull) == 0;
     for (int s = 0; s < a.nseg; s++) {

@@ -5,26 +5,21 @@
 // One logical warp per output row, 8 warps per block: grid (ceil(rows / 8)), block 256.
 //
 // The row is swept in tiles of 32 units, one unit per lane, so a warp streams contiguous
-// bytes, against x staged in shared memory (read from global memory once per block, not once
-// per row, with 16-byte loads). The decode step (T == 1) stages x GV_CHUNK_TILES tiles (8,192
-// columns) at a time and then runs the weight loop over them without barriers (gemv.cuh
-// gemv_chunks, as decode.cu's dgemv); T > 1 and the fallback fill the shared memory with one
-// tile of each token: per tile the block first issues its weight loads, then stages x, then
-// every warp multiplies its row against it. A unit of x sits 36 floats apart in shared
-// memory: the 16-byte reads of 8 lanes at a time hit distinct banks. A plain format's partial
-// last unit (cols % 32 != 0, small models only) is read one element per lane.
+// bytes. Per tile the block first issues its weight loads, then stages x for the tile in
+// shared memory (read from global memory once per block, not once per row, with 16-byte
+// loads), then every warp multiplies its row against it. A unit of x sits 36 floats apart in
+// shared memory: the 16-byte reads of 8 lanes at a time hit distinct banks. A plain format's
+// partial last unit (cols % 32 != 0, small models only) is read one element per lane.
 // Rows that are 16-byte aligned (the allocators align buffers, and cols % 32 == 0 makes every
 // row a multiple of 16 bytes) are read with 16-byte loads and decoded without branches
 // (gemv.cuh), the block scales applied once per 16 elements; misaligned rows go through deq32
 // (quant.cuh).
 #include "gemv.cuh"
 
-static_assert(GV_CHUNK_TILES <= GEMV_MAX_T, "the T == 1 chunk fits the shared memory of T tiles");
-
 // TT: 1 (the decode step, T == 1 known at compile time) or GEMV_MAX_T (T read at run time).
 // The deq32 path has only the second: one body per format keeps its registers unspilled.
 // U: tiles per loop iteration. The T == 1 body takes four (two for f32: each lane four or two
-// lane units in flight), which divides the loop per weight by as much.
+// lane units), which divides the barriers and the loop per weight by as much.
 template <int F, int TT, bool VEC, int U>
 ATLAS_DEV void gemv_body(const u8* __restrict__ W, const u8* __restrict__ S, float gs,
                          const float* __restrict__ x, const float* __restrict__ bias,
@@ -41,21 +36,16 @@ ATLAS_DEV void gemv_body(const u8* __restrict__ W, const u8* __restrict__ S, flo
     float acc[TT][2];  // per token: the A and B halves' accumulators
 #pragma unroll
     for (int t = 0; t < TT; t++) acc[t][0] = acc[t][1] = 0.0f;
-    int units = cols / 32;
-    if (TT == 1) {  // x staged a chunk of tiles at a time, the weight loop without barriers
-        GvStageChunk<false, sums, true> chunk = {x, nullptr, cols};
-        gemv_chunks<F, 1, VEC, U>(row, units, live, lane, L, xs, xsum, acc, chunk);
-    } else {  // a tile at a time: TT tokens of x fill the shared memory
-        int whole = units - units % (U * ATLAS_WARP), unit0 = 0;
-        GvStageX<TT, sums, true> whole_tiles = {x, T, cols, x_aligned};
-        GvStageX<TT, sums, false> last_tiles = {x, T, cols, x_aligned};
-        for (; unit0 < whole; unit0 += U * ATLAS_WARP)
-            gemv_tiles<F, TT, 1, VEC, U, GV_WHOLE>(row, T, units, unit0, live, lane, L, xs,
-                                                   xsum, acc, whole_tiles);
-        if (unit0 < units)  // the last, partial tiles
-            gemv_tiles<F, TT, 1, VEC, U, GV_CHECKED>(row, T, units, unit0, live, lane, L, xs,
-                                                     xsum, acc, last_tiles);
-    }
+    int units = cols / 32, whole = units - units % (U * ATLAS_WARP);
+    int unit0 = 0;
+    GvStageX<TT, sums, true> whole_tiles = {x, T, cols, x_aligned};
+    GvStageX<TT, sums, false> last_tiles = {x, T, cols, x_aligned};
+    for (; unit0 < whole; unit0 += U * ATLAS_WARP)
+        gemv_tiles<F, TT, 1, VEC, U, GV_WHOLE>(row, T, units, unit0, live, lane, L, xs, xsum,
+                                               acc, whole_tiles);
+    if (unit0 < units)  // the last, partial tiles
+        gemv_tiles<F, TT, 1, VEC, U, GV_CHECKED>(row, T, units, unit0, live, lane, L, xs, xsum,
+                                                 acc, last_tiles);
     int c = 32 * units + lane;  // a plain format's partial last unit (cols % 32 != 0)
     if (live && c < cols) {
         float wc = deq1<F>(row[0].w, c);

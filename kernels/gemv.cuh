@@ -33,7 +33,6 @@
 #define GEMV_WARPS 8
 #define GEMV_UNIT_F4 9                       // float4 slots per staged unit: 8 of x + 1 of padding
 #define GEMV_TILE_F4 (32 * GEMV_UNIT_F4)     // one token's staged tile
-#define GV_CHUNK_TILES 8  // T == 1: tiles of x staged at once (8,192 columns, 39 KB with sums)
 
 template <int F>
 struct GvFmt {
@@ -416,42 +415,10 @@ struct GvStageX {
     }
 };
 
-// x staged for many tiles before the loop (gemv_chunks): gemv_tiles neither stages nor waits.
+// x staged for many tiles before the loop (decode.cu): gemv_tiles neither stages nor waits.
 struct GvPrestaged {
     static const bool pre = true;
     __device__ __forceinline__ float operator()(atlas_f4*, float*, int) const { return 0.0f; }
-};
-
-// gemv_chunks' staging of one tile: x, with MUL times pw, and then also the sum of x^2
-// returned (decode.cu's RMSNorm); zeros past the row's end. VEC: x and pw are 16-byte aligned.
-template <bool MUL, bool SUMS, bool VEC>
-struct GvStageChunk {
-    const float* x;
-    const float* pw;
-    int cols;
-    __device__ __forceinline__ atlas_f4 load(const float* p, int i) const {
-        if (VEC) return ld_f4_readonly(p + i);
-        atlas_f4 q = {p[i], p[i + 1], p[i + 2], p[i + 3]};
-        return q;
-    }
-    __device__ __forceinline__ float operator()(atlas_f4* xs, float* xsum, int unit0) const {
-        int uu = (int)(threadIdx.x >> 3), c = (int)(threadIdx.x & 7);
-        int i = 32 * (unit0 + uu) + 4 * c;
-        atlas_f4 v = {0.0f, 0.0f, 0.0f, 0.0f}, q = v;
-        if (unit0 + uu < cols / 32) {
-            q = v = load(x, i);
-            if (MUL) {
-                atlas_f4 w = load(pw, i);
-                q.x *= w.x;
-                q.y *= w.y;
-                q.z *= w.z;
-                q.w *= w.w;
-            }
-        }
-        gemv_put_x<SUMS>(q, true, xs, xsum, uu, c);
-        if (!MUL) return 0.0f;
-        return fmaf(v.w, v.w, fmaf(v.z, v.z, fmaf(v.y, v.y, v.x * v.x)));
-    }
 };
 
 // One loop iteration: U tiles from unit0, each warp's NR rows (they share the staged x) against
@@ -500,32 +467,6 @@ ATLAS_DEV float gemv_tiles(const GvRow (&rows)[NR], int T, int units, int unit0,
                     gemv_dot<F, VEC>(g, L, xs + k * GEMV_TILE_F4, xsum + k * 64, acc[r * TT + t]);
             }
         }
-    }
-    return staged;
-}
-
-// The T == 1 dots of each warp's NR rows over the row's whole units (`units`), into acc: x
-// staged GV_CHUNK_TILES tiles at a time (`stage`: GvStageChunk) between two barriers, then the
-// weight loop over the chunk without barriers. The 16-byte path (VEC) reads past the row's end
-// as its last unit (GV_CLAMPED) against x staged as zeros there; the deq32 fallback checks.
-// Returns what the staging summed. U must divide GV_CHUNK_TILES; xs holds GV_CHUNK_TILES
-// tiles, xsum (with sums) 64 floats per tile. Every thread of the block calls it.
-template <int F, int NR, bool VEC, int U, class Stage>
-ATLAS_DEV float gemv_chunks(const GvRow (&rows)[NR], int units, bool live, int lane,
-                            const GvLane& L, atlas_f4* xs, float* xsum, float (*acc)[2],
-                            const Stage& stage) {
-    float staged = 0.0f;
-    for (int c0 = 0; c0 < units; c0 += 32 * GV_CHUNK_TILES) {
-        int n = min(units - c0, 32 * GV_CHUNK_TILES);
-        int tiles = (n + 32 * U - 1) / (32 * U) * U;  // whole iterations
-        __syncthreads();  // the previous chunk has been read
-        for (int t = 0; t < tiles; t++)
-            staged += stage(xs + t * GEMV_TILE_F4, xsum + 64 * t, c0 + 32 * t);
-        __syncthreads();
-        for (int u = 0; u < n; u += U * ATLAS_WARP)
-            gemv_tiles<F, 1, NR, VEC, U, VEC ? GV_CLAMPED : GV_CHECKED>(
-                rows, 1, units, c0 + u, live, lane, L, xs + (u / 32) * GEMV_TILE_F4,
-                xsum + 2 * u, acc, GvPrestaged());  // two sums of 16 per unit
     }
     return staged;
 }

@@ -115,9 +115,10 @@ def rel_err(got, want) -> float:
 FORMATS = ("f32", "f16", "bf16", "q4_0", "q4_1", "q8_0", "q4_k", "q5_k", "q6_k", "nvfp4")
 PLAIN = ("f32", "f16", "bf16")  # one element per block: rows of any length (a partial unit)
 ODD_COLS = (8, 16, 48)  # tiny models' hidden sizes, not multiples of 32
-# For T == 1 x is staged 8,192 columns at a time (gemv.cuh GV_CHUNK_TILES): two chunks, the
-# second with a partial last iteration (gemv.cu: 4 x 32 units per iteration; dgemv: 2 x 32 of
-# a single-row body, 32 of the SwiGLU pair's). K-quants: whole 256-element blocks.
+# Rows wider than one chunk of x (dgemv stages 8,192 columns at a time, decode.cu
+# DG_CHUNK_TILES): two chunks, the second with a partial last iteration (2 x 32 units per
+# iteration of a single-row body, 32 units of the SwiGLU pair's); gemv.cu's T == 1 loop runs
+# its whole tiles and then a partial one. K-quants: whole 256-element blocks.
 CHUNKED_COLS = {"q4_k": 9472, "q5_k": 9472, "q6_k": 9472}
 CHUNKED_DEFAULT_COLS = 8192 + 1024 + 96
 
