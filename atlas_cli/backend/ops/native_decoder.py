@@ -128,10 +128,7 @@ class DeviceDecoder:
         self.eps = float(a.rms_norm_eps)
         self.h, self.hd = a.hidden_size, a.dim_per_head
         self.nh, self.nkv = a.num_attention_heads, a.num_key_value_heads
-        self.w = {k: self._vec(v) for k, v in w.items() if not isinstance(v, DeviceWeight)}
-        # Formed here, at load: read back from the device during a decode step it would be
-        # a copy to the host the step must not make.
-        self._unit_norms = {k: self._unit_norm(v) for k, v in w.items() if self._is_norm(k)}
+        self.w = {k: self._vec(k, v) for k, v in w.items() if not isinstance(v, DeviceWeight)}
         self.inv_freq = ops.asarray(np.asarray(model.inv_freq, np.float32))
         self.rot = 2 * int(model.inv_freq.shape[0])
         self.qk_norm = self.unit or bool(getattr(model, "qk_norm", False))
@@ -146,22 +143,16 @@ class DeviceDecoder:
         self._last: tuple | None = None
         self.final = [self._final_launch(s) for s in (0, 1)]
 
-    def _is_norm(self, name: str) -> bool:
-        """Whether `name` is an RMSNorm weight that a dgemv prologue multiplies by."""
-        return self.unit and (name.endswith("layernorm.weight") or name == "model.norm.weight")
-
-    def _unit_norm(self, v) -> DeviceArray:
-        """Qwen3.5's unit-offset norm weight as 1 + w (float32, the sum the kernel would form
-        per element)."""
+    def _vec(self, name: str, v) -> DeviceArray:
+        """The vector `name` on the device, float32; Qwen3.5's unit-offset RMSNorm weights as
+        1 + w, the multiplier dgemv's prologue takes (the sum the kernel would form per
+        element). Formed here, at load: read back during a decode step it would be a copy to
+        the host the step must not make."""
+        unit_norm = self.unit and (name.endswith("layernorm.weight") or name == "model.norm.weight")
+        if not unit_norm:
+            return v if isinstance(v, DeviceArray) else self.ops.asarray(np.asarray(v, np.float32))
         w = v.numpy() if isinstance(v, DeviceArray) else np.asarray(v)
         return self.ops.asarray(np.float32(1.0) + w.astype(np.float32))
-
-    def _norm(self, name: str) -> DeviceArray:
-        """The RMSNorm weight `name` as dgemv's prologue multiplies by it."""
-        return self._unit_norms[name] if self.unit else self.w[name]
-
-    def _vec(self, v):
-        return v if isinstance(v, DeviceArray) else self.ops.asarray(np.asarray(v, np.float32))
 
     def _alloc_buffers(self, a, w) -> None:
         ops = self.ops
@@ -283,7 +274,7 @@ class DeviceDecoder:
 
     def _mlp(self, i: int) -> list[Launch]:
         p = f"model.layers.{i}."
-        norm = self._norm(p + "post_attention_layernorm.weight")
+        norm = self.w[p + "post_attention_layernorm.weight"]
         gate, up, down = (p + f"mlp.{n}_proj.weight" for n in ("gate", "up", "down"))
         out = []
         if len(self.groups((gate, up))) == 1:  # one format: silu(gate) * up in the epilogue
@@ -303,7 +294,7 @@ class DeviceDecoder:
         nk, dk = a.linear_num_key_heads, a.linear_key_head_dim
         nv, dv = a.linear_num_value_heads, a.linear_value_head_dim
         state = cache.linear[i]
-        norm = self._norm(f"model.layers.{i}.input_layernorm.weight")
+        norm = self.w[f"model.layers.{i}.input_layernorm.weight"]
         conv = (self.w[p + "conv1d.weight"], state.conv)
         out = self.gemv(
             tuple(self._in_names(i, LINEAR)), self.x, self.proj, PRO_NORM, norm, conv=conv
@@ -321,7 +312,7 @@ class DeviceDecoder:
         kv = getattr(cache, "device_kv", cache)
         kb, vb = kv.layers[cache.slot[i] if hasattr(cache, "slot") else i]
         gated = self.model.w[p + "q_proj.weight"].rows == 2 * nh * hd
-        norm = self._norm(f"model.layers.{i}.input_layernorm.weight")
+        norm = self.w[f"model.layers.{i}.input_layernorm.weight"]
         out = self.gemv(tuple(self._in_names(i, FULL)), self.x, self.proj, PRO_NORM, norm)
         qn = self.w.get(p + "q_norm.weight") if self.qk_norm else None
         kn = self.w.get(p + "k_norm.weight") if self.qk_norm else None
@@ -370,7 +361,7 @@ class DeviceDecoder:
             self.x,
             self.logits[slot],
             PRO_NORM,
-            self._norm("model.norm.weight"),
+            self.w["model.norm.weight"],
             xn=self.hidden[slot],
             bump=self.pos,
         )
