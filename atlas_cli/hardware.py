@@ -2,8 +2,9 @@
 
 `probe()` looks at the machine: NVIDIA through the CUDA runtime (cupy, when installed), AMD
 through hip-python or, without it, the KFD topology in sysfs. It returns plain records. The
-runtimes' own probes (backend/ops/runtime_cuda.py, runtime_hip.py) are the only code that asks
-cupy and hip-python; this module turns their facts into records and into fixes for the user.
+runtimes' own probes (backend/ops/native/runtime_cuda.py, runtime_hip.py) are the only code
+that asks cupy and hip-python; this module turns their facts into records and into fixes for
+the user.
 `classify()` is a pure function of those records (tested on fake ones): it picks the hardware
 class that recipes map to a variant, and says why the other backends cannot run.
 
@@ -32,13 +33,14 @@ MIN_CUDA_CC = (8, 0)  # our kernels use bf16 and cp.async: Ampere or newer
 
 
 def cuda_install() -> str:
-    from atlas_cli.backend.ops.runtime_probe import install_command  # numpy: not for --help
+    # numpy: not for --help
+    from atlas_cli.backend.ops.native.runtime_probe import install_command
 
     return f"{install_command('cuda')} (for a CUDA 12 driver: cupy-cuda12x instead)"
 
 
 def rocm_install() -> str:
-    from atlas_cli.backend.ops.runtime_probe import install_command
+    from atlas_cli.backend.ops.native.runtime_probe import install_command
 
     return f"{install_command('rocm')} (needs ROCm's libamdhip64.so)"
 
@@ -244,7 +246,7 @@ def probe(kfd_root: Path = KFD_TOPOLOGY) -> Probe:
 
 def probe_cuda() -> tuple[list[GPU], Toolchain]:
     """The CUDA runtime's facts (runtime_cuda.probe) as GPU records and a Toolchain."""
-    from atlas_cli.backend.ops import runtime_cuda  # numpy and, inside, cupy: only when asked
+    from atlas_cli.backend.ops.native import runtime_cuda  # numpy and cupy: only when asked
 
     seen = nvidia_present()
     found = runtime_cuda.probe()
@@ -311,7 +313,7 @@ def nvidia_present() -> bool:
 def probe_hip(kfd_root: Path = KFD_TOPOLOGY) -> tuple[list[GPU], Toolchain]:
     """The HIP runtime's facts (runtime_hip.probe) as GPU records and a Toolchain; where HIP
     cannot run, the GPUs the KFD topology shows, so `atlas hw` can say what is missing."""
-    from atlas_cli.backend.ops import runtime_hip  # numpy and, inside, hip-python: when asked
+    from atlas_cli.backend.ops.native import runtime_hip  # numpy and hip-python: when asked
 
     kfd = kfd_gpus(kfd_root)
     seen = bool(kfd)
@@ -477,7 +479,7 @@ def kernel_reports(compile_kernels: bool = True) -> dict[str, dict[str, Any]]:
     kernel file took (or that the on-disk cache was hit); backends that cannot run are absent.
     Each value is native.kernel_report's dict, {"skipped": why} or {"error": message}: `hw` is a
     diagnostic, so a failed compile is reported, not raised."""
-    from atlas_cli.backend.ops import native  # numpy and the runtimes: only when asked
+    from atlas_cli.backend.ops.native import device as native  # numpy, runtimes: when asked
 
     out: dict[str, dict[str, Any]] = {}
     for device in NATIVE_DEVICES:

@@ -27,7 +27,9 @@ def _seconds(kernel, m, x, out, reps: int) -> float:
 
 
 def per_shape(model, rounds: int, n_tok: int) -> None:
-    from atlas_cli.backend.ops import cpu_amx, cpu_fast, cpu_prefill
+    from atlas_cli.backend.ops.cpu import amx as cpu_amx
+    from atlas_cli.backend.ops.cpu import fast as cpu_fast
+    from atlas_cli.backend.ops.cpu import prefill as cpu_prefill
 
     seen = {}
     for name, m in model.engine.model.w.items():
@@ -73,7 +75,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--pp", type=int, default=512, help="tokens per product and per prefill")
     args = ap.parse_args()
-    from atlas_cli.backend.ops import cpu_amx
+    from atlas_cli.backend.ops.cpu import amx as cpu_amx
     from atlas_cli.session import open_model
 
     if not cpu_amx.checked():

@@ -32,7 +32,8 @@ def _median_ms(fn, reps: int) -> float:
 
 
 def prefill(args, rng) -> None:
-    from atlas_cli.backend.ops import cpu_fast, numpy_ref
+    from atlas_cli.backend.ops import numpy_ref
+    from atlas_cli.backend.ops.cpu import fast as cpu_fast
 
     t, nh, nkv, hd = args.queries, args.heads, args.kv_heads, args.head_dim
     print(f"prefill: {t} queries, {nh} heads, {nkv} KV heads of {hd}, float32 cache")
@@ -46,8 +47,9 @@ def prefill(args, rng) -> None:
 
 
 def decode(args, rng) -> None:
-    from atlas_cli.backend.ops import cpu_decode, numpy_ref
-    from atlas_cli.backend.ops.cpu_kernels import kv_bits
+    from atlas_cli.backend.ops import numpy_ref
+    from atlas_cli.backend.ops.cpu import decode as cpu_decode
+    from atlas_cli.backend.ops.cpu.kernels import kv_bits
 
     n, g, hd = args.decode_positions, args.heads // args.kv_heads, args.head_dim
     print(f"decode: one GQA group of {g} query heads of {hd} at {n:,} positions")

@@ -29,8 +29,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
 
-    from atlas_cli.backend.ops import cpu_fast, cpu_gdn
     from atlas_cli.backend.ops import numpy_ref as ref
+    from atlas_cli.backend.ops.cpu import fast as cpu_fast
+    from atlas_cli.backend.ops.cpu import gdn as cpu_gdn
 
     rng = np.random.default_rng(0)
     t, h, d = args.tokens, args.heads, args.dim

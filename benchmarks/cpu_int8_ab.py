@@ -32,8 +32,9 @@ def _time_gemv(kernel, m, x, out, reps: int) -> float:
 
 
 def per_shape(model, rounds: int, n_tok: int) -> None:
-    from atlas_cli.backend.ops import cpu_fast, cpu_prefill
-    from atlas_cli.backend.ops import cpu_kernels as k
+    from atlas_cli.backend.ops.cpu import fast as cpu_fast
+    from atlas_cli.backend.ops.cpu import kernels as k
+    from atlas_cli.backend.ops.cpu import prefill as cpu_prefill
 
     if n_tok == 1:
         kernels, integer_types = (k.gemv_batch, k.gemv_batch_int8), k.INT8_TYPES

@@ -4,8 +4,8 @@ syncs, and the weight bytes the kernels read.
 
     python benchmarks/launches.py --shape qwen3.6-27b [--format nvfp4|bf16|q4_k] [--by-kernel]
 
-The model runs on the counting runtime (backend/ops/runtime_count.py): nothing is computed and
-no weight exists anywhere. Each weight matrix is a `DeviceWeight` of its stored format's row
+The model runs on the counting runtime (backend/ops/native/runtime_count.py): nothing is computed
+and no weight exists anywhere. Each weight matrix is a `DeviceWeight` of its stored format's row
 layout over a fake device buffer, built from the model class's own `weight_shapes`, so peak
 memory stays small even for the 27B shape (the real upload path, `prepare_weight`, would first
 make the bytes contiguous on the host). Only the small vectors (norms, biases, conv and decay
@@ -33,9 +33,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from atlas_cli.backend import MODEL_CLASSES  # noqa: E402
 from atlas_cli.backend import formats as F  # noqa: E402
 from atlas_cli.backend.engine import Engine  # noqa: E402
-from atlas_cli.backend.ops.native import NativeOps  # noqa: E402
-from atlas_cli.backend.ops.native_array import DeviceWeight  # noqa: E402
-from atlas_cli.backend.ops.runtime_count import CountingRuntime, Counts  # noqa: E402
+from atlas_cli.backend.ops.native.array import DeviceWeight  # noqa: E402
+from atlas_cli.backend.ops.native.device import NativeOps  # noqa: E402
+from atlas_cli.backend.ops.native.runtime_count import CountingRuntime, Counts  # noqa: E402
 from atlas_cli.backend.sample import SamplingParams  # noqa: E402
 
 

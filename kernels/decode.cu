@@ -1,4 +1,4 @@
-// The fused decode step (backend/ops/native_decoder.py): one token through a whole layer in
+// The fused decode step (backend/ops/native/decoder.py): one token through a whole layer in
 // five or six launches instead of ~25. Every position and length is read from device memory
 // (`pos`: the token's position, which is the cache length before it), so the same launch list
 // replays as a graph at every step.

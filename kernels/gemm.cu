@@ -22,7 +22,7 @@
 // each 16 tokens x 32 rows); elsewhere, and with -DATLAS_PORTABLE, the same splits, the same
 // products in the same order and the same per-step sums with fmaf (4 x 4 outputs per thread):
 // the CPU emulator runs that one, and on a device it is the reference the tensor-core kernel
-// is checked against at first use (ops/gemm_check.py).
+// is checked against at first use (ops/native/gemm_check.py).
 // Grid (ceil(T / 64) * ceil(rows / 64)), block 256, in groups of GM_GROUP token tiles: a group
 // walks every weight tile with its 8 token tiles side by side, so each weight tile is read from
 // DRAM once per 512 tokens (L2 serves the other token tiles) while the group's x (512 x cols

@@ -39,8 +39,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from atlas_cli.backend.ops import native  # noqa: E402
-from atlas_cli.backend.ops.placement import to_device  # noqa: E402
+from atlas_cli.backend.ops.native import device as native  # noqa: E402
+from atlas_cli.backend.ops.native.placement import to_device  # noqa: E402
 from tests.gpu import checks  # noqa: E402
 
 FORMATS = "bf16,q4_0,q4_1,q8_0,q4_k,q5_k,q6_k,nvfp4"
@@ -254,7 +254,7 @@ def gemm(b: Bench, formats) -> None:
 
 
 def attention(b: Bench, _formats) -> None:
-    from atlas_cli.backend.ops.native_attention import KVCache
+    from atlas_cli.backend.ops.native.attention import KVCache
 
     ops, rng = b.ops, np.random.default_rng(2)
     cfg = b.size["qwen"]

@@ -105,7 +105,7 @@ def smollm2(smollm2_path):
 def emu_home(tmp_path, monkeypatch):
     """A test on `--device emu`: skipped without g++; its own ATLAS_HOME, where the compiled
     kernels go."""
-    from atlas_cli.backend.ops import runtime_emu
+    from atlas_cli.backend.ops.native import runtime_emu
 
     if not runtime_emu.available():
         pytest.skip("g++ not installed")

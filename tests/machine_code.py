@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from atlas_cli.backend.ops import nvrtc
-from atlas_cli.backend.ops import runtime as rt
+from atlas_cli.backend.ops.native import nvrtc
+from atlas_cli.backend.ops.native import runtime as rt
 
 KERNELS = rt.kernels_dir()
 SASS_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")

@@ -163,7 +163,10 @@ def test_numpy_reference_imports_numpy_only():
 
 @pytest.mark.parametrize(
     "package, only",
-    [("cupy", "atlas_cli.backend.ops.runtime_cuda"), ("hip", "atlas_cli.backend.ops.runtime_hip")],
+    [
+        ("cupy", "atlas_cli.backend.ops.native.runtime_cuda"),
+        ("hip", "atlas_cli.backend.ops.native.runtime_hip"),
+    ],
 )
 def test_one_home_per_gpu_package(package, only):
     users = {m for m in modules() if package in third_party(m)}

@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from atlas_cli.backend.ops import native_attention, runtime_emu
+from atlas_cli.backend.ops.native import attention as native_attention
+from atlas_cli.backend.ops.native import runtime_emu
 from tests import machine_code
 from tests.gpu import checks
 
@@ -40,7 +41,7 @@ def _ops(defines: dict):
         if os.environ.get("CI"):
             pytest.fail("g++ is missing in CI")
         pytest.skip("g++ not installed")
-    from atlas_cli.backend.ops.native import NativeOps
+    from atlas_cli.backend.ops.native.device import NativeOps
 
     cache = Path(tempfile.gettempdir()) / "atlas-emu-kernels"  # keyed by source and defines
     cache.mkdir(exist_ok=True)
@@ -159,7 +160,7 @@ def test_first_use_check_against_the_portable_build(nv_ops, monkeypatch, tmp_pat
     """On a device the first prefill compares attn_prefill_* with its ATLAS_PORTABLE build; a
     mismatch turns the tensor-core prefill off for that KV type and head dim, and attention
     stays correct on the row kernel."""
-    from atlas_cli.backend.ops import attention_check
+    from atlas_cli.backend.ops.native import attention_check
 
     ops = _ops({})
     ops.rt = _EmuAsDevice(nv_ops.rt.cache_dir, {})
@@ -181,7 +182,7 @@ def test_first_use_check_against_the_portable_build(nv_ops, monkeypatch, tmp_pat
 def test_atlas_hw_reports_the_prefill_attention_check(nv_ops, monkeypatch, tmp_path, broken):
     """The kernel report (`atlas hw`) runs the first-use check for the families' head sizes
     and says which prefill kernel runs, with the failures' reasons."""
-    from atlas_cli.backend.ops import attention_check
+    from atlas_cli.backend.ops.native import attention_check
     from atlas_cli.commands.models import kernel_lines
 
     ops = _ops({})

@@ -15,7 +15,10 @@ import numpy as np
 import pytest
 
 from atlas_cli.backend.loaders import quant
-from atlas_cli.backend.ops import cpu_amx, cpu_fast, cpu_kernels, cpu_prefill
+from atlas_cli.backend.ops.cpu import amx as cpu_amx
+from atlas_cli.backend.ops.cpu import fast as cpu_fast
+from atlas_cli.backend.ops.cpu import kernels as cpu_kernels
+from atlas_cli.backend.ops.cpu import prefill as cpu_prefill
 from tests.test_cpu_fast import packed, random_blocks, rel_err
 
 TYPES = cpu_amx.AMX_TYPES

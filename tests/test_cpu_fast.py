@@ -18,7 +18,10 @@ import pytest
 from atlas_cli.backend import cache as cache_module
 from atlas_cli.backend.cache import GROW_STEP, StackedKVCache
 from atlas_cli.backend.loaders import gguf, quant
-from atlas_cli.backend.ops import cpu_decode, cpu_fast, cpu_kernels, numpy_ref
+from atlas_cli.backend.ops import numpy_ref
+from atlas_cli.backend.ops.cpu import decode as cpu_decode
+from atlas_cli.backend.ops.cpu import fast as cpu_fast
+from atlas_cli.backend.ops.cpu import kernels as cpu_kernels
 from atlas_cli.backend.sample import SamplingOverrides
 
 GOLDEN = Path(__file__).resolve().parents[2] / "shared" / "reference" / "smollm2_france.json"
@@ -464,7 +467,7 @@ from atlas_cli.session import open_model
 m = open_model(sys.argv[1], device="cpu")
 m.engine.prefill(list(range(3, 40)))
 import numpy as np
-from atlas_cli.backend.ops import cpu_fast
+from atlas_cli.backend.ops.cpu import fast as cpu_fast
 cpu_fast.linear(np.ones((4, 8), np.float32), np.ones((8, 8), np.float32))  # a float32 matrix
 import numba
 print(json.dumps({"seen": seen, "outside": blas(), "numba": numba.get_num_threads()}))

@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from atlas_cli.backend.ops import cpu_gdn
 from atlas_cli.backend.ops import numpy_ref as ref
+from atlas_cli.backend.ops.cpu import gdn as cpu_gdn
 from tests.test_gated_deltanet import random_inputs
 
 

@@ -22,7 +22,10 @@ import numpy as np
 import pytest
 
 from atlas_cli.backend.loaders import quant
-from atlas_cli.backend.ops import cpu_decode, cpu_fast, cpu_ir_int8, cpu_kernels
+from atlas_cli.backend.ops.cpu import decode as cpu_decode
+from atlas_cli.backend.ops.cpu import fast as cpu_fast
+from atlas_cli.backend.ops.cpu import ir_int8 as cpu_ir_int8
+from atlas_cli.backend.ops.cpu import kernels as cpu_kernels
 from atlas_cli.backend.sample import SamplingOverrides
 from atlas_cli.errors import UsageError
 from tests.test_cpu_fast import (
@@ -82,7 +85,7 @@ def test_quantize_x_matches_its_numpy_model(rng):
 FIRST_FROM_A_FAST_MATH_CALLER = """
 import numpy as np
 from numba import njit
-from atlas_cli.backend.ops import cpu_kernels
+from atlas_cli.backend.ops.cpu import kernels as cpu_kernels
 from tests.test_cpu_int8 import quantize_model
 
 @njit(fastmath=True)

@@ -10,9 +10,11 @@ import pytest
 from numba import njit
 
 from atlas_cli.backend.cache import GROW_STEP, StackedKVCache
-from atlas_cli.backend.ops import cpu_decode, cpu_fast, numpy_ref
-from atlas_cli.backend.ops.cpu_ir import narrow_half, widen_half
-from atlas_cli.backend.ops.cpu_kernels import kv_bits
+from atlas_cli.backend.ops import numpy_ref
+from atlas_cli.backend.ops.cpu import decode as cpu_decode
+from atlas_cli.backend.ops.cpu import fast as cpu_fast
+from atlas_cli.backend.ops.cpu.ir import narrow_half, widen_half
+from atlas_cli.backend.ops.cpu.kernels import kv_bits
 from tests.test_cpu_fast import QWEN35_GGUF, rel_err, run_tokens, tiny_model
 from tests.test_cpu_qwen35 import tiny_qwen35
 

@@ -8,15 +8,18 @@ import hashlib
 import numpy as np
 from numba.core.caching import FunctionCache
 
-from atlas_cli.backend.ops import cpu_decode, cpu_kernels, cpu_numba, cpu_qwen35
+from atlas_cli.backend.ops.cpu import decode as cpu_decode
+from atlas_cli.backend.ops.cpu import jit
+from atlas_cli.backend.ops.cpu import kernels as cpu_kernels
+from atlas_cli.backend.ops.cpu import qwen35 as cpu_qwen35
 
 
 def test_kernel_stamp_covers_every_kernel_file():
-    here = cpu_numba._HERE
+    here = jit._HERE
     h = hashlib.sha256()
-    for name in cpu_numba.KERNEL_FILES:
+    for name in jit.KERNEL_FILES:
         h.update((here / name).read_bytes())
-    assert cpu_numba.kernel_sources_digest() == h.hexdigest()
+    assert jit.kernel_sources_digest() == h.hexdigest()
     kernels = (cpu_kernels.row_dot, cpu_kernels.gemm, cpu_decode.decode_step, cpu_qwen35.gdn_block)
     for fn in kernels:
         locator = fn._cache._impl.locator
@@ -27,7 +30,7 @@ def test_kernel_stamp_covers_every_kernel_file():
 def test_a_change_in_any_kernel_file_invalidates_the_cache(monkeypatch):
     cpu_kernels.group_sums(np.ones(64, np.float32), np.empty(2, np.float32))
     assert FunctionCache(cpu_kernels.group_sums.py_func)._cache_file._load_index()
-    monkeypatch.setattr(cpu_numba, "kernel_sources_digest", lambda: "another source")
+    monkeypatch.setattr(jit, "kernel_sources_digest", lambda: "another source")
     assert FunctionCache(cpu_kernels.group_sums.py_func)._cache_file._load_index() == {}
 
 

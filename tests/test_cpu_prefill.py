@@ -13,7 +13,9 @@ import numpy as np
 import pytest
 
 from atlas_cli.backend.loaders import quant
-from atlas_cli.backend.ops import cpu_fast, cpu_ir_int8, cpu_prefill
+from atlas_cli.backend.ops.cpu import fast as cpu_fast
+from atlas_cli.backend.ops.cpu import ir_int8 as cpu_ir_int8
+from atlas_cli.backend.ops.cpu import prefill as cpu_prefill
 from tests.test_cpu_fast import packed, random_blocks, rel_err
 from tests.test_cpu_int8 import _isas_to_check, run_under_isa
 

@@ -12,7 +12,8 @@ import pytest
 from atlas_cli.backend.cache import GROW_STEP
 from atlas_cli.backend.loaders import gguf
 from atlas_cli.backend.models.qwen3_5 import ModelArgs, Qwen3_5Model
-from atlas_cli.backend.ops import cpu_fast, numpy_ref
+from atlas_cli.backend.ops import numpy_ref
+from atlas_cli.backend.ops.cpu import fast as cpu_fast
 from tests.test_cpu_fast import QWEN35_GGUF, random_blocks, rel_err, run_tokens
 from tests.test_cpu_int8 import _greedy_agrees
 

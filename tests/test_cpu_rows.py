@@ -7,7 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from atlas_cli.backend.ops import cpu_fast, cpu_rows, numpy_ref
+from atlas_cli.backend.ops import numpy_ref
+from atlas_cli.backend.ops.cpu import fast as cpu_fast
+from atlas_cli.backend.ops.cpu import rows as cpu_rows
 
 
 def rel(a, b) -> float:

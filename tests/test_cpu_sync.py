@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from atlas_cli.backend.ops.cpu_ir_sync import SLOT, claim, load_acquire, wait_until
+from atlas_cli.backend.ops.cpu.ir_sync import SLOT, claim, load_acquire, wait_until
 
 numba = pytest.importorskip("numba")
 

@@ -9,7 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from atlas_cli import backend
-from atlas_cli.backend.ops import native, runtime_emu
+from atlas_cli.backend.ops.native import device as native
+from atlas_cli.backend.ops.native import runtime_emu
 from atlas_cli.cli import app
 from atlas_cli.errors import DeviceError
 

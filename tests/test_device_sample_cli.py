@@ -11,7 +11,8 @@ import pytest
 from typer.testing import CliRunner
 
 from atlas_cli import backend
-from atlas_cli.backend.ops import native_sample, runtime_emu
+from atlas_cli.backend.ops.native import runtime_emu
+from atlas_cli.backend.ops.native import sample as native_sample
 from atlas_cli.backend.sample import SamplingOverrides
 from atlas_cli.cli import app
 
@@ -47,8 +48,8 @@ def test_device_sampling_writes_what_the_host_sampler_writes(emu_home, monkeypat
 
 
 def test_one_small_readback_per_token_on_the_emulator(emu_home):
-    from atlas_cli.backend.ops.native import NativeOps
-    from atlas_cli.backend.ops.runtime_count import CountingRuntime
+    from atlas_cli.backend.ops.native.device import NativeOps
+    from atlas_cli.backend.ops.native.runtime_count import CountingRuntime
 
     rt = CountingRuntime(runtime_emu.EmuRuntime())
     model = backend.load(NVFP4, device="emu", ops=NativeOps(rt), draft=0)
@@ -70,8 +71,8 @@ def test_a_grammar_on_the_device_writes_what_the_host_writes(emu_home, monkeypat
     again there), the logits never come back; the same text as the host Sampler's path. (The
     fixture's 64-token vocabulary has no braces for JSON: a tuple of numbers instead.)"""
     from atlas_cli.backend.constraint import new_constraint
-    from atlas_cli.backend.ops.native import NativeOps
-    from atlas_cli.backend.ops.runtime_count import CountingRuntime
+    from atlas_cli.backend.ops.native.device import NativeOps
+    from atlas_cli.backend.ops.native.runtime_count import CountingRuntime
 
     lark = 'start: "(" NUM ("," NUM)* ")"\nNUM: /[0-9]{1,3}/'
 

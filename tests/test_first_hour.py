@@ -152,7 +152,7 @@ def test_unknown_device_names_only_installed_runtimes(monkeypatch):
     import importlib.util
 
     from atlas_cli import backend
-    from atlas_cli.backend.ops import runtime_emu
+    from atlas_cli.backend.ops.native import runtime_emu
 
     real = importlib.util.find_spec
     monkeypatch.setattr(
@@ -242,7 +242,7 @@ def test_pull_prints_the_same_estimate(monkeypatch, tmp_path):
 # -- 2: the kernel-compile notice, and where the compiled kernels go ---------------------------
 
 KERNEL_CACHE_PROBE = (
-    "from atlas_cli.backend.ops import cpu_kernels, cpu_numba\n"
+    "from atlas_cli.backend.ops.cpu import jit, kernels as cpu_kernels\n"
     "from numba.core import config\n"
     "print(config.CACHE_DIR)\n"
     "print(cpu_kernels.row_dot._cache._impl.locator.get_cache_path())\n"
@@ -269,7 +269,7 @@ def test_compiled_kernels_live_in_atlas_s_cache(tmp_path):
 
 
 def test_compile_notice_also_without_a_terminal(smollm2_path, monkeypatch, capfd):
-    from atlas_cli.backend.ops import cpu_decode
+    from atlas_cli.backend.ops.cpu import decode as cpu_decode
     from atlas_cli.session import open_model
 
     monkeypatch.setattr(cpu_decode, "kernels_cached", lambda: False)  # as on a first run

@@ -12,7 +12,10 @@ import pytest
 import atlas_cli.backend.formats as formats
 from atlas_cli.backend.loaders import gguf, quant
 from atlas_cli.backend.loaders.safetensors import FP8Tensor, NVFP4Tensor
-from atlas_cli.backend.ops import cpu_ir, cpu_kernels, numpy_ref, runtime
+from atlas_cli.backend.ops import numpy_ref
+from atlas_cli.backend.ops.cpu import ir as cpu_ir
+from atlas_cli.backend.ops.cpu import kernels as cpu_kernels
+from atlas_cli.backend.ops.native import runtime
 
 HEADER = (runtime.kernels_dir() / "quant.cuh").read_text()
 

@@ -13,7 +13,9 @@ import re
 import numpy as np
 import pytest
 
-from atlas_cli.backend.ops import native_gdn, numpy_ref, runtime_emu
+from atlas_cli.backend.ops import numpy_ref
+from atlas_cli.backend.ops.native import gdn as native_gdn
+from atlas_cli.backend.ops.native import runtime_emu
 from tests import machine_code
 
 TOL = 1e-5  # max|diff| / max|ref|, outputs and final state
@@ -26,7 +28,7 @@ def emu_ops(tmp_path_factory):
         if os.environ.get("CI"):
             pytest.fail("g++ is missing in CI")
         pytest.skip("g++ not installed")
-    from atlas_cli.backend.ops.native import NativeOps
+    from atlas_cli.backend.ops.native.device import NativeOps
 
     ops = NativeOps(runtime_emu.EmuRuntime(tmp_path_factory.mktemp("kernels")), weight_dtype="f32")
     ops.poison = True  # scratch or output a kernel forgets to write is NaN

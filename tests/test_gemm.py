@@ -1,5 +1,5 @@
 """The prefill GEMM (kernels/gemm.cu) on the CPU emulator against numpy, every format, T = 9..600
-and odd shapes; and the first-use self-check of the tensor-core kernel (ops/gemm_check.py),
+and odd shapes; and the first-use self-check of the tensor-core kernel (ops/native/gemm_check.py),
 decided on a fake "cuda" runtime that runs the emulator (one whose tensor-core kernel is made
 wrong, one whose is right)."""
 
@@ -13,8 +13,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from atlas_cli.backend.ops import gemm_check, runtime_emu
 from atlas_cli.backend.ops import numpy_ref as ref
+from atlas_cli.backend.ops.native import gemm_check, runtime_emu
 from tests.gpu.checks import E2M1, E4M3, FORMATS, PLAIN, random_weight, rel_err
 from tests.test_gemm_sass import WEIGHT_PARTS
 
@@ -28,7 +28,7 @@ def _cols(fmt: str, base: int) -> int:
 def emu_ops():
     if not runtime_emu.available():
         pytest.skip("g++ not installed")
-    from atlas_cli.backend.ops.native import NativeOps
+    from atlas_cli.backend.ops.native.device import NativeOps
 
     cache = Path(tempfile.gettempdir()) / "atlas-emu-kernels"
     cache.mkdir(exist_ok=True)
@@ -159,7 +159,7 @@ def test_gemm_is_as_accurate_as_float32_numpy(emu_ops, fmt):
 
 
 def _bf16(a: np.ndarray) -> np.ndarray:
-    from atlas_cli.backend.ops.native_array import bf16_bits_to_f32, f32_to_bf16_bits
+    from atlas_cli.backend.ops.native.array import bf16_bits_to_f32, f32_to_bf16_bits
 
     return bf16_bits_to_f32(f32_to_bf16_bits(a))
 
@@ -200,7 +200,7 @@ class FakeDevice(runtime_emu.EmuRuntime):
 def _device_ops(tmp_path: Path, broken: bool):
     if not runtime_emu.available():
         pytest.skip("g++ not installed")
-    from atlas_cli.backend.ops.native import NativeOps
+    from atlas_cli.backend.ops.native.device import NativeOps
 
     return NativeOps(FakeDevice(tmp_path, broken), weight_dtype="f32")
 
@@ -265,8 +265,8 @@ def test_atlas_hw_says_which_gemm_runs(tmp_path, monkeypatch):
     kernel is wrong) under the device's kernel report."""
     from typer.testing import CliRunner
 
-    from atlas_cli.backend.ops import native
-    from atlas_cli.backend.ops import runtime as rt
+    from atlas_cli.backend.ops.native import device as native
+    from atlas_cli.backend.ops.native import runtime as rt
     from atlas_cli.cli import app
 
     choice = _device_ops(tmp_path, broken=True).gemm_choice()

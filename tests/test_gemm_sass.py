@@ -12,8 +12,8 @@ import re
 
 import pytest
 
-from atlas_cli.backend.ops import nvrtc
-from atlas_cli.backend.ops import runtime as rt
+from atlas_cli.backend.ops.native import nvrtc
+from atlas_cli.backend.ops.native import runtime as rt
 from tests import machine_code
 
 GEMM_FORMATS = ("f32", "f16", "bf16", "q4_0", "q4_1", "q8_0", "q4_k", "q5_k", "q6_k", "nvfp4")

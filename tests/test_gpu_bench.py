@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from atlas_cli.backend.ops import runtime_emu
+from atlas_cli.backend.ops.native import runtime_emu
 
 ROOT = Path(__file__).resolve().parent.parent
 

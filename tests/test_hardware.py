@@ -307,7 +307,7 @@ H200_PROPS = {"name": b"NVIDIA H200", "major": 9, "minor": 0, "totalGlobalMem": 
 
 
 def test_cuda_runtime_probe_is_plain_data(monkeypatch):
-    from atlas_cli.backend.ops import nvrtc, runtime_cuda
+    from atlas_cli.backend.ops.native import nvrtc, runtime_cuda
 
     monkeypatch.setattr(nvrtc, "version", lambda: (12, 8))
     gb10 = {"name": b"NVIDIA GB10", "major": 12, "minor": 1, "totalGlobalMem": 119 * GB}
@@ -336,7 +336,7 @@ def test_cuda_runtime_probe_is_plain_data(monkeypatch):
 
 
 def test_cuda_runtime_probe_keeps_the_raw_error(monkeypatch):
-    from atlas_cli.backend.ops import runtime_cuda
+    from atlas_cli.backend.ops.native import runtime_cuda
 
     monkeypatch.setitem(sys.modules, "cupy", fake_cupy("cudaErrorNoDevice: no CUDA-capable device"))
     found = runtime_cuda.probe()
@@ -351,7 +351,7 @@ def test_cuda_runtime_probe_keeps_the_raw_error(monkeypatch):
 def test_broken_gpu_packages_never_raise(monkeypatch):
     import builtins
 
-    from atlas_cli.backend.ops import runtime_cuda, runtime_hip
+    from atlas_cli.backend.ops.native import runtime_cuda, runtime_hip
 
     real = builtins.__import__
 
@@ -370,7 +370,7 @@ def test_broken_gpu_packages_never_raise(monkeypatch):
 
 
 def test_hip_runtime_probe_is_plain_data(monkeypatch):
-    from atlas_cli.backend.ops import runtime_hip
+    from atlas_cli.backend.ops.native import runtime_hip
 
     monkeypatch.setitem(sys.modules, "hip", fake_hip(count=1))
     found = runtime_hip.probe()
@@ -395,15 +395,16 @@ def test_hip_runtime_probe_is_plain_data(monkeypatch):
 
 
 def record(runtime, *devices, **kw):
-    from atlas_cli.backend.ops.runtime_probe import RuntimeProbe
+    from atlas_cli.backend.ops.native.runtime_probe import RuntimeProbe
 
     package = "cupy" if runtime == "cuda" else "hip-python"
     return RuntimeProbe(runtime, package, "14.2.0", True, devices=tuple(devices), **kw)
 
 
 def test_hardware_reads_the_runtime_records(monkeypatch):
-    from atlas_cli.backend.ops import native, runtime_cuda, runtime_hip
-    from atlas_cli.backend.ops.runtime_probe import DeviceInfo
+    from atlas_cli.backend.ops.native import device as native
+    from atlas_cli.backend.ops.native import runtime_cuda, runtime_hip
+    from atlas_cli.backend.ops.native.runtime_probe import DeviceInfo
 
     # GB10 reports itself as not integrated on some drivers: the name says it shares memory
     gb10 = DeviceInfo(0, "NVIDIA GB10", "sm_121", 119 * GB, 110 * GB, integrated=False)
@@ -442,7 +443,7 @@ def test_hardware_reads_the_runtime_records(monkeypatch):
 def test_install_advice_names_packages_the_index_has():
     """atlas itself may not be on the package index (a checkout, a wheel file): the advice
     installs the extra's packages by name, read from this installation's metadata."""
-    from atlas_cli.backend.ops.runtime_probe import install_command
+    from atlas_cli.backend.ops.native.runtime_probe import install_command
 
     cuda, rocm = install_command("cuda"), install_command("rocm")
     assert (

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from atlas_cli.backend.ops import nvrtc
-from atlas_cli.backend.ops import runtime as rt
+from atlas_cli.backend.ops.native import nvrtc
+from atlas_cli.backend.ops.native import runtime as rt
 
 KERNELS = rt.kernels_dir()
 CUDA_ARCHS = ("sm_90", "sm_121")

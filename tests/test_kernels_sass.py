@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from atlas_cli.backend.ops import runtime_emu
+from atlas_cli.backend.ops.native import runtime_emu
 from tests import machine_code
 
 
@@ -252,7 +252,7 @@ def test_gfx1151_nvfp4_loop_is_branch_free_with_128_bit_loads(gfx1151):
 def emu_ops():
     if not runtime_emu.available():
         pytest.skip("g++ not installed")
-    from atlas_cli.backend.ops.native import NativeOps
+    from atlas_cli.backend.ops.native.device import NativeOps
 
     cache = Path(tempfile.gettempdir()) / "atlas-emu-kernels"
     cache.mkdir(exist_ok=True)
@@ -300,7 +300,7 @@ def test_every_format_matches_numpy(emu_ops, fmt):
     (the codes shifted off 16-byte alignment, or
     the scales off the alignment of their loads: 2 bytes for Q4_1's 4-byte loads, 1 for the
     2-byte ones), match x @ W^T of numpy's dequantization for T = 1, 2, 5, 8."""
-    from atlas_cli.backend.ops.native import NativeOps
+    from atlas_cli.backend.ops.native.device import NativeOps
     from tests.gpu.checks import random_weight
 
     if fmt == "f32":  # emu_ops rounds float weights to bf16

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from atlas_cli.backend.ops.native import NativeOps
-from atlas_cli.backend.ops.runtime_count import CountingRuntime
+from atlas_cli.backend.ops.native.device import NativeOps
+from atlas_cli.backend.ops.native.runtime_count import CountingRuntime
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))

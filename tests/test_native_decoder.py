@@ -1,4 +1,4 @@
-"""The fused decode step of the native backend (ops/native_decoder.py) on the CPU emulator of
+"""The fused decode step of the native backend (ops/native/decoder.py) on the CPU emulator of
 the kernels: the same logits as the op-by-op native path and the numpy reference over a
 prefill and 32 cached greedy decode steps, a few fat launches per layer with no upload inside
 the step, and a replayed graph equal to direct launches."""
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from atlas_cli.backend import load
-from atlas_cli.backend.ops.native_decoder import DeviceDecoder
-from atlas_cli.backend.ops.runtime import i32, ptr
+from atlas_cli.backend.ops.native.decoder import DeviceDecoder
+from atlas_cli.backend.ops.native.runtime import i32, ptr
 from tests.test_native_qwen35 import STEPS, emu_ops, greedy, rel_err
 
 FIXTURES = Path(__file__).parent / "fixtures" / "qwen"

@@ -20,7 +20,7 @@ import pytest
 
 from atlas_cli.backend import load
 from atlas_cli.backend.engine import Engine
-from atlas_cli.backend.ops.native_array import DeviceWeight
+from atlas_cli.backend.ops.native.array import DeviceWeight
 from atlas_cli.errors import SlotError
 from tests.gpu.models import tiny_config, tiny_weights
 from tests.test_native_qwen35 import FIXTURES, STEPS, emu_ops, greedy, near_ties, rel_err

@@ -1,6 +1,6 @@
 """The native launchers and every kernel's logic, run on the CPU emulator of the CUDA execution
-model (backend/ops/runtime_emu.py) against the numpy reference: the same checks tests/gpu runs
-on a GPU (tests/gpu/checks.py), at smaller sizes, on any machine with g++."""
+model (backend/ops/native/runtime_emu.py) against the numpy reference: the same checks tests/gpu
+runs on a GPU (tests/gpu/checks.py), at smaller sizes, on any machine with g++."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from atlas_cli.backend.ops import numpy_ref, runtime_emu
+from atlas_cli.backend.ops import numpy_ref
+from atlas_cli.backend.ops.native import runtime_emu
 from tests.gpu import checks
 from tests.gpu import models as model_checks
 
@@ -24,7 +25,7 @@ def emu_ops():
         if os.environ.get("CI"):
             pytest.fail("g++ is missing in CI")
         pytest.skip("g++ not installed")
-    from atlas_cli.backend.ops.native import NativeOps
+    from atlas_cli.backend.ops.native.device import NativeOps
 
     # compiled modules are keyed by source hash, so a shared temp dir is never stale
     cache = Path(tempfile.gettempdir()) / "atlas-emu-kernels"
@@ -90,9 +91,9 @@ def test_gdn_all_states_match_reference(emu_ops):
 
 
 def test_native_ops_hooks(emu_ops):
-    from atlas_cli.backend.ops.native_array import DeviceArray
-    from atlas_cli.backend.ops.native_attention import KVCache
-    from atlas_cli.backend.ops.native_cache import HybridCache
+    from atlas_cli.backend.ops.native.array import DeviceArray
+    from atlas_cli.backend.ops.native.attention import KVCache
+    from atlas_cli.backend.ops.native.cache import HybridCache
 
     assert emu_ops.NAME == "emu" and emu_ops.fuse_decoder(object()) is None
     cache = emu_ops.device_kv_cache(2, 1, 32, 16)
@@ -115,13 +116,13 @@ def test_graph_capture_replays_launches(emu_ops):
 
 
 def _args(x, y):
-    from atlas_cli.backend.ops.runtime import f32, ptr
+    from atlas_cli.backend.ops.native.runtime import f32, ptr
 
     return [ptr(x.ptr), f32(1.0), ptr(y.ptr)]
 
 
 def _tail():
-    from atlas_cli.backend.ops.runtime import i32, i64
+    from atlas_cli.backend.ops.native.runtime import i32, i64
 
     return [i64(64), i32(0), i32(0)]
 
@@ -142,7 +143,7 @@ def test_divergent_barrier_is_reported_not_hung(tmp_path):
     """A barrier that can never complete (thread 0 waits at __syncthreads while the rest of its
     warp waits in a shuffle) is an error from the emulator, not a hang. (Threads that have
     exited drop out of barriers, as on current GPUs.)"""
-    from atlas_cli.backend.ops import runtime as rt
+    from atlas_cli.backend.ops.native import runtime as rt
 
     kdir = tmp_path / "k"
     kdir.mkdir()
@@ -180,7 +181,7 @@ def test_atlas_imports_without_gpu_packages():
         "        if name.split('.')[0] in ('cupy', 'hip'):\n"
         "            raise ImportError('blocked ' + name)\n"
         "sys.meta_path.insert(0, Block())\n"
-        "import atlas_cli.cli, atlas_cli.backend, atlas_cli.backend.ops.native\n"
+        "import atlas_cli.cli, atlas_cli.backend, atlas_cli.backend.ops.native.device\n"
         "from atlas_cli.session import open_model\n"
         "from atlas_cli.errors import DeviceError\n"
         "for dev, pkg in (('cuda', 'cupy-cuda13x'), ('hip', 'pip install hip-python')):\n"
@@ -206,7 +207,7 @@ def test_real_gguf_weights_on_device_layout(emu_ops, smollm2_path):
     out (load_model's `_to_device`): kernels dequantize, embed and multiply them exactly as the
     numpy reference does."""
     from atlas_cli.backend.loaders import gguf
-    from atlas_cli.backend.ops.placement import to_device as _to_device
+    from atlas_cli.backend.ops.native.placement import to_device as _to_device
     from atlas_cli.store import paths
 
     gf = gguf.open_gguf(smollm2_path, cache_dir=paths.cache_dir())

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from atlas_cli.backend import load
-from atlas_cli.backend.ops import runtime_emu
-from atlas_cli.backend.ops.native_array import DeviceArray, DeviceWeight
-from atlas_cli.backend.ops.native_cache import HybridCache
+from atlas_cli.backend.ops.native import runtime_emu
+from atlas_cli.backend.ops.native.array import DeviceArray, DeviceWeight
+from atlas_cli.backend.ops.native.cache import HybridCache
 
 FIXTURES = Path(__file__).parent / "fixtures" / "qwen"
 STEPS = 32
@@ -27,7 +27,7 @@ def emu_ops(kv_dtype: str):
         if os.environ.get("CI"):
             pytest.fail("g++ is missing in CI")
         pytest.skip("g++ not installed")
-    from atlas_cli.backend.ops.native import NativeOps
+    from atlas_cli.backend.ops.native.device import NativeOps
 
     cache = Path(tempfile.gettempdir()) / "atlas-emu-kernels"  # keyed by source hash
     cache.mkdir(exist_ok=True)

@@ -1,4 +1,4 @@
-"""Sampling on the device (sample.cu `sample_chain`, ops/native_sample.py) against the CPU
+"""Sampling on the device (sample.cu `sample_chain`, ops/native/sample.py) against the CPU
 Sampler of backend/sample.py, on the CPU emulator of the kernels: the same seed gives the same
 tokens for the same logits, penalties, top-k, top-p, min-p, temperature and greedy included."""
 
@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from atlas_cli.backend.ops import runtime_emu
-from atlas_cli.backend.ops.native_sample import NONFINITE, OUT_OF_UNIFORMS, ChainSettings
+from atlas_cli.backend.ops.native import runtime_emu
+from atlas_cli.backend.ops.native.sample import NONFINITE, OUT_OF_UNIFORMS, ChainSettings
 from atlas_cli.backend.sample import Sampler, SamplingParams
 
 
@@ -22,7 +22,7 @@ def ops():
         if os.environ.get("CI"):
             pytest.fail("g++ is missing in CI")
         pytest.skip("g++ not installed")
-    from atlas_cli.backend.ops.native import NativeOps
+    from atlas_cli.backend.ops.native.device import NativeOps
 
     cache = Path(tempfile.gettempdir()) / "atlas-emu-kernels"
     cache.mkdir(exist_ok=True)

@@ -7,8 +7,9 @@ import inspect
 
 import pytest
 
-from atlas_cli.backend.ops import contract, cpu_fast, numpy_ref
-from atlas_cli.backend.ops.native import NativeOps
+from atlas_cli.backend.ops import contract, numpy_ref
+from atlas_cli.backend.ops.cpu import fast as cpu_fast
+from atlas_cli.backend.ops.native.device import NativeOps
 
 IMPLEMENTATIONS = {"numpy_ref": numpy_ref, "cpu_fast": cpu_fast, "NativeOps": NativeOps}
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from atlas_cli.backend.ops import runtime as rt
+from atlas_cli.backend.ops.native import runtime as rt
 
 REPO = Path(__file__).resolve().parent.parent
 KERNELS = REPO / "kernels"
@@ -75,7 +75,7 @@ def test_installed_wheel_finds_every_kernel(wheel, tmp_path):
     zipfile.ZipFile(wheel).extractall(site)
     code = (
         "import sys; sys.path.insert(0, sys.argv[1])\n"
-        "from atlas_cli.backend.ops import runtime as rt\n"
+        "from atlas_cli.backend.ops.native import runtime as rt\n"
         "assert rt.__file__.startswith(sys.argv[1]), rt.__file__\n"
         "d = rt.kernels_dir(); print(d)\n"
         "for f in rt.KERNEL_FILES: rt.expand_source(f, d)\n"

@@ -10,7 +10,7 @@ import pytest
 
 from atlas_cli.backend import engine as engine_mod
 from atlas_cli.backend import load
-from atlas_cli.backend.ops.native import NativeOps
+from atlas_cli.backend.ops.native.device import NativeOps
 from tests.test_native_qwen35 import FIXTURES, emu_ops, rel_err
 
 FIXTURE = FIXTURES / "qwen3-tied-bf16"  # 2 layers, hidden 32: a long prompt is cheap

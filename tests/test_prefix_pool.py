@@ -12,7 +12,7 @@ import pytest
 
 from atlas_cli.backend.cache import HybridCache, KVCache
 from atlas_cli.backend.engine import Engine, GenerationStats
-from atlas_cli.backend.ops.cpu_fast import StackedKVCache
+from atlas_cli.backend.ops.cpu.fast import StackedKVCache
 from atlas_cli.backend.prefix_pool import boundaries, slot_path
 from atlas_cli.backend.sample import SamplingParams
 from atlas_cli.errors import SlotError, SlotNotFoundError
@@ -106,13 +106,13 @@ def test_clone_export_load_round_trip(make):
 
 
 def test_native_kv_cache_clone_and_export_on_the_emulator():
-    from atlas_cli.backend.ops import runtime_emu
+    from atlas_cli.backend.ops.native import runtime_emu
 
     if not runtime_emu.available():
         pytest.skip("g++ not installed")
     import tempfile
 
-    from atlas_cli.backend.ops.native import NativeOps
+    from atlas_cli.backend.ops.native.device import NativeOps
 
     cache_dir = Path(tempfile.gettempdir()) / "atlas-emu-kernels"
     cache_dir.mkdir(exist_ok=True)

@@ -144,8 +144,8 @@ def test_hw_on_a_cpu_only_machine_says_why_no_gpu_backend(monkeypatch):
 def fake_cuda_kernels(monkeypatch):
     """native.probe says CUDA can run; kernel_report gives the real CompileStats shape with one
     file compiled and the rest from the cache. Returns the list of devices compiled for."""
-    from atlas_cli.backend.ops import native
-    from atlas_cli.backend.ops import runtime as rt
+    from atlas_cli.backend.ops.native import device as native
+    from atlas_cli.backend.ops.native import runtime as rt
 
     calls: list[str] = []
 
@@ -165,7 +165,7 @@ def fake_cuda_kernels(monkeypatch):
 
 
 def test_hw_reports_kernel_compilation_for_a_usable_gpu_backend(fake_cuda_kernels):
-    from atlas_cli.backend.ops import runtime as rt
+    from atlas_cli.backend.ops.native import runtime as rt
 
     r = atlas("hw")
     assert r.exit_code == 0, r.output
@@ -198,7 +198,7 @@ def test_hw_no_compile_and_compile_failures(fake_cuda_kernels, monkeypatch):
     data = json.loads(atlas("hw", "--json", "--no-compile").stdout)
     assert data["kernels"] == {"cuda": {"skipped": "--no-compile"}}
 
-    from atlas_cli.backend.ops import native
+    from atlas_cli.backend.ops.native import device as native
     from atlas_cli.errors import DeviceError
 
     def broken(device):

@@ -27,11 +27,11 @@ from atlas_cli.errors import CorruptModelError, DeviceError, UnsupportedModelErr
 # "emu": our kernels on the CPU emulator of the GPU execution model (slow; correctness anywhere)
 DEVICES = ("cpu", "cpu-ref", "cuda", "hip", "emu")
 NOT_SET = SamplingOverrides()  # generate()'s default: the recipe's settings, then atlas's
-NATIVE_DEVICES = ("cuda", "hip", "emu")  # our kernels, through backend/ops/native.py
-# The host ops modules: "cpu" computes on the GGUF blocks (numba kernels, ops/cpu_fast.py),
+NATIVE_DEVICES = ("cuda", "hip", "emu")  # our kernels, through backend/ops/native/device.py
+# The host ops modules: "cpu" computes on the GGUF blocks (numba kernels, ops/cpu/fast.py),
 # "cpu-ref" is the float32 numpy reference every other backend is tested against.
 CPU_OPS = {
-    "cpu": "atlas_cli.backend.ops.cpu_fast",
+    "cpu": "atlas_cli.backend.ops.cpu.fast",
     "cpu-ref": "atlas_cli.backend.ops.numpy_ref",
 }
 MODEL_CLASSES = {
@@ -123,7 +123,7 @@ def installed_devices() -> list[str]:
     """The devices whose runtime package is installed (a GPU may still be missing)."""
     import importlib.util
 
-    from atlas_cli.backend.ops import runtime_emu
+    from atlas_cli.backend.ops.native import runtime_emu
 
     return [
         d
@@ -142,7 +142,7 @@ def open_device(device: str):
             f"unknown device {device!r} (available here: {', '.join(installed_devices())})"
         )
     if device in NATIVE_DEVICES:
-        from atlas_cli.backend.ops import native as native_ops
+        from atlas_cli.backend.ops.native import device as native_ops
 
         return native_ops.open_device(device)
     return importlib.import_module(CPU_OPS[device])
@@ -215,7 +215,7 @@ def load(
 def check_kv_type(kv_dtype: str | None) -> None:
     """A --kv-type value, checked before anything loads."""
     from atlas_cli.backend.cache import HOST_KV_TYPES
-    from atlas_cli.backend.ops.native_attention import KV_DTYPES
+    from atlas_cli.backend.ops.native.attention import KV_DTYPES
 
     known = dict.fromkeys((*KV_DTYPES, *HOST_KV_TYPES))
     if kv_dtype is not None and kv_dtype not in known:
@@ -227,7 +227,7 @@ def _with_kv_dtype(ops, native: bool, fast: bool, given: str | None, recipe: str
     ops' own (bf16 as `open_device` makes them). The fast CPU path takes f16 (its default) or
     f32 (its decoder is told in `load`), the numpy reference float32 only."""
     from atlas_cli.backend.cache import HOST_KV_TYPES
-    from atlas_cli.backend.ops.native_attention import KV_DTYPES
+    from atlas_cli.backend.ops.native.attention import KV_DTYPES
 
     check_kv_type(given)
     if not native:
@@ -249,13 +249,13 @@ def _with_kv_dtype(ops, native: bool, fast: bool, given: str | None, recipe: str
 
 
 def _is_matrix(name: str, value) -> bool:
-    from atlas_cli.backend.ops import placement
+    from atlas_cli.backend.ops.native import placement
 
     return placement.is_matrix(name, value)
 
 
 def _to_device(ops, name: str, w):
-    from atlas_cli.backend.ops import placement
+    from atlas_cli.backend.ops.native import placement
 
     return placement.to_device(ops, name, w)
 

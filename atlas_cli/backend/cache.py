@@ -99,7 +99,7 @@ class KVCacheBase:
 def grown_capacity(cap: int, new_len: int, max_len: int) -> int:
     """The capacity a cache of `cap` positions needs to hold `new_len`: `cap` itself when it
     fits, else `cap` doubled until it does, at most `max_len`. Shared with the device cache
-    (ops/native.py) so both grow in the same steps."""
+    (ops/native/device.py) so both grow in the same steps."""
     if new_len > max_len:
         raise ValueError(f"cache holds {max_len} positions, {new_len} requested")
     while cap < new_len:
@@ -493,7 +493,7 @@ class HybridCache:
         ]
         self.length = n
 
-    # -- where the storage lives: host arrays here; ops/native_cache.py puts it on a device --
+    # -- where the storage lives: host arrays here; ops/native/cache.py puts it on a device --
 
     def _empty(self) -> HybridCache:
         """An empty cache of this one's shape and kind."""

@@ -19,7 +19,7 @@ from atlas_cli.backend.cache import Cache
 from atlas_cli.backend.choice import Choice, choose_call
 from atlas_cli.backend.constraint import Constraint
 from atlas_cli.backend.models.base import BaseModel
-from atlas_cli.backend.ops.native_sample import NONFINITE, ChainSettings
+from atlas_cli.backend.ops.native.sample import NONFINITE, ChainSettings
 from atlas_cli.backend.prefix_pool import (
     PrefixPool,
     Slot,
@@ -36,7 +36,7 @@ from atlas_cli.errors import ContextOverflowError, CorruptModelError, SlotError
 
 # Prompt tokens per prefill forward on the CPU backends: numpy_ref and cpu_fast materialise
 # each layer's attention scores, (heads, T, S) float32, and 256 bounds them. The native ops
-# name their own (WeightLaunchers.PREFILL_CHUNK in ops/native_weights.py).
+# name their own (WeightLaunchers.PREFILL_CHUNK in ops/native/weights.py).
 PREFILL_CHUNK = 256
 
 

@@ -5,7 +5,7 @@ A `WeightFormat` names a storage format and its block: `block_elems` values stor
 `*_q4_0` entry points in kernels/quant.cuh, the block decoder of the fast CPU path), and `cpu` /
 `native` say which backends compute on the blocks themselves; every other backend, and every
 format without kernels, dequantizes once at load. The numpy dequantizers (loaders/quant.py), the
-CPU kernels (ops/cpu_kernels.py) and the native launchers (ops/native.py) take their tables
+CPU kernels (ops/cpu/kernels.py) and the native launchers (ops/native/device.py) take their tables
 from here; tests/test_formats.py checks the kernels' header against it.
 
 `QuantizedWeight` is the one interface of a weight the loaders keep in its stored format
@@ -29,7 +29,7 @@ class WeightFormat:
     ggml_type: int | None  # the type id in GGUF files; None for safetensors-only formats
     block_elems: int
     block_bytes: int  # bytes of one block in the row buffer (NVFP4: codes only)
-    cpu: bool  # ops/cpu_kernels.py computes on the blocks
+    cpu: bool  # ops/cpu/kernels.py computes on the blocks
     native: bool  # kernels/quant.cuh decodes the blocks
     # The native kernels' layout (see split_blocks): the order of a block's bytes on the device
     # (None: as stored), then the (offset, size) of those the second buffer keeps; None for

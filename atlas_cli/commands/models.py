@@ -290,9 +290,9 @@ def kernel_lines(backend: str, k: dict[str, Any]) -> list[str]:
         f"  {len(k['kernels'])} files: {k['compiled']} compiled in {k['compile_s']:.2f} s, "
         f"{k['cache_hits']} from the cache"
     )
-    if gemm := k.get("gemm"):  # the prefill GEMM's first-use self-check (ops/gemm_check.py)
+    if gemm := k.get("gemm"):  # the prefill GEMM's first-use self-check (ops/native/gemm_check.py)
         lines.append(f"  prefill gemm: {gemm['kernel']} kernel, {gemm['reason']}")
-    if att := k.get("attention"):  # the prefill attention's (ops/attention_check.py)
+    if att := k.get("attention"):  # the prefill attention's (ops/native/attention_check.py)
         lines.append(f"  prefill attention: {att['kernel']} kernel, {att['reason']}")
     return lines
 

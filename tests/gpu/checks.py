@@ -18,9 +18,9 @@ from atlas_cli.backend import sample as host_sample
 from atlas_cli.backend.loaders import quant
 from atlas_cli.backend.loaders.gguf import QuantizedTensor
 from atlas_cli.backend.loaders.safetensors import NVFP4Tensor
-from atlas_cli.backend.ops import native_decoder as nd
 from atlas_cli.backend.ops import numpy_ref as ref
-from atlas_cli.backend.ops.native_array import bf16_bits_to_f32, f32_to_bf16_bits
+from atlas_cli.backend.ops.native import decoder as nd
+from atlas_cli.backend.ops.native.array import bf16_bits_to_f32, f32_to_bf16_bits
 
 # -- reference helpers -------------------------------------------------------------------------
 
@@ -251,7 +251,7 @@ def check_elementwise(ops, rng, scale: int = 1) -> None:
 
 
 def _attention_case(ops, rng, t, nh, nkv, hd, start, kv_dtype, nsplit):
-    from atlas_cli.backend.ops.native_attention import KVCache
+    from atlas_cli.backend.ops.native.attention import KVCache
 
     s = start + t
     q = rng.standard_normal((t, nh, hd)).astype(np.float32)

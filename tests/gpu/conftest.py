@@ -19,7 +19,7 @@ def pytest_collection_modifyitems(items):
 
 
 def _usable() -> tuple[str | None, str]:
-    from atlas_cli.backend.ops import native
+    from atlas_cli.backend.ops.native import device as native
 
     wanted = os.environ.get("ATLAS_GPU")
     reasons = []
@@ -41,7 +41,7 @@ def gpu_device() -> str:
 
 @pytest.fixture(scope="session")
 def gpu_ops(gpu_device):
-    from atlas_cli.backend.ops import native
+    from atlas_cli.backend.ops.native import device as native
 
     ops = native.open_device(gpu_device)
     ops.poison = True  # every output buffer starts as NaN: unwritten elements fail the checks

@@ -8,7 +8,7 @@ import importlib
 import numpy as np
 
 from atlas_cli.backend.ops import numpy_ref
-from atlas_cli.backend.ops.native_array import bf16_bits_to_f32, f32_to_bf16_bits
+from atlas_cli.backend.ops.native.array import bf16_bits_to_f32, f32_to_bf16_bits
 
 from .checks import rel_err
 
@@ -128,7 +128,7 @@ def check_model(
     same argmax, on the device, wherever the reference's top two are further apart than the
     two backends' logits differ (a near tie may go either way in another precision)."""
     from atlas_cli.backend.engine import Engine
-    from atlas_cli.backend.ops.placement import to_device as _to_device
+    from atlas_cli.backend.ops.native.placement import to_device as _to_device
 
     cfg = tiny_config(model_type)
     weights = tiny_weights(model_type, cfg, rng)

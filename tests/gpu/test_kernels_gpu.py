@@ -57,7 +57,8 @@ def test_graph_capture_replays_a_decode_like_sequence(gpu_ops):
 
 
 def test_compile_report_names_every_kernel_file(gpu_device):
-    from atlas_cli.backend.ops import native, runtime
+    from atlas_cli.backend.ops.native import device as native
+    from atlas_cli.backend.ops.native import runtime
 
     info = native.kernel_report(gpu_device)
     assert set(info["kernels"]) == set(runtime.KERNEL_FILES)

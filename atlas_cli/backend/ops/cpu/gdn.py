@@ -14,16 +14,16 @@ import platform
 
 import numpy as np
 
-from atlas_cli.backend.ops import cpu_numba
+from atlas_cli.backend.ops.cpu import jit
 
-cpu_numba.configure()  # before numba loads: TBB, the pool size, the cache stamp
+jit.configure()  # before numba loads: TBB, the pool size, the cache stamp
 
 from llvmlite import ir  # noqa: E402
 from numba import njit, prange, types  # noqa: E402
 from numba.core import cgutils  # noqa: E402
 from numba.extending import intrinsic  # noqa: E402
 
-from atlas_cli.backend.ops.cpu_kernels import tile_dots  # noqa: E402
+from atlas_cli.backend.ops.cpu.kernels import tile_dots  # noqa: E402
 
 _X86 = platform.machine().lower() in ("x86_64", "amd64")
 _FTZ_DAZ = (1 << 15) | (1 << 6)  # MXCSR: flush subnormal results, read subnormal inputs as 0

@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from atlas_cli.backend.ops import runtime as rt
-from atlas_cli.backend.ops.runtime_probe import DeviceInfo, RuntimeProbe, install_command
+from atlas_cli.backend.ops.native import runtime as rt
+from atlas_cli.backend.ops.native.runtime_probe import DeviceInfo, RuntimeProbe, install_command
 
 
 class HipUnavailable(RuntimeError):

@@ -28,25 +28,25 @@ import sys
 
 import numpy as np
 
-from atlas_cli.backend.ops import cpu_numba
+from atlas_cli.backend.ops.cpu import jit
 
-cpu_numba.configure()
+jit.configure()
 
 from llvmlite import ir  # noqa: E402
 from numba import njit, prange, types  # noqa: E402
 from numba.core import cgutils  # noqa: E402
 from numba.extending import intrinsic  # noqa: E402
 
-from atlas_cli.backend.ops.cpu_ir import BLOCKS, GROUP, Q4_K, Q5_K, _i64, _ptr  # noqa: E402
-from atlas_cli.backend.ops.cpu_ir_int8 import (  # noqa: E402
+from atlas_cli.backend.ops.cpu.ir import BLOCKS, GROUP, Q4_K, Q5_K, _i64, _ptr  # noqa: E402
+from atlas_cli.backend.ops.cpu.ir_int8 import (  # noqa: E402
     _INT_EMITTERS,
     _fsplat,
     _intrinsic_fn,
     dot_isa,
     target_features,
 )
-from atlas_cli.backend.ops.cpu_kernels import group_sums, tile_dots  # noqa: E402
-from atlas_cli.backend.ops.cpu_prefill import gemm_int16  # noqa: E402
+from atlas_cli.backend.ops.cpu.kernels import group_sums, tile_dots  # noqa: E402
+from atlas_cli.backend.ops.cpu.prefill import gemm_int16  # noqa: E402
 
 AMX_TYPES = (Q4_K, Q5_K)
 TILE = 16  # tokens per tile (its rows) and weight rows per tile (its int32 columns)

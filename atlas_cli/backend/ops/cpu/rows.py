@@ -14,13 +14,14 @@ import math
 
 import numpy as np
 
-from atlas_cli.backend.ops import cpu_numba, numpy_ref
+from atlas_cli.backend.ops import numpy_ref
+from atlas_cli.backend.ops.cpu import jit
 
-cpu_numba.configure()
+jit.configure()
 
 from numba import njit, prange  # noqa: E402
 
-from atlas_cli.backend.ops.cpu_kernels import fast_exp  # noqa: E402
+from atlas_cli.backend.ops.cpu.kernels import fast_exp  # noqa: E402
 
 PARALLEL_ROWS = 8  # below this the numpy versions' call overhead is smaller than a task's
 

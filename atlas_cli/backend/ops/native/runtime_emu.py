@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from atlas_cli.backend.ops import runtime as rt
+from atlas_cli.backend.ops.native import runtime as rt
 
 _ENTRY = re.compile(
     r'extern\s+"C"\s+__attribute__\(\(visibility\("default"\)\)\)\s+void\s+(\w+)\s*\(([^)]*)\)'

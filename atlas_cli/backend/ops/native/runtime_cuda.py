@@ -1,5 +1,5 @@
 """The CUDA runtime: cupy owns device memory, streams, events and graphs; kernels are compiled
-to cubin by NVRTC (ops/nvrtc.py) for the device's exact sm_XY and cached on disk. The only
+to cubin by NVRTC (ops/native/nvrtc.py) for the device's exact sm_XY and cached on disk. The only
 module that imports cupy.
 """
 
@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 
-from atlas_cli.backend.ops import nvrtc
-from atlas_cli.backend.ops import runtime as rt
-from atlas_cli.backend.ops.runtime_probe import DeviceInfo, RuntimeProbe, install_command
+from atlas_cli.backend.ops.native import nvrtc
+from atlas_cli.backend.ops.native import runtime as rt
+from atlas_cli.backend.ops.native.runtime_probe import DeviceInfo, RuntimeProbe, install_command
 
 # cupy's RawKernel takes numpy scalars, each of the width the kernel's C signature says.
 _ARG_TYPES = {"p": np.uint64, "i": np.int32, "q": np.int64, "f": np.float32}

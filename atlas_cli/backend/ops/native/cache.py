@@ -20,7 +20,7 @@ import numpy as np
 
 from atlas_cli.backend import cache
 from atlas_cli.backend.cache import LinearState
-from atlas_cli.backend.ops.native_attention import KVCache
+from atlas_cli.backend.ops.native.attention import KVCache
 
 
 class HybridCache(cache.HybridCache):

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from atlas_cli.backend.ops.native_array import DeviceArray, DeviceOpsBase
-from atlas_cli.backend.ops.runtime import f32, i32, ptr
+from atlas_cli.backend.ops.native.array import DeviceArray, DeviceOpsBase
+from atlas_cli.backend.ops.native.runtime import f32, i32, ptr
 
 CHUNK = 64  # gdn.cu GDN_C: tokens per chunk of the chunked kernels
 CHUNK_MAX_DK = 128  # gdn.cu GDN_CDK: the state slab's rows in shared memory

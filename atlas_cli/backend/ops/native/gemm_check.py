@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from atlas_cli.backend.ops import runtime as rt
-from atlas_cli.backend.ops.native_array import DeviceWeight, f32_to_bf16_bits
+from atlas_cli.backend.ops.native import runtime as rt
+from atlas_cli.backend.ops.native.array import DeviceWeight, f32_to_bf16_bits
 
 PORTABLE = {"ATLAS_PORTABLE": 1}  # the define that compiles gemm.cu's portable path
 CHECKED_RUNTIMES = ("cuda", "hip")  # the emulator has no tensor-core path to check

@@ -4,7 +4,7 @@ Weights stay in their GGUF blocks; a row's blocks are decoded by the LLVM IR of 
 dispatched here on the format. Decode products by default round x to two int8 planes
 (`quantize_x`) and use the integer dots of cpu_ir_int8.py (`gemv_batch_int8`, `row_dot_int8`);
 `gemv_batch` and prefill keep x in float32. Every @njit function is cached on disk
-(`cache=True`), stamped with all the kernel files (cpu_numba.py). The exact ones (the
+(`cache=True`), stamped with all the kernel files (jit.py). The exact ones (the
 dequantizers, `quantize_x`) say `fastmath=False`: numba compiles a callee with the fast-math of
 the caller that first needs it unless the callee sets it, and caches that version (quantize_x
 first compiled for gemv_batch_int8 divided by 127 as a multiply by 1/127, one ulp off numpy).
@@ -17,8 +17,8 @@ import math
 
 import numpy as np
 
-from atlas_cli.backend.ops import cpu_numba
-from atlas_cli.backend.ops.cpu_ir import (  # noqa: F401  (BLOCKS, F16, ...: this path's facts)
+from atlas_cli.backend.ops.cpu import jit
+from atlas_cli.backend.ops.cpu.ir import (  # noqa: F401  (BLOCKS, F16, ...: this path's facts)
     BF16,
     BLOCKS,
     F16,
@@ -54,7 +54,7 @@ from atlas_cli.backend.ops.cpu_ir import (  # noqa: F401  (BLOCKS, F16, ...: thi
     prefetch,
     widen_half,
 )
-from atlas_cli.backend.ops.cpu_ir_int8 import (  # noqa: F401  (INT8_TYPES, XF: this path's facts)
+from atlas_cli.backend.ops.cpu.ir_int8 import (  # noqa: F401  (INT8_TYPES, XF: this path's facts)
     INT8_TYPES,
     XF,
     idot_q4_0,
@@ -65,12 +65,12 @@ from atlas_cli.backend.ops.cpu_ir_int8 import (  # noqa: F401  (INT8_TYPES, XF: 
     idot_q8_0,
 )
 
-cpu_numba.configure()
+jit.configure()
 
 from numba import njit, prange, types  # noqa: E402
 from numba.extending import overload  # noqa: E402
 
-from atlas_cli.backend.ops.cpu_ir_attention import QK_KEYS, QK_QUERIES, tile_qk  # noqa: E402
+from atlas_cli.backend.ops.cpu.ir_attention import QK_KEYS, QK_QUERIES, tile_qk  # noqa: E402
 
 
 @njit(cache=True, fastmath=True, inline="always")

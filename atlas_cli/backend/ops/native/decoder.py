@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from atlas_cli.backend.ops.native_array import DeviceArray, DeviceWeight
-from atlas_cli.backend.ops.native_attention import ATTN_HEAD_DIMS, row_kernel_rows
-from atlas_cli.backend.ops.runtime import f32, i32, i64, ptr
+from atlas_cli.backend.ops.native.array import DeviceArray, DeviceWeight
+from atlas_cli.backend.ops.native.attention import ATTN_HEAD_DIMS, row_kernel_rows
+from atlas_cli.backend.ops.native.runtime import f32, i32, i64, ptr
 
 PRO_NONE, PRO_NORM, PRO_MUL = 0, 1, 2  # decode.cu DG_NONE, DG_NORM, DG_MUL
 EPI_STORE, EPI_ADD, EPI_SWIGLU = 0, 1, 2  # decode.cu DG_STORE, DG_ADD, DG_SWIGLU

@@ -12,9 +12,9 @@ dequantizer (no fast-math, bit-exact with loaders/quant.py). cpu_kernels.py disp
 from __future__ import annotations
 
 import atlas_cli.backend.formats as formats
-from atlas_cli.backend.ops import cpu_numba
+from atlas_cli.backend.ops.cpu import jit
 
-cpu_numba.configure()  # before numba loads: TBB, the pool size, the cache stamp
+jit.configure()  # before numba loads: TBB, the pool size, the cache stamp
 
 from llvmlite import ir  # noqa: E402
 from numba import types  # noqa: E402

@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from atlas_cli.backend.ops.native_array import DeviceOpsBase, blocks_for
-from atlas_cli.backend.ops.runtime import f32, i32, ptr
+from atlas_cli.backend.ops.native.array import DeviceOpsBase, blocks_for
+from atlas_cli.backend.ops.native.runtime import f32, i32, ptr
 
 SAMPLE_KMAX = 256  # sample.cu SAMPLE_KMAX
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from atlas_cli.backend.ops import runtime as rt
+from atlas_cli.backend.ops.native import runtime as rt
 
 BASE_ADDRESS = 1 << 40  # fake device addresses start here (never 0: a null pointer means "none")
 ALIGN = 256  # as cudaMalloc's alignment: distinct buffers never share an address

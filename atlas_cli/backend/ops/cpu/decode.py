@@ -13,8 +13,10 @@ import sys
 import numpy as np
 
 from atlas_cli.backend.cache import FAST_KV_DTYPE
-from atlas_cli.backend.ops import cpu_amx, cpu_numba, cpu_rows
-from atlas_cli.backend.ops.cpu_ir_attention import (
+from atlas_cli.backend.ops.cpu import amx as cpu_amx
+from atlas_cli.backend.ops.cpu import jit
+from atlas_cli.backend.ops.cpu import rows as cpu_rows
+from atlas_cli.backend.ops.cpu.ir_attention import (
     dots16,
     pv16_1,
     pv16_2,
@@ -23,8 +25,8 @@ from atlas_cli.backend.ops.cpu_ir_attention import (
     pv64_2,
     pv64_4,
 )
-from atlas_cli.backend.ops.cpu_ir_sync import SLOT, claim, wait_until
-from atlas_cli.backend.ops.cpu_kernels import (
+from atlas_cli.backend.ops.cpu.ir_sync import SLOT, claim, wait_until
+from atlas_cli.backend.ops.cpu.kernels import (
     BLOCKS,
     GROUP,
     KV_TILE,
@@ -50,9 +52,9 @@ from atlas_cli.backend.ops.cpu_kernels import (
     softmax_row,
     tile_dots,
 )
-from atlas_cli.backend.ops.cpu_prefill import gemm_int16
+from atlas_cli.backend.ops.cpu.prefill import gemm_int16
 
-cpu_numba.configure()
+jit.configure()
 
 from numba import njit, prange  # noqa: E402
 

@@ -4,9 +4,9 @@
   have to happen before numba is first imported.
 - The disk cache: numba stamps a cached function with the contents (or, in older releases, the
   mtime) of its own source file only. The kernels span several files (the LLVM IR of the block
-  formats in cpu_ir.py and of their integer dots in cpu_ir_int8.py and cpu_ir_int16.py, the
-  loops in cpu_kernels.py and cpu_prefill.py, the chunked Gated DeltaNet in cpu_gdn.py, the
-  fused decode steps in cpu_decode.py and cpu_qwen35.py), and a change to a callee must
+  formats in ir.py and of their integer dots in ir_int8.py and ir_int16.py, the
+  loops in kernels.py and prefill.py, the chunked Gated DeltaNet in gdn.py, the
+  fused decode steps in decode.py and qwen35.py), and a change to a callee must
   recompile its callers, so their stamp covers all of them.
 - Where that cache lives: with atlas's other derived data (store.paths.cache_dir()/numba), not
   next to the sources in site-packages, which may be read-only and is lost on reinstall.
@@ -25,18 +25,18 @@ import sys
 from pathlib import Path
 
 KERNEL_FILES = (
-    "cpu_ir.py",
-    "cpu_ir_int8.py",
-    "cpu_ir_int16.py",
-    "cpu_ir_attention.py",
-    "cpu_ir_sync.py",
-    "cpu_kernels.py",
-    "cpu_prefill.py",
-    "cpu_decode.py",
-    "cpu_qwen35.py",
-    "cpu_gdn.py",
-    "cpu_rows.py",
-    "cpu_amx.py",
+    "ir.py",
+    "ir_int8.py",
+    "ir_int16.py",
+    "ir_attention.py",
+    "ir_sync.py",
+    "kernels.py",
+    "prefill.py",
+    "decode.py",
+    "qwen35.py",
+    "gdn.py",
+    "rows.py",
+    "amx.py",
 )
 # Forces the instructions of the integer dot products (cpu_ir_int8.dot_isa), which are chosen
 # when a kernel compiles: the value is part of every kernel's cache stamp.

@@ -16,16 +16,16 @@ from __future__ import annotations
 import platform
 import sys
 
-from atlas_cli.backend.ops import cpu_numba
+from atlas_cli.backend.ops.cpu import jit
 
-cpu_numba.configure()  # before numba loads: TBB, the pool size, the cache stamp
+jit.configure()  # before numba loads: TBB, the pool size, the cache stamp
 
 from llvmlite import ir  # noqa: E402
 from numba import njit, types  # noqa: E402
 from numba.core import cgutils  # noqa: E402
 from numba.extending import intrinsic  # noqa: E402
 
-from atlas_cli.backend.ops.cpu_ir import _ptr  # noqa: E402
+from atlas_cli.backend.ops.cpu.ir import _ptr  # noqa: E402
 
 SLOT = 8  # int64s per counter: one 64-byte line each, so no two counters share a line
 SPINS = 4096  # pauses (~0.1-0.5 ms) before a waiting worker yields its core once

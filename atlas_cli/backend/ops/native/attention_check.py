@@ -16,7 +16,7 @@ import json
 
 import numpy as np
 
-from atlas_cli.backend.ops import runtime as rt
+from atlas_cli.backend.ops.native import runtime as rt
 
 TOLERANCE = 1e-4  # relative; a wrong fragment layout is off by O(1), rounding by ~1e-6
 CASE = (77, 4, 2, 19)  # T, nh, nkv, start: two 64-row blocks, GQA 2, a cached prefix

@@ -17,13 +17,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from atlas_cli.backend.ops.native_attention import AttentionLaunchers
-from atlas_cli.backend.ops.native_cache import HybridCache
-from atlas_cli.backend.ops.native_decoder import DeviceDecoder, supports
-from atlas_cli.backend.ops.native_elementwise import ElementwiseLaunchers
-from atlas_cli.backend.ops.native_gdn import GatedDeltaNetLaunchers
-from atlas_cli.backend.ops.native_sample import SamplingLaunchers
-from atlas_cli.backend.ops.native_weights import WeightLaunchers
+from atlas_cli.backend.ops.native.attention import AttentionLaunchers
+from atlas_cli.backend.ops.native.cache import HybridCache
+from atlas_cli.backend.ops.native.decoder import DeviceDecoder, supports
+from atlas_cli.backend.ops.native.elementwise import ElementwiseLaunchers
+from atlas_cli.backend.ops.native.gdn import GatedDeltaNetLaunchers
+from atlas_cli.backend.ops.native.sample import SamplingLaunchers
+from atlas_cli.backend.ops.native.weights import WeightLaunchers
 
 
 class NativeOps(
@@ -74,17 +74,17 @@ def open_device(device: str, kv_dtype: str = "bf16") -> NativeOps:
     from atlas_cli.errors import DeviceError
 
     if device == "cuda":
-        from atlas_cli.backend.ops import runtime_cuda as mod
+        from atlas_cli.backend.ops.native import runtime_cuda as mod
 
         unavailable = mod.CudaUnavailable
         make = mod.CudaRuntime
     elif device == "hip":
-        from atlas_cli.backend.ops import runtime_hip as mod
+        from atlas_cli.backend.ops.native import runtime_hip as mod
 
         unavailable = mod.HipUnavailable
         make = mod.HipRuntime
     elif device == "emu":
-        from atlas_cli.backend.ops import runtime_emu
+        from atlas_cli.backend.ops.native import runtime_emu
 
         if not runtime_emu.available():  # it compiles the kernels with the host's C++ compiler
             raise DeviceError("--device emu needs a C++ compiler: install g++ (or set CXX)")
@@ -110,9 +110,9 @@ def probe(device: str) -> dict[str, Any]:
     without compiling anything; the runtime's own probe record as a dict, with "available" and
     (when it cannot start) "reason". Never raises."""
     if device == "cuda":
-        from atlas_cli.backend.ops import runtime_cuda as mod
+        from atlas_cli.backend.ops.native import runtime_cuda as mod
     elif device == "hip":
-        from atlas_cli.backend.ops import runtime_hip as mod
+        from atlas_cli.backend.ops.native import runtime_hip as mod
     else:
         return {"runtime": device, "available": False, "reason": "unknown device"}
     found = mod.probe()

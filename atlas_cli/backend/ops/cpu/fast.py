@@ -26,15 +26,15 @@ import numpy as np
 import atlas_cli.backend.formats as formats
 from atlas_cli.backend.cache import FAST_KV_DTYPE, HOST_KV_TYPES, HybridCache, StackedKVCache
 from atlas_cli.backend.formats import QuantizedWeight, WeightFormat
-from atlas_cli.backend.ops import cpu_amx as _amx
-from atlas_cli.backend.ops import cpu_decode as _d
-from atlas_cli.backend.ops import cpu_gdn as _gdn
-from atlas_cli.backend.ops import cpu_kernels as _k
-from atlas_cli.backend.ops import cpu_numba
-from atlas_cli.backend.ops import cpu_prefill as _prefill
-from atlas_cli.backend.ops import cpu_qwen35 as _q35
-from atlas_cli.backend.ops import cpu_rows as _rows
 from atlas_cli.backend.ops import numpy_ref as _ref
+from atlas_cli.backend.ops.cpu import amx as _amx
+from atlas_cli.backend.ops.cpu import decode as _d
+from atlas_cli.backend.ops.cpu import gdn as _gdn
+from atlas_cli.backend.ops.cpu import jit
+from atlas_cli.backend.ops.cpu import kernels as _k
+from atlas_cli.backend.ops.cpu import prefill as _prefill
+from atlas_cli.backend.ops.cpu import qwen35 as _q35
+from atlas_cli.backend.ops.cpu import rows as _rows
 from atlas_cli.backend.ops.numpy_ref import *  # noqa: F403  (ops this backend does not override)
 
 NAME = "cpu"
@@ -310,7 +310,7 @@ class FusedDecoder:
         self.kv_dtype = FAST_KV_DTYPE
         self.workers = None  # iterations of the step's one parallel loop; None: the threads
         if not _d.kernels_cached():
-            cpu_numba.compile_notice()
+            jit.compile_notice()
         _d.warm_up(self.kv_dtype)
         _d.release_compiler_memory()
 
@@ -437,7 +437,7 @@ class FusedQwen35:
         # (as cpu_fast.FusedDecoder)
         self.kv_dtype = FAST_KV_DTYPE
         if not (_d.kernels_cached() and _d.kernels_cached(_q35.gdn_block)):
-            cpu_numba.compile_notice()
+            jit.compile_notice()
         _d.warm_up(self.kv_dtype)
         _q35.warm_up(self.kv_dtype)
         _d.release_compiler_memory()

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from atlas_cli.backend.ops import cpu_numba
-from atlas_cli.backend.ops.cpu_ir import GROUP, Q4_K, Q5_K, Q6_K
-from atlas_cli.backend.ops.cpu_ir_int16 import (
+from atlas_cli.backend.ops.cpu import jit
+from atlas_cli.backend.ops.cpu.ir import GROUP, Q4_K, Q5_K, Q6_K
+from atlas_cli.backend.ops.cpu.ir_int16 import (
     SUPER,
     TILE_ROWS,
     TILE_TOKENS,
@@ -27,11 +27,11 @@ from atlas_cli.backend.ops.cpu_ir_int16 import (
     tile_dots16,
 )
 
-cpu_numba.configure()
+jit.configure()
 
 from numba import njit, prange  # noqa: E402
 
-from atlas_cli.backend.ops.cpu_kernels import group_sums, tile_dots  # noqa: E402
+from atlas_cli.backend.ops.cpu.kernels import group_sums, tile_dots  # noqa: E402
 
 INT16_TYPES = (Q4_K, Q5_K, Q6_K)
 ROWS_PER_TASK = 16  # a multiple of TILE_ROWS: 16 rows of 1,024 int16 columns are 32 KB (L1)

@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from atlas_cli.backend.ops import runtime as rt
-from atlas_cli.backend.ops.runtime import i32, i64, ptr
+from atlas_cli.backend.ops.native import runtime as rt
+from atlas_cli.backend.ops.native.runtime import i32, i64, ptr
 
 _F32_NAN = 0x7FC00000
 

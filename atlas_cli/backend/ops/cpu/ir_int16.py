@@ -10,16 +10,16 @@ token's float scales for it.
 
 from __future__ import annotations
 
-from atlas_cli.backend.ops import cpu_numba
+from atlas_cli.backend.ops.cpu import jit
 
-cpu_numba.configure()  # before numba loads: TBB, the pool size, the cache stamp
+jit.configure()  # before numba loads: TBB, the pool size, the cache stamp
 
 from llvmlite import ir  # noqa: E402
 from numba import types  # noqa: E402
 from numba.core import cgutils  # noqa: E402
 from numba.extending import intrinsic  # noqa: E402
 
-from atlas_cli.backend.ops.cpu_ir import (  # noqa: E402
+from atlas_cli.backend.ops.cpu.ir import (  # noqa: E402
     BLOCKS,
     Q4_K,
     Q5_K,
@@ -30,7 +30,7 @@ from atlas_cli.backend.ops.cpu_ir import (  # noqa: E402
     _splat,
     sum_lanes,
 )
-from atlas_cli.backend.ops.cpu_ir_int8 import (  # noqa: E402
+from atlas_cli.backend.ops.cpu.ir_int8 import (  # noqa: E402
     _INT_EMITTERS,
     ISA,
     _bytes,

@@ -23,16 +23,16 @@ from __future__ import annotations
 import os
 import platform
 
-from atlas_cli.backend.ops import cpu_numba
+from atlas_cli.backend.ops.cpu import jit
 
-cpu_numba.configure()  # before numba loads: TBB, the pool size, the cache stamp
+jit.configure()  # before numba loads: TBB, the pool size, the cache stamp
 
 from llvmlite import ir  # noqa: E402
 from numba import types  # noqa: E402
 from numba.core import cgutils  # noqa: E402
 from numba.extending import intrinsic  # noqa: E402
 
-from atlas_cli.backend.ops.cpu_ir import (  # noqa: E402
+from atlas_cli.backend.ops.cpu.ir import (  # noqa: E402
     BLOCKS,
     Q4_0,
     Q4_1,
@@ -49,7 +49,7 @@ from atlas_cli.backend.ops.cpu_ir import (  # noqa: E402
 
 XF = 4  # floats per 32-group of a quantized x: its unit, its sum, the sums of its halves
 ISAS = ("vnni512", "avx2", "portable")
-ISA_ENV = cpu_numba.ISA_ENV  # forces one of ISAS (tests, A/B runs); part of the cache stamp
+ISA_ENV = jit.ISA_ENV  # forces one of ISAS (tests, A/B runs); part of the cache stamp
 
 _F32, _I1, _I8, _I16, _I32 = (
     ir.FloatType(),

@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 
 from atlas_cli.backend.cache import GROW_STEP, KVCacheBase, grown_capacity, saved_length
-from atlas_cli.backend.ops.native_array import DeviceArray, DeviceOpsBase
-from atlas_cli.backend.ops.runtime import f32, i32, ptr
+from atlas_cli.backend.ops.native.array import DeviceArray, DeviceOpsBase
+from atlas_cli.backend.ops.native.runtime import f32, i32, ptr
 
 KV_DTYPES = ("bf16", "fp8", "f32")
 ATTN_HEAD_DIMS = (8, 16, 32, 64, 128, 256)  # attention.cu's attn_*_hd<N>
@@ -262,7 +262,7 @@ class AttentionLaunchers(DeviceOpsBase):
         checked = self.__dict__.setdefault("_prefill_checked", {})
         if (kv_dtype, hd) not in checked:
             checked[kv_dtype, hd] = True  # the check's own launch takes the tensor-core path
-            from atlas_cli.backend.ops.attention_check import check_prefill
+            from atlas_cli.backend.ops.native.attention_check import check_prefill
 
             checked[kv_dtype, hd] = check_prefill(self, kv_dtype, hd)
         return checked[kv_dtype, hd]

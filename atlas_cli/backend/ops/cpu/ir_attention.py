@@ -11,16 +11,16 @@ four broadcast query values make 8 FMAs into 8 accumulators, and no lane is summ
 
 from __future__ import annotations
 
-from atlas_cli.backend.ops import cpu_numba
+from atlas_cli.backend.ops.cpu import jit
 
-cpu_numba.configure()  # before numba loads: TBB, the pool size, the cache stamp
+jit.configure()  # before numba loads: TBB, the pool size, the cache stamp
 
 from llvmlite import ir  # noqa: E402
 from numba import types  # noqa: E402
 from numba.core import cgutils  # noqa: E402
 from numba.extending import intrinsic  # noqa: E402
 
-from atlas_cli.backend.ops.cpu_ir import (  # noqa: E402
+from atlas_cli.backend.ops.cpu.ir import (  # noqa: E402
     _FAST,
     _HALF,
     _VF,

@@ -24,8 +24,8 @@ import math
 import numpy as np
 
 from atlas_cli.backend.cache import FAST_KV_DTYPE
-from atlas_cli.backend.ops import cpu_numba
-from atlas_cli.backend.ops.cpu_decode import (
+from atlas_cli.backend.ops.cpu import jit
+from atlas_cli.backend.ops.cpu.decode import (
     add_rows,
     attend_group,
     chunk_size,
@@ -37,9 +37,9 @@ from atlas_cli.backend.ops.cpu_decode import (
     take,
     worker_scratch,
 )
-from atlas_cli.backend.ops.cpu_gdn import gated_delta_rule_chunked
-from atlas_cli.backend.ops.cpu_ir_sync import SLOT, claim, wait_until
-from atlas_cli.backend.ops.cpu_kernels import (
+from atlas_cli.backend.ops.cpu.gdn import gated_delta_rule_chunked
+from atlas_cli.backend.ops.cpu.ir_sync import SLOT, claim, wait_until
+from atlas_cli.backend.ops.cpu.kernels import (
     BLOCKS,
     Q8_0,
     fast_exp,
@@ -47,7 +47,7 @@ from atlas_cli.backend.ops.cpu_kernels import (
     kv_store,
 )
 
-cpu_numba.configure()
+jit.configure()
 
 from numba import njit, prange  # noqa: E402
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from atlas_cli.backend.ops.native_array import DeviceArray, DeviceOpsBase, blocks_for
-from atlas_cli.backend.ops.runtime import f32, i32, i64, ptr
+from atlas_cli.backend.ops.native.array import DeviceArray, DeviceOpsBase, blocks_for
+from atlas_cli.backend.ops.native.runtime import f32, i32, i64, ptr
 
 
 class ElementwiseLaunchers(DeviceOpsBase):

@@ -8,14 +8,14 @@ import numpy as np
 
 import atlas_cli.backend.formats as formats
 from atlas_cli.backend.formats import QuantizedWeight, StoredRows, WeightFormat
-from atlas_cli.backend.ops import gemm_check
-from atlas_cli.backend.ops.native_array import (
+from atlas_cli.backend.ops.native import gemm_check
+from atlas_cli.backend.ops.native.array import (
     DeviceArray,
     DeviceOpsBase,
     DeviceWeight,
     f32_to_bf16_bits,
 )
-from atlas_cli.backend.ops.runtime import f32, i32, i64, ptr
+from atlas_cli.backend.ops.native.runtime import f32, i32, i64, ptr
 
 GEMV_MAX_T = 8  # gemv.cu GEMV_MAX_T
 
