@@ -133,8 +133,14 @@ def test_backend_imports_nothing_of_the_app():
 
 
 def test_models_read_like_the_math():
-    """Model files use the ops contract and the cache only: never loaders, runtimes or the hub."""
-    allowed = {"atlas_cli.backend.cache", "atlas_cli.backend.ops.contract", "atlas_cli.errors"}
+    """Model files use the ops contract, the cache and the layer records only: never loaders,
+    runtimes or the hub."""
+    allowed = {
+        "atlas_cli.backend.cache",
+        "atlas_cli.backend.layers",
+        "atlas_cli.backend.ops.contract",
+        "atlas_cli.errors",
+    }
     assert (
         broken(
             lambda a, b: (

@@ -14,6 +14,7 @@ from atlas_cli.backend.loaders import gguf
 from atlas_cli.backend.models.qwen3_5 import ModelArgs, Qwen3_5Model
 from atlas_cli.backend.ops import numpy_ref
 from atlas_cli.backend.ops.cpu import fast as cpu_fast
+from atlas_cli.backend.ops.cpu.fused import FusedLayers
 from tests.test_cpu_fast import QWEN35_GGUF, random_blocks, rel_err, run_tokens
 from tests.test_cpu_int8 import _greedy_agrees
 
@@ -80,7 +81,7 @@ def rng():
 def test_fused_step_matches_the_op_path_and_the_reference(type_id, activations, rng, monkeypatch):
     monkeypatch.setenv("ATLAS_CPU_ACTIVATIONS", activations)
     fast, ref = tiny_qwen35(rng, type_id)
-    assert isinstance(fast.fused, cpu_fast.FusedQwen35) and ref.fused is None
+    assert isinstance(fast.fused, FusedLayers) and ref.fused is None
     ids = rng.integers(0, VOCAB, 14).tolist()
     fused = run_tokens(fast, ids, decode_from=5)
     fast.fused, kept = None, fast.fused
@@ -156,7 +157,7 @@ def test_gguf_fixture_matches_transformers_through_the_fused_step(activations, m
     kv = "f32" if activations == "float32" else None  # int8: the defaults, a float16 cache
     path = str(QWEN35_GGUF / "model.gguf")
     model = open_model(path, device="cpu", draft=0, kv_dtype=kv).engine.model
-    assert isinstance(model.fused, cpu_fast.FusedQwen35)
+    assert isinstance(model.fused, FusedLayers)
     assert model.w["model.layers.0.linear_attn.out_proj.weight"].in_perm is not None
     ref = np.load(QWEN35_GGUF / "reference.npz")
     ids = [*ref["prompt"].tolist(), *ref["decode"].tolist()]
@@ -178,4 +179,4 @@ def test_shapes_outside_the_kernels_run_op_by_op(rng):
     w = dict(fast.w)
     name = "model.layers.0.linear_attn.in_proj_z.weight"
     w[name] = numpy_ref.prepare_weight(w[name].dequantize())  # a float32 matrix: no blocks
-    assert cpu_fast.fuse_qwen35(Qwen3_5Model(fast.args, w, cpu_fast)) is None
+    assert cpu_fast.fuse_decoder(Qwen3_5Model(fast.args, w, cpu_fast)) is None

@@ -89,9 +89,25 @@ def test_weight_bytes_read_are_every_matrix_once_per_token():
     q, kv = c["num_attention_heads"] * c["head_dim"], c["num_key_value_heads"] * c["head_dim"]
     per_layer = h * (q + 2 * kv) + q * h + 3 * h * ff
     want = 2 * (nl * per_layer + v * h + h)
-    got = launches.measure_decode("llama3.2-1b", "bf16", tokens=2)
+    got = launches.measure_decode("llama3.2-1b", "bf16", tokens=2, graph=False)
     assert got["weight_bytes"] == want
-    assert got["launches"] == 276 and got["by_kernel"]["gemv_bf16"] == 16 * 7 + 1
+    # the fused step: per layer the q/k/v, o, gate/up and down GEMVs, then the lm_head
+    assert got["launches"] == 99 and got["by_kernel"]["dgemv_bf16"] == 16 * 4 + 1
+
+
+@pytest.mark.parametrize("shape", ["qwen3-8b", "llama3.2-1b"])
+@pytest.mark.parametrize("graph", [True, False], ids=["graph", "direct"])
+def test_attention_only_models_meet_the_budget_too(shape, graph):
+    """Llama and Qwen3 run the fused device step built from their declaration, as the 27B
+    does: one graph launch (or one launch per fused kernel), the token the only copy back,
+    nothing uploaded, also on the first token."""
+    c = launches.measure_decode(shape, "bf16", graph=graph)
+    assert within_budget(c), {k: c[k] for k in BUDGET}
+    n_layers = launches.SHAPES[shape].config["num_hidden_layers"]
+    # the embedding; per layer the q/k/v GEMV, q/k norms + RoPE + KV store, attention, the
+    # o GEMV, the gate/up GEMV, the down GEMV; the lm_head; the sampler
+    assert c["launches"] == (2 if graph else 1 + 6 * n_layers + 2)
+    assert c["first"]["d2h"] == 1 and c["first"]["d2h_bytes"] == 8
 
 
 def test_counting_runtime_counts_copies_launches_and_syncs():

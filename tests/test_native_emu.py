@@ -91,6 +91,7 @@ def test_gdn_all_states_match_reference(emu_ops):
 
 
 def test_native_ops_hooks(emu_ops):
+    from atlas_cli.backend.layers import CacheLayout, LayerKind
     from atlas_cli.backend.ops.native.array import DeviceArray
     from atlas_cli.backend.ops.native.attention import KVCache
     from atlas_cli.backend.ops.native.cache import HybridCache
@@ -98,9 +99,8 @@ def test_native_ops_hooks(emu_ops):
     assert emu_ops.NAME == "emu" and emu_ops.fuse_decoder(object()) is None
     cache = emu_ops.device_kv_cache(2, 1, 32, 16)
     assert isinstance(cache, KVCache) and cache.truncate(5) == 0 and not cache.recording
-    hybrid = emu_ops.device_hybrid_cache(
-        ("linear_attention", "full_attention"), 1, 32, (3, 48), (2, 8, 8), 600
-    )
+    kinds = (LayerKind.GATED_DELTANET, LayerKind.ATTENTION)
+    hybrid = emu_ops.device_cache(CacheLayout(kinds, 1, 32, (3, 48), (2, 8, 8)), 600)
     assert isinstance(hybrid, HybridCache) and hybrid.capacity == 256
     assert isinstance(hybrid.linear[0].recurrent, DeviceArray) and list(hybrid.slot) == [1]
 

@@ -10,13 +10,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from atlas_cli.backend.cache import HybridCache, KVCache
+from atlas_cli.backend.cache import HybridCache, KVCache, StackedKVCache
 from atlas_cli.backend.engine import Engine, GenerationStats
-from atlas_cli.backend.ops.cpu.fast import StackedKVCache
+from atlas_cli.backend.layers import CacheLayout, LayerKind
 from atlas_cli.backend.prefix_pool import boundaries, slot_path
 from atlas_cli.backend.sample import SamplingParams
 from atlas_cli.errors import SlotError, SlotNotFoundError
 from atlas_cli.session import open_model
+
+LINEAR, FULL = LayerKind.GATED_DELTANET, LayerKind.ATTENTION
 
 FIXTURES = Path(__file__).parent / "fixtures" / "qwen"
 TURNS = 12  # requests per conversation in the interleaved replay (the pool's run)
@@ -80,7 +82,7 @@ def _filled(cache, n: int, rng):
     [
         lambda: KVCache(2, 2, 4, 600),
         lambda: StackedKVCache(2, 2, 4, 600),
-        lambda: HybridCache(["linear_attention", "full_attention"], 2, 4, (2, 3), (1, 2, 2), 600),
+        lambda: HybridCache(CacheLayout((LINEAR, FULL), 2, 4, (2, 3), (1, 2, 2)), 600),
     ],
     ids=["kv", "stacked", "hybrid"],
 )

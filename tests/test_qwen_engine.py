@@ -13,8 +13,11 @@ from typer.testing import CliRunner
 
 from atlas_cli.backend.cache import HybridCache, KVCache
 from atlas_cli.backend.engine import Engine
+from atlas_cli.backend.layers import CacheLayout, LayerKind
 from atlas_cli.cli import app
 from atlas_cli.session import open_model
+
+LINEAR, FULL = LayerKind.GATED_DELTANET, LayerKind.ATTENTION
 
 FIXTURES = Path(__file__).parent / "fixtures" / "qwen"
 
@@ -98,9 +101,7 @@ def test_snapshot_restore_rolls_back_linear_state(qwen35):
 
 
 def test_hybrid_truncate_keeps_what_it_can():
-    cache = HybridCache(
-        ["linear_attention", "full_attention"], 1, 4, (2, 3), (1, 2, 2), max_len=512
-    )
+    cache = HybridCache(CacheLayout((LINEAR, FULL), 1, 4, (2, 3), (1, 2, 2)), max_len=512)
     cache.length = 5
     cache.checkpoint()
     cache.linear[0].recurrent[:] = 1.0
@@ -124,7 +125,7 @@ def test_hybrid_truncate_keeps_what_it_can():
 
 
 def test_hybrid_checkpoints_are_bounded():
-    cache = HybridCache(["linear_attention"], 1, 4, (2, 3), (1, 2, 2), 64, max_checkpoints=3)
+    cache = HybridCache(CacheLayout((LINEAR,), 1, 4, (2, 3), (1, 2, 2)), 64, max_checkpoints=3)
     for n in range(1, 8):
         cache.length = n
         cache.checkpoint()

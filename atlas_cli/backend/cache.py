@@ -14,11 +14,12 @@ positions) and `truncate` falls back to the latest checkpoint at or before the a
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
+
+from atlas_cli.backend.layers import CacheLayout, LayerKind
 
 GROW_STEP = 256
 # What a host cache may hold K/V as (--kv-type on the fast CPU path), and that path's default:
@@ -319,26 +320,16 @@ class CacheSnapshot:
 
 
 class HybridCache:
-    """KV for full-attention layers plus conv and recurrent state for linear-attention layers.
-
-    `layer_types` holds "full_attention" or "linear_attention" per layer. Attention layers use
-    the `KVCache` interface (`update`); linear layers read and write `linear[i]` in place, and
-    while `recording` hand the state after each token to `record`.
+    """KV for full-attention layers plus conv and recurrent state for linear-attention layers,
+    as `layout` (the model's declaration) says. Attention layers use the `KVCache` interface
+    (`update`); linear layers read and write `linear[i]` in place, and while `recording` hand
+    the state after each token to `record`.
     """
 
     def __init__(
-        self,
-        layer_types: Sequence[str],
-        n_kv_heads: int,
-        head_dim: int,
-        conv_shape: tuple[int, int],
-        recurrent_shape: tuple[int, int, int],
-        max_len: int,
-        max_checkpoints: int = 8,
-        kv_dtype=np.float32,
+        self, layout: CacheLayout, max_len: int, max_checkpoints: int = 8, kv_dtype=np.float32
     ):
-        # what `clone` needs to build an empty cache of the same shape
-        self._shape = (tuple(layer_types), n_kv_heads, head_dim, conv_shape, recurrent_shape)
+        self.layout = layout  # what `clone` needs to build an empty cache of the same shape
         self.kv_dtype = np.dtype(kv_dtype)  # float32, or float16 (the fast CPU path)
         self.max_len = max_len
         self.length = 0
@@ -347,15 +338,16 @@ class HybridCache:
         cap = min(GROW_STEP, max_len)
         self.kv: dict[int, LayerKV] = {}
         self.linear: dict[int, LinearState] = {}
-        for i, kind in enumerate(layer_types):
-            if kind == "linear_attention":
+        kv_shape = (layout.n_kv_heads, cap, layout.head_dim)
+        for i, kind in enumerate(layout.kinds):
+            if kind == LayerKind.GATED_DELTANET:
                 self.linear[i] = LinearState(
-                    np.zeros(conv_shape, np.float32), np.zeros(recurrent_shape, np.float32)
+                    np.zeros(layout.conv_shape, np.float32),
+                    np.zeros(layout.recurrent_shape, np.float32),
                 )
             else:
                 self.kv[i] = LayerKV(
-                    np.zeros((n_kv_heads, cap, head_dim), self.kv_dtype),
-                    np.zeros((n_kv_heads, cap, head_dim), self.kv_dtype),
+                    np.zeros(kv_shape, self.kv_dtype), np.zeros(kv_shape, self.kv_dtype)
                 )
         self._cap = cap
         # the linear state after each token of the last recorded forward, by length, so that
@@ -497,7 +489,7 @@ class HybridCache:
 
     def _empty(self) -> HybridCache:
         """An empty cache of this one's shape and kind."""
-        return HybridCache(*self._shape, self.max_len, self.max_checkpoints, self.kv_dtype)
+        return HybridCache(self.layout, self.max_len, self.max_checkpoints, self.kv_dtype)
 
     def _kv_nbytes(self) -> int:
         return sum(layer.k.nbytes + layer.v.nbytes for layer in self.kv.values())
@@ -538,3 +530,10 @@ def _load_states(
         check_saved(arrays, rec, s.recurrent.shape)
         out[i] = make(arrays[conv], arrays[rec])
     return out
+
+
+def host_cache(layout: CacheLayout, max_len: int) -> KVCache | HybridCache:
+    """The host cache of the declared layers, float32: K/V only, or hybrid."""
+    if layout.hybrid:
+        return HybridCache(layout, max_len)
+    return KVCache(len(layout.kinds), layout.n_kv_heads, layout.head_dim, max_len)

@@ -15,6 +15,8 @@ from typing import Any, Self
 
 import numpy as np
 
+from atlas_cli.backend.cache import Cache, host_cache
+from atlas_cli.backend.layers import Attention, Declaration, GatedDeltaNet, Layer, LayerKind
 from atlas_cli.backend.ops.contract import Ops
 
 MAX_CONTEXT = 1 << 24  # 16M positions: above any released model; larger is a damaged file
@@ -116,12 +118,6 @@ class BaseModelArgs:
 def _required(f) -> bool:
     return f.default is MISSING and f.default_factory is MISSING
 
-    @classmethod
-    def derive(cls, args: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
-        """Hook: fill or check the fields config.json states elsewhere (nested keys, values
-        implied by other fields). `args` holds the keys that matched a field."""
-        return args
-
 
 Shapes = dict[str, list[tuple[int, ...]]]  # weight name -> the shapes it may have
 
@@ -160,33 +156,152 @@ def mlp_shapes(p: str, h: int, ff: int) -> Shapes:
 
 
 class BaseModel:
-    """The parts of a decoder every architecture has; a model file adds `forward`."""
+    """A decoder built from its declaration (`declare`): the op path every backend runs, the
+    cache it needs, and the fused decode step the backend builds from the same declaration.
+    A model file adds `declare`, `rope_frequencies` and the math of mixers other than
+    attention."""
 
     has_mtp = False  # a multi-token-prediction head for speculative decoding (qwen3_5)
 
     def __init__(self, args: Any, weights: dict[str, Any], ops: Ops):
         self.args = args
         self.ops = ops
+        self.declaration = self.declare(args)
         self.w = self.sanitize(weights)
+        self.inv_freq = self.rope_frequencies()
+        # Backends may run a whole decode step in one call, built from the declaration
+        # (a speculative verify, which records every state, keeps the op path); None: op by op.
+        self.fused = ops.fuse_decoder(self)
+
+    @classmethod
+    def declare(cls, args: Any) -> Declaration:
+        """The model's layers and the weights around them (layers.py)."""
+        raise NotImplementedError
+
+    def rope_frequencies(self) -> np.ndarray:
+        """RoPE inverse frequencies (rot/2,) float32 (`rope_inv_freq`)."""
+        raise NotImplementedError
 
     def sanitize(self, weights: dict[str, Any]) -> dict[str, Any]:
         """The weights as this model reads them, in a new dict: checkpoint quirks go here, not
         into the math. Here: a tied (or absent) lm_head is the embedding table."""
+        d = self.declaration
         w = dict(weights)
-        if self.args.tie_word_embeddings or "lm_head.weight" not in w:
-            w["lm_head.weight"] = w["model.embed_tokens.weight"]
+        if self.args.tie_word_embeddings or d.lm_head not in w:
+            w[d.lm_head] = w[d.embedding]
         return w
 
-    def mlp(self, h, p: str):
-        """SwiGLU: down(silu(gate(h)) * up(h)), weights under prefix `p` ("...mlp.")."""
+    # -- the op path ----------------------------------------------------------------------------
+
+    def forward(self, ids: np.ndarray, cache: Cache, start: int) -> np.ndarray:
+        """Hidden states after the final norm, (T, H), for `ids` (T,) at positions start...;
+        advances `cache` by T positions (attention K/V, linear-attention state)."""
+        if self.fused is not None and len(ids) == 1 and not cache.recording:
+            return self.fused.decode(int(ids[0]), cache, start)
+        d = self.declaration
+        x = self.ops.embedding(self.w[d.embedding], ids)  # (T, H)
+        x = self.layers(x, cache, start)
+        return self.norm(x, d.final_norm)
+
+    def layers(self, x: np.ndarray, cache: Cache, start: int) -> np.ndarray:
+        positions = np.arange(start, start + x.shape[0])
+        for i, layer in enumerate(self.declaration.layers):
+            h = self.norm(x, layer.input_norm)
+            if layer.kind is LayerKind.ATTENTION:
+                x = x + self.attention(layer.mixer, h, i, positions, cache, start)
+            else:
+                x = x + self.gated_deltanet(layer.mixer, h, i, cache, start)
+            x = x + self.mlp(layer.mlp, self.norm(x, layer.post_norm))
+        return x
+
+    def norm(self, x, name: str):
+        """RMSNorm of x by the weight `name`, in the declared form."""
+        d = self.declaration
+        return self.ops.rms_norm(x, self.w[name], d.eps, unit_offset=d.unit_offset_norms)
+
+    def attention(self, m: Attention, h, layer: int, positions, cache: Cache, start: int):
+        """Grouped-query attention as `m` declares it: q/k/v (+ biases), the per-head q/k norms,
+        RoPE, the cache, the output gate (transformers' LlamaAttention, Qwen3Attention,
+        Qwen3_5Attention)."""
+        ops, w, eps = self.ops, self.w, self.declaration.eps
+        t, hd, nh, nkv = h.shape[0], m.head_dim, m.n_heads, m.n_kv_heads
+        q_w, k_w, v_w = (w[n] for n in m.inputs)
+        q_b, k_b, v_b = (w.get(n) for n in m.biases)
+        qg = ops.linear(h, q_w, q_b)
+        gated = m.output_gate and qg.shape[1] == 2 * nh * hd
+        qg = qg.reshape(t, nh, -1)  # (T, nh, hd), or (T, nh, 2*hd): query and gate per head
+        q, gate = qg[..., :hd], qg[..., hd:]
+        k = ops.linear(h, k_w, k_b).reshape(t, nkv, hd)  # (T, nkv, hd)
+        v = ops.linear(h, v_w, v_b).reshape(t, nkv, hd)
+        if m.q_norm is not None:
+            unit = self.declaration.unit_offset_norms
+            q = ops.rms_norm(q, w[m.q_norm], eps, unit_offset=unit)
+            k = ops.rms_norm(k, w[m.k_norm], eps, unit_offset=unit)
+        q = ops.rope(q, positions, self.inv_freq)
+        k = ops.rope(k, positions, self.inv_freq)
+        keys, values = cache.update(layer, start, k, v)  # (nkv, S, hd)
+        out = ops.attention(q, keys, values, start).reshape(t, nh * hd)  # (T, nh*hd)
+        if gated:
+            out = out * ops.sigmoid(gate.reshape(t, nh * hd))
+        return ops.linear(out, w[m.output])
+
+    def gated_deltanet(self, m, h, layer: int, cache: Cache, start: int):
+        """A linear-attention mixer (models/qwen3_5.py has one)."""
+        raise NotImplementedError(f"{type(self).__name__} declares no Gated DeltaNet layer")
+
+    def mlp(self, names: tuple[str, str, str], h):
+        """SwiGLU: down(silu(gate(h)) * up(h)) by the weights (gate, up, down) `names`."""
         ops, w = self.ops, self.w
-        gate = ops.linear(h, w[p + "gate_proj.weight"])
-        up = ops.linear(h, w[p + "up_proj.weight"])
-        return ops.linear(ops.silu_mul(gate, up), w[p + "down_proj.weight"])
+        gate, up, down = names
+        return ops.linear(ops.silu_mul(ops.linear(h, w[gate]), ops.linear(h, w[up])), w[down])
 
     def logits(self, hidden: np.ndarray) -> np.ndarray:
-        """(T, H) final hidden states -> (T, V) float32 logits."""
-        return self.ops.linear(hidden, self.w["lm_head.weight"])
+        """(T, H) final hidden states -> (T, V) float32 logits (a fused decode step may have
+        computed them already)."""
+        done = self.fused.logits_for(hidden) if self.fused is not None else None
+        if done is not None:
+            return done
+        return self.ops.linear(hidden, self.w[self.declaration.lm_head])
+
+    # -- the cache ------------------------------------------------------------------------------
+
+    def new_cache(self, max_len: int) -> Cache:
+        """The cache the declared layers need: the backend's device cache, else the fused
+        step's (its own KV type and layout), else the host's."""
+        layout = self.declaration.cache_layout()
+        cache = self.ops.device_cache(layout, max_len)
+        if cache is None and self.fused is not None:
+            cache = self.fused.new_cache(layout, max_len)
+        return cache if cache is not None else host_cache(layout, max_len)
+
+
+def attention_layer(prefix: str, a: Any, qk_norm: bool = False, output_gate: bool = False) -> Layer:
+    """A block of Hugging Face's Llama names under `prefix` ("model.layers.{i}."): `self_attn`
+    with the geometry of `a` (ModelArgs), the two norms and the SwiGLU `mlp`."""
+    p = prefix + "self_attn."
+    mixer = Attention(
+        a.num_attention_heads,
+        a.num_key_value_heads,
+        a.dim_per_head,
+        inputs=(p + "q_proj.weight", p + "k_proj.weight", p + "v_proj.weight"),
+        output=p + "o_proj.weight",
+        biases=(p + "q_proj.bias", p + "k_proj.bias", p + "v_proj.bias"),
+        q_norm=p + "q_norm.weight" if qk_norm else None,
+        k_norm=p + "k_norm.weight" if qk_norm else None,
+        output_gate=output_gate,
+    )
+    return block(prefix, mixer)
+
+
+def block(prefix: str, mixer: Attention | GatedDeltaNet) -> Layer:
+    """`mixer` with the two norms and the SwiGLU MLP under `prefix`, by Hugging Face's names."""
+    mlp = (prefix + "mlp.gate_proj.weight", prefix + "mlp.up_proj.weight")
+    return Layer(
+        mixer,
+        prefix + "input_layernorm.weight",
+        prefix + "post_attention_layernorm.weight",
+        (*mlp, prefix + "mlp.down_proj.weight"),
+    )
 
 
 ROPE_SCALING_KEYS = {  # the numbers each supported scaling type needs (rope_inv_freq reads them)

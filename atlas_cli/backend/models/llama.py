@@ -8,18 +8,18 @@ from typing import Any
 
 import numpy as np
 
-from atlas_cli.backend.cache import Cache, KVCache
+from atlas_cli.backend.layers import Declaration
 from atlas_cli.backend.models.base import (
     BaseModel,
     BaseModelArgs,
     Shapes,
+    attention_layer,
     attention_shapes,
     check_rope,
     mlp_shapes,
     require,
     rope_inv_freq,
 )
-from atlas_cli.backend.ops.contract import Ops
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,8 @@ class ModelArgs(BaseModelArgs):
 
 
 class LlamaModel(BaseModel):
-    """Runs on any ops module (numpy reference or native): the math only."""
+    """Runs on any ops module (numpy reference or native): every layer is BaseModel's
+    attention block, as the declaration says."""
 
     qk_norm = False  # Qwen3 normalises q and k per head before RoPE
 
@@ -92,58 +93,20 @@ class LlamaModel(BaseModel):
             optional |= bias
         return required, optional
 
-    def __init__(self, args: ModelArgs, weights: dict[str, Any], ops: Ops):
-        super().__init__(args, weights, ops)
-        self.inv_freq = rope_inv_freq(
-            args.dim_per_head,
-            args.rope_theta,
-            args.partial_rotary_factor,
-            args.rope_scaling,
+    @classmethod
+    def declare(cls, a: ModelArgs) -> Declaration:
+        layers = (
+            attention_layer(f"model.layers.{i}.", a, qk_norm=cls.qk_norm)
+            for i in range(a.num_hidden_layers)
+        )
+        return Declaration(tuple(layers), eps=a.rms_norm_eps)
+
+    def rope_frequencies(self) -> np.ndarray:
+        a = self.args
+        return rope_inv_freq(
+            a.dim_per_head,
+            a.rope_theta,
+            a.partial_rotary_factor,
+            a.rope_scaling,
             self.w.get("rope_freqs"),
         )
-        # Backends may run a whole decode step in one call; None: op by op.
-        self.fused = ops.fuse_decoder(self)
-
-    def forward(self, ids: np.ndarray, cache: Cache, start: int) -> np.ndarray:
-        """Hidden states after the final norm, (T, H), for `ids` (T,) at positions start...;
-        writes their keys and values into `cache`."""
-        if self.fused is not None and len(ids) == 1:
-            return self.fused.decode(int(ids[0]), cache, start)
-        ops, a = self.ops, self.args
-        positions = np.arange(start, start + len(ids))
-        x = ops.embedding(self.w["model.embed_tokens.weight"], ids)  # (T, H)
-        for i in range(a.num_hidden_layers):
-            p = f"model.layers.{i}."
-            h = ops.rms_norm(x, self.w[p + "input_layernorm.weight"], a.rms_norm_eps)
-            x = x + self.attention(h, i, positions, cache, start)
-            h = ops.rms_norm(x, self.w[p + "post_attention_layernorm.weight"], a.rms_norm_eps)
-            x = x + self.mlp(h, p + "mlp.")
-        return ops.rms_norm(x, self.w["model.norm.weight"], a.rms_norm_eps)
-
-    def attention(self, h, layer: int, positions, cache: Cache, start: int):
-        ops, a, w = self.ops, self.args, self.w
-        p = f"model.layers.{layer}.self_attn."
-        t, hd = h.shape[0], a.dim_per_head
-        q = ops.linear(h, w[p + "q_proj.weight"], w.get(p + "q_proj.bias"))
-        k = ops.linear(h, w[p + "k_proj.weight"], w.get(p + "k_proj.bias"))
-        v = ops.linear(h, w[p + "v_proj.weight"], w.get(p + "v_proj.bias"))
-        q = q.reshape(t, a.num_attention_heads, hd)  # (T, nh, hd)
-        k = k.reshape(t, a.num_key_value_heads, hd)  # (T, nkv, hd)
-        v = v.reshape(t, a.num_key_value_heads, hd)
-        if self.qk_norm:
-            q = ops.rms_norm(q, w[p + "q_norm.weight"], a.rms_norm_eps)
-            k = ops.rms_norm(k, w[p + "k_norm.weight"], a.rms_norm_eps)
-        q = ops.rope(q, positions, self.inv_freq)
-        k = ops.rope(k, positions, self.inv_freq)
-        keys, values = cache.update(layer, start, k, v)  # (nkv, S, hd)
-        out = ops.attention(q, keys, values, start)  # (T, nh, hd)
-        return ops.linear(out.reshape(t, -1), w[p + "o_proj.weight"])
-
-    def new_cache(self, max_len: int) -> Cache:
-        if self.fused is not None:
-            return self.fused.new_cache(max_len)
-        a = self.args
-        shape = (a.num_hidden_layers, a.num_key_value_heads, a.dim_per_head, max_len)
-        # native ops keep the cache on the device; the host backends use cache.KVCache
-        cache = self.ops.device_kv_cache(*shape)
-        return cache if cache is not None else KVCache(*shape)

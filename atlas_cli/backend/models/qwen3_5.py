@@ -14,21 +14,22 @@ from typing import Any
 import numpy as np
 
 from atlas_cli.backend.cache import HybridCache, KVCache
+from atlas_cli.backend.layers import Declaration, GatedDeltaNet, LayerKind
 from atlas_cli.backend.models.base import (
     BaseModel,
     BaseModelArgs,
     Shapes,
     UnsupportedConfig,
+    attention_layer,
     attention_shapes,
+    block,
     check_rope,
     mlp_shapes,
     require,
     rope_inv_freq,
 )
-from atlas_cli.backend.ops.contract import Ops
 
-FULL = "full_attention"
-LINEAR = "linear_attention"
+FULL, LINEAR = LayerKind.ATTENTION, LayerKind.GATED_DELTANET
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,7 @@ class ModelArgs(BaseModelArgs):
         types = args["layer_types"]
         ok = isinstance(types, list | tuple) and all(t in (FULL, LINEAR) for t in types)
         require(ok and len(types) == n, "layer_types", types, f"{n} of {FULL!r}/{LINEAR!r}")
-        args["layer_types"] = tuple(types)
+        args["layer_types"] = tuple(LayerKind(t) for t in types)
         return args
 
     def check(self) -> None:
@@ -106,14 +107,39 @@ class ModelArgs(BaseModelArgs):
 
 
 class Qwen3_5Model(BaseModel):
-    """Runs on any ops module (numpy reference or native): the math only."""
+    """Runs on any ops module (numpy reference or native): BaseModel's gated attention blocks
+    and this file's Gated DeltaNet, as the declaration says."""
 
-    def __init__(self, args: ModelArgs, weights: dict[str, Any], ops: Ops):
-        super().__init__(args, weights, ops)
-        self.inv_freq = rope_inv_freq(args.head_dim, args.rope_theta, args.partial_rotary_factor)
-        # Backends may run a whole decode step in one call (a speculative verify, which
-        # records every state, keeps the op path); None: op by op.
-        self.fused = ops.fuse_decoder(self)
+    @classmethod
+    def declare(cls, a: ModelArgs) -> Declaration:
+        layers = []
+        for i, kind in enumerate(a.layer_types):
+            p = f"model.layers.{i}."
+            if kind == LINEAR:
+                layers.append(block(p, cls.gated_deltanet_mixer(a, p + "linear_attn.")))
+            else:
+                layers.append(attention_layer(p, a, qk_norm=True, output_gate=True))
+        return Declaration(tuple(layers), eps=a.rms_norm_eps, unit_offset_norms=True)
+
+    @staticmethod
+    def gated_deltanet_mixer(a: ModelArgs, p: str) -> GatedDeltaNet:
+        return GatedDeltaNet(
+            a.linear_num_key_heads,
+            a.linear_key_head_dim,
+            a.linear_num_value_heads,
+            a.linear_value_head_dim,
+            a.linear_conv_kernel_dim,
+            inputs=tuple(f"{p}in_proj_{n}.weight" for n in ("qkv", "z", "b", "a")),
+            output=p + "out_proj.weight",
+            conv=p + "conv1d.weight",
+            decay=p + "A",
+            dt_bias=p + "dt_bias",
+            norm=p + "norm.weight",
+        )
+
+    def rope_frequencies(self) -> np.ndarray:
+        a = self.args
+        return rope_inv_freq(a.head_dim, a.rope_theta, a.partial_rotary_factor)
 
     @classmethod
     def weight_shapes(cls, a: ModelArgs, names: set[str]) -> tuple[Shapes, Shapes]:
@@ -172,82 +198,26 @@ class Qwen3_5Model(BaseModel):
                 w[p + "A"] = -np.exp(np.asarray(w[p + "A_log"], np.float32))
         return w
 
-    # -- the stack ----------------------------------------------------------------------------
+    # -- the Gated DeltaNet mixer ---------------------------------------------------------------
 
-    def forward(self, ids: np.ndarray, cache: HybridCache, start: int) -> np.ndarray:
-        """Hidden states after the final norm, (T, H), for `ids` (T,) at positions start...;
-        advances `cache` (KV of attention layers, state of linear layers) by T positions."""
-        if self.fused is not None and len(ids) == 1 and not cache.recording:
-            return self.fused.decode(int(ids[0]), cache, start)
-        ops, a = self.ops, self.args
-        x = ops.embedding(self.w["model.embed_tokens.weight"], ids)  # (T, H)
-        x = self.layers(x, cache, start)
-        return ops.rms_norm(x, self.w["model.norm.weight"], a.rms_norm_eps, unit_offset=True)
-
-    def logits(self, hidden: np.ndarray) -> np.ndarray:
-        """As BaseModel.logits; a fused decode step has computed them already."""
-        done = self.fused.logits_for(hidden) if self.fused is not None else None
-        return done if done is not None else super().logits(hidden)
-
-    def layers(self, x: np.ndarray, cache: HybridCache, start: int) -> np.ndarray:
-        ops, a = self.ops, self.args
-        positions = np.arange(start, start + x.shape[0])
-        for i, kind in enumerate(a.layer_types):
-            p = f"model.layers.{i}."
-            h = ops.rms_norm(x, self.w[p + "input_layernorm.weight"], a.rms_norm_eps, True)
-            if kind == LINEAR:
-                x = x + self.gated_deltanet(h, p + "linear_attn.", cache, i, start)
-            else:
-                x = x + self.attention(h, p + "self_attn.", i, positions, cache, start)
-            h = ops.rms_norm(x, self.w[p + "post_attention_layernorm.weight"], a.rms_norm_eps, True)
-            x = x + self.mlp(h, p + "mlp.")
-        return x
-
-    # -- blocks -------------------------------------------------------------------------------
-
-    def attention(self, h, p: str, layer: int, positions, cache, start: int):
-        """Gated full attention (transformers' Qwen3_5Attention)."""
-        ops, a, w = self.ops, self.args, self.w
-        t, hd, nh, nkv = h.shape[0], a.head_dim, a.num_attention_heads, a.num_key_value_heads
-        qg = ops.linear(h, w[p + "q_proj.weight"], w.get(p + "q_proj.bias"))
-        gated = qg.shape[1] == 2 * nh * hd
-        qg = qg.reshape(t, nh, -1)  # (T, nh, 2*hd): query and gate split per head
-        q, gate = qg[..., :hd], qg[..., hd:]
-        k = ops.linear(h, w[p + "k_proj.weight"], w.get(p + "k_proj.bias")).reshape(t, nkv, hd)
-        v = ops.linear(h, w[p + "v_proj.weight"], w.get(p + "v_proj.bias")).reshape(t, nkv, hd)
-        q = ops.rms_norm(q, w[p + "q_norm.weight"], a.rms_norm_eps, unit_offset=True)
-        k = ops.rms_norm(k, w[p + "k_norm.weight"], a.rms_norm_eps, unit_offset=True)
-        q = ops.rope(q, positions, self.inv_freq)
-        k = ops.rope(k, positions, self.inv_freq)
-        keys, values = cache.update(layer, start, k, v)  # (nkv, S, hd)
-        out = ops.attention(q, keys, values, start).reshape(t, nh * hd)  # (T, nh*hd)
-        if gated:
-            out = out * ops.sigmoid(gate.reshape(t, nh * hd))
-        return ops.linear(out, w[p + "o_proj.weight"])
-
-    def gated_deltanet(self, h, p: str, cache: HybridCache, layer: int, start: int) -> np.ndarray:
+    def gated_deltanet(self, m: GatedDeltaNet, h, layer: int, cache: HybridCache, start: int):
         """Gated DeltaNet (transformers' Qwen3_5GatedDeltaNet); updates the layer's conv and
         recurrent state in `cache`, and records the state after each token when the cache
         asks (a speculative verify, so that rejected tokens can be dropped)."""
-        ops, a, w = self.ops, self.args, self.w
+        ops, w = self.ops, self.w
         state = cache.linear[layer]
         record = cache.recording
         t = h.shape[0]
-        nk, dk = a.linear_num_key_heads, a.linear_key_head_dim
-        nv, dv = a.linear_num_value_heads, a.linear_value_head_dim
-        qkv = ops.linear(h, w[p + "in_proj_qkv.weight"])  # (T, 2*nk*dk + nv*dv)
-        z = ops.linear(h, w[p + "in_proj_z.weight"]).reshape(t, nv, dv)
-        b = ops.linear(h, w[p + "in_proj_b.weight"])  # (T, nv)
-        alpha = ops.linear(h, w[p + "in_proj_a.weight"])  # (T, nv)
-        conv, conv_states = ops.causal_conv1d(
-            qkv, w[p + "conv1d.weight"], state.conv, all_states=record
-        )
+        nk, dk, nv, dv = m.n_k_heads, m.k_head_dim, m.n_v_heads, m.v_head_dim
+        qkv, z, b, alpha = (ops.linear(h, w[n]) for n in m.inputs)  # qkv (T, 2*nk*dk + nv*dv)
+        z = z.reshape(t, nv, dv)  # b, alpha (T, nv)
+        conv, conv_states = ops.causal_conv1d(qkv, w[m.conv], state.conv, all_states=record)
         conv = ops.silu(conv)
         q = ops.l2norm(conv[:, : nk * dk].reshape(t, nk, dk))
         k = ops.l2norm(conv[:, nk * dk : 2 * nk * dk].reshape(t, nk, dk))
         v = conv[:, 2 * nk * dk :].reshape(t, nv, dv)
         beta = ops.sigmoid(b)
-        g = w[p + "A"] * ops.softplus(alpha + w[p + "dt_bias"])  # (T, nv) log-decay
+        g = w[m.decay] * ops.softplus(alpha + w[m.dt_bias])  # (T, nv) log-decay
         if record:  # token by token, keeping every intermediate state
             out, states = ops.gated_delta_rule(q, k, v, g, beta, state.recurrent, all_states=True)
             cache.record(layer, start, conv_states, states)
@@ -256,8 +226,8 @@ class Qwen3_5Model(BaseModel):
             rule = ops.gated_delta_rule if t == 1 else ops.gated_delta_rule_chunked
             out, state.recurrent = rule(q, k, v, g, beta, state.recurrent)  # (T, nv, dv)
             state.conv = conv_states
-        out = ops.rms_norm_gated(out, z, w[p + "norm.weight"], a.rms_norm_eps)
-        return ops.linear(out.reshape(t, nv * dv), w[p + "out_proj.weight"])
+        out = ops.rms_norm_gated(out, z, w[m.norm], self.declaration.eps)
+        return ops.linear(out.reshape(t, nv * dv), w[m.output])
 
     # -- multi-token prediction (vLLM qwen3_5_mtp.py / qwen3_next_mtp.py) ----------------------
 
@@ -271,39 +241,20 @@ class Qwen3_5Model(BaseModel):
         hidden states after `mtp.norm` (T, H): `logits` of row i predicts the token at
         start + i + 2, and row i is the hidden state the next draft step pairs with its token.
         Writes the MTP attention layer's K/V at those positions into `cache` (a 1-layer KV)."""
-        ops, a, w = self.ops, self.args, self.w
-        eps = a.rms_norm_eps
+        ops, w = self.ops, self.w
         e = ops.embedding(w.get("mtp.embed_tokens.weight", w["model.embed_tokens.weight"]), ids)
-        e = ops.rms_norm(e, w["mtp.pre_fc_norm_embedding.weight"], eps, unit_offset=True)
-        h = ops.rms_norm(hidden, w["mtp.pre_fc_norm_hidden.weight"], eps, unit_offset=True)
+        e = self.norm(e, "mtp.pre_fc_norm_embedding.weight")
+        h = self.norm(hidden, "mtp.pre_fc_norm_hidden.weight")
         x = ops.linear(np.concatenate([e, h], axis=-1), w["mtp.fc.weight"])  # embedding first
-        p = "mtp.layers.0."
+        layer = attention_layer("mtp.layers.0.", self.args, qk_norm=True, output_gate=True)
         positions = np.arange(start, start + x.shape[0])
-        h = ops.rms_norm(x, w[p + "input_layernorm.weight"], eps, unit_offset=True)
-        x = x + self.attention(h, p + "self_attn.", 0, positions, cache, start)
-        h = ops.rms_norm(x, w[p + "post_attention_layernorm.weight"], eps, unit_offset=True)
-        x = x + self.mlp(h, p + "mlp.")
-        return ops.rms_norm(x, w["mtp.norm.weight"], eps, unit_offset=True)
+        h = self.norm(x, layer.input_norm)
+        x = x + self.attention(layer.mixer, h, 0, positions, cache, start)
+        x = x + self.mlp(layer.mlp, self.norm(x, layer.post_norm))
+        return self.norm(x, "mtp.norm.weight")
 
     def new_mtp_cache(self, max_len: int) -> KVCache:
         a = self.args
         shape = (1, a.num_key_value_heads, a.head_dim, max_len)
         cache = self.ops.device_kv_cache(*shape)
         return cache if cache is not None else KVCache(*shape)
-
-    def new_cache(self, max_len: int) -> HybridCache:
-        a = self.args
-        shape = (
-            a.layer_types,
-            a.num_key_value_heads,
-            a.head_dim,
-            (a.linear_conv_kernel_dim - 1, a.conv_channels),  # conv state
-            (a.linear_num_value_heads, a.linear_key_head_dim, a.linear_value_head_dim),
-            max_len,
-        )
-        # native ops keep the cache on the device; the host backends use cache.HybridCache,
-        # the fast CPU path's fused step in its own KV type
-        cache = self.ops.device_hybrid_cache(*shape)
-        if cache is None and self.fused is not None:
-            cache = self.fused.new_cache(*shape)
-        return cache if cache is not None else HybridCache(*shape)

@@ -14,10 +14,10 @@ dims dk/dv. Activations are float32 arrays (on the backend's device); weights ar
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any, Protocol
 
 from atlas_cli.backend.cache import Cache
+from atlas_cli.backend.layers import CacheLayout
 
 Array = Any  # a numpy array, or a native_array.DeviceArray (what of the array protocol models use)
 Weight = Any  # what prepare_weight returns
@@ -40,17 +40,9 @@ class Ops(Protocol):
     ) -> Cache | None:
         """A KV cache kept where this backend computes, or None: the host `cache.KVCache`."""
 
-    def device_hybrid_cache(
-        self,
-        layer_types: Sequence[str],
-        n_kv_heads: int,
-        head_dim: int,
-        conv_shape: tuple[int, int],
-        recurrent_shape: tuple[int, int, int],
-        max_len: int,
-    ) -> Cache | None:
-        """A hybrid (attention KV + linear-attention state) cache kept where this backend
-        computes, with `cache.HybridCache`'s arguments, or None: the host `HybridCache`."""
+    def device_cache(self, layout: CacheLayout, max_len: int) -> Cache | None:
+        """The cache of a model's declared layers (`layout`: K/V only, or hybrid) kept where
+        this backend computes, or None: the host's (`cache.host_cache`)."""
 
     # -- dense ops ------------------------------------------------------------------------
     def embedding(self, table: Weight, ids: Array) -> Array:

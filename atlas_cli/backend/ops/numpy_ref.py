@@ -28,10 +28,8 @@ def device_kv_cache(n_layers: int, n_kv_heads: int, head_dim: int, max_len: int)
     return None
 
 
-def device_hybrid_cache(
-    layer_types, n_kv_heads: int, head_dim: int, conv_shape, recurrent_shape, max_len: int
-) -> None:
-    """Host arrays: the model's cache is `cache.HybridCache`."""
+def device_cache(layout, max_len: int) -> None:
+    """Host arrays: the model's cache is `cache.host_cache(layout, max_len)`."""
     return None
 
 

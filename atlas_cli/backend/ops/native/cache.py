@@ -14,41 +14,28 @@ layer): a slot restores into a cache of the same KV type.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import numpy as np
 
 from atlas_cli.backend import cache
 from atlas_cli.backend.cache import LinearState
+from atlas_cli.backend.layers import CacheLayout
 from atlas_cli.backend.ops.native.attention import KVCache
 
 
 class HybridCache(cache.HybridCache):
     """`cache.HybridCache` on the device of `ops` (a NativeOps), KV stored as `kv_dtype`."""
 
-    def __init__(
-        self,
-        ops,
-        layer_types: Sequence[str],
-        n_kv_heads: int,
-        head_dim: int,
-        conv_shape: tuple[int, int],
-        recurrent_shape: tuple[int, int, int],
-        max_len: int,
-        kv_dtype: str = "bf16",
-    ):
+    def __init__(self, ops, layout: CacheLayout, max_len: int, kv_dtype: str = "bf16"):
         # The host constructor sets up the bookkeeping; the host arrays it makes are replaced
         # below before anything touches them (np.zeros maps pages lazily: nothing is written).
-        super().__init__(
-            layer_types, n_kv_heads, head_dim, conv_shape, recurrent_shape, max_len=max_len
-        )
-        self.linear = {
-            i: LinearState(ops.zeros(conv_shape), ops.zeros(recurrent_shape)) for i in self.linear
-        }
+        super().__init__(layout, max_len=max_len)
+        conv, recurrent = layout.conv_shape, layout.recurrent_shape
+        self.linear = {i: LinearState(ops.zeros(conv), ops.zeros(recurrent)) for i in self.linear}
         attention = sorted(self.kv)
         self.kv = {}  # the attention layers live in `device_kv`, by their slot in it
         self.slot = {layer: n for n, layer in enumerate(attention)}
-        self.device_kv = KVCache(ops, len(attention), n_kv_heads, head_dim, max_len, kv_dtype)
+        nkv, hd = layout.n_kv_heads, layout.head_dim
+        self.device_kv = KVCache(ops, len(attention), nkv, hd, max_len, kv_dtype)
         self.ops = ops
 
     @property
@@ -71,8 +58,7 @@ class HybridCache(cache.HybridCache):
         return self.device_kv
 
     def _empty(self) -> HybridCache:
-        kind = self._shape
-        return HybridCache(self.ops, *kind, self.max_len, self.device_kv.dtype)
+        return HybridCache(self.ops, self.layout, self.max_len, self.device_kv.dtype)
 
     def _kv_nbytes(self) -> int:
         return self.device_kv.nbytes

@@ -18,16 +18,16 @@ from typing import Any
 
 import numpy as np
 
+from atlas_cli.backend.layers import Attention, Declaration, GatedDeltaNet, Layer, LayerKind
 from atlas_cli.backend.ops.native.array import DeviceArray, DeviceWeight
 from atlas_cli.backend.ops.native.attention import ATTN_HEAD_DIMS, row_kernel_rows
+from atlas_cli.backend.ops.native.cache import HybridCache
 from atlas_cli.backend.ops.native.runtime import f32, i32, i64, ptr
 
 PRO_NONE, PRO_NORM, PRO_MUL = 0, 1, 2  # decode.cu DG_NONE, DG_NORM, DG_MUL
 EPI_STORE, EPI_ADD, EPI_SWIGLU = 0, 1, 2  # decode.cu DG_STORE, DG_ADD, DG_SWIGLU
 SEGS_MAX = 4  # decode.cu DG_SEGS
 BLOCK_ROWS = 16  # decode.cu DG_BLOCK_ROWS: output rows per dgemv block
-FULL = "full_attention"
-LINEAR = "linear_attention"
 
 
 @dataclass(frozen=True)
@@ -118,21 +118,24 @@ def run(ops, launches: list[Launch]) -> None:
 
 
 class DeviceDecoder:
-    """One decoded token of a Llama-family or Qwen3.5 model per `decode` call."""
+    """One decoded token of a model per `decode` call, its launches built from the model's
+    declaration (layers.py): attention and Gated DeltaNet layers, plain or unit-offset
+    norms, per-head q/k norms and an output gate as declared."""
 
     def __init__(self, ops, model, graph: bool = True):
-        a, w = model.args, model.w
-        self.ops, self.model, self.graph = ops, model, graph
-        self.types = tuple(getattr(a, "layer_types", ())) or (FULL,) * a.num_hidden_layers
-        self.unit = bool(self.types and hasattr(a, "layer_types"))  # Qwen3.5: (1 + w) norms
-        self.eps = float(a.rms_norm_eps)
-        self.h, self.hd = a.hidden_size, a.dim_per_head
-        self.nh, self.nkv = a.num_attention_heads, a.num_key_value_heads
-        self.w = {k: self._vec(k, v) for k, v in w.items() if not isinstance(v, DeviceWeight)}
+        d: Declaration = model.declaration
+        self.ops, self.model, self.graph, self.decl = ops, model, graph, d
+        self.eps = float(d.eps)
+        att = d.attention()
+        self.h, self.hd = model.w[d.embedding].cols, att.head_dim
+        self.nh, self.nkv = att.n_heads, att.n_kv_heads
+        # the norm multipliers (w, or 1 + w) and the other vectors on the device, float32
+        norms = {d.final_norm} | {n for lay in d.layers for n in _norm_names(lay)}
+        self.w = {k: self._vec(v, k in norms) for k, v in model.w.items()
+                  if not isinstance(v, DeviceWeight)}  # fmt: skip
         self.inv_freq = ops.asarray(np.asarray(model.inv_freq, np.float32))
         self.rot = 2 * int(model.inv_freq.shape[0])
-        self.qk_norm = self.unit or bool(getattr(model, "qk_norm", False))
-        self._alloc_buffers(a, w)
+        self._alloc_buffers(d, model.w)
         self._groups: dict[tuple, list[Group]] = {}
         self._key: tuple | None = None
         self._body: list[Launch] = []
@@ -143,45 +146,33 @@ class DeviceDecoder:
         self._last: tuple | None = None
         self.final = [self._final_launch(s) for s in (0, 1)]
 
-    def _vec(self, name: str, v) -> DeviceArray:
-        """The vector `name` on the device, float32; Qwen3.5's unit-offset RMSNorm weights as
-        1 + w, the multiplier dgemv's prologue takes (the sum the kernel would form per
-        element). Formed here, at load: read back during a decode step it would be a copy to
-        the host the step must not make."""
-        unit_norm = self.unit and (name.endswith("layernorm.weight") or name == "model.norm.weight")
-        if not unit_norm:
+    def _vec(self, v, norm: bool) -> DeviceArray:
+        """A vector on the device, float32; a norm weight as the multiplier dgemv's prologue
+        takes (the declaration's: 1 + w for unit-offset norms). Formed here, at load: read
+        back during a decode step it would be a copy to the host the step must not make."""
+        if not norm or not self.decl.unit_offset_norms:
             return v if isinstance(v, DeviceArray) else self.ops.asarray(np.asarray(v, np.float32))
         w = v.numpy() if isinstance(v, DeviceArray) else np.asarray(v)
-        return self.ops.asarray(np.float32(1.0) + w.astype(np.float32))
+        return self.ops.asarray(self.decl.norm_multiplier(w))
 
-    def _alloc_buffers(self, a, w) -> None:
+    def _alloc_buffers(self, d: Declaration, w) -> None:
         ops = self.ops
         self.token = ops.zeros((1,), np.int32)  # the id to decode; device sampling writes here
         self.pos = ops.zeros((1,), np.int32)  # its position = cache length before it
         self.x = ops.zeros((self.h,))  # the residual stream
-        proj = 0
-        for i, kind in enumerate(self.types):
-            names = self._in_names(i, kind)
-            proj = max(proj, sum(w[n].rows for n in names))
-        self.proj = ops.zeros((proj,))
-        ff = w["model.layers.0.mlp.gate_proj.weight"].rows
+        self.proj = ops.zeros((max(sum(w[n].rows for n in lay.mixer.inputs) for lay in d.layers),))
+        ff = w[d.layers[0].mlp[0]].rows
         self.act, self.gate_tmp, self.up_tmp = (ops.zeros((ff,)) for _ in range(3))
         nq = self.nh * self.hd
         self.q, self.gate, self.attn_out = (ops.zeros((nq,)) for _ in range(3))
         self.part_o = ops.zeros((32, nq))  # attention split-K partials (attention.cu)
         self.part_ml = ops.zeros((32, self.nh, 2))
-        if LINEAR in self.types:
-            self.gdn_out = ops.zeros((a.linear_num_value_heads * a.linear_value_head_dim,))
-        vocab = w["lm_head.weight"].rows
+        gdn = [lay.mixer for lay in d.layers if lay.kind is LayerKind.GATED_DELTANET]
+        if gdn:
+            self.gdn_out = ops.zeros((gdn[0].n_v_heads * gdn[0].v_head_dim,))
+        vocab = w[d.lm_head].rows
         self.hidden = [ops.zeros((1, self.h)) for _ in range(2)]
         self.logits = [ops.zeros((1, vocab)) for _ in range(2)]
-
-    def _in_names(self, i: int, kind: str) -> list[str]:
-        if kind == LINEAR:
-            p = f"model.layers.{i}.linear_attn."
-            return [p + f"in_proj_{n}.weight" for n in ("qkv", "z", "b", "a")]
-        p = f"model.layers.{i}.self_attn."
-        return [p + f"{n}_proj.weight" for n in ("q", "k", "v")]
 
     # -- the step ------------------------------------------------------------------------------
 
@@ -233,14 +224,14 @@ class DeviceDecoder:
 
     def _cache_key(self, cache) -> tuple:
         """What the launch list depends on: the cache's buffers and capacity."""
-        kv = getattr(cache, "device_kv", cache)
+        kv = device_kv(cache)
         bufs = [b.ptr for pair in kv.layers for b in pair]
-        linear = sorted(getattr(cache, "linear", {}).items())
+        linear = sorted(cache.linear.items()) if isinstance(cache, HybridCache) else []
         states = [(s.conv.ptr, s.recurrent.ptr) for _, s in linear]
         return (id(cache), kv.capacity, tuple(bufs), tuple(states))
 
     def _build_body(self, cache) -> list[Launch]:
-        e = self.model.w["model.embed_tokens.weight"]
+        e = self.model.w[self.decl.embedding]
         out = [
             Launch(
                 "embedding.cu",
@@ -251,9 +242,12 @@ class DeviceDecoder:
                 + [i64(e.row_bytes), i64(e.srow_bytes)],
             )
         ]
-        for i, kind in enumerate(self.types):
-            out += self._gdn_layer(i, cache) if kind == LINEAR else self._attn_layer(i, cache)
-            out += self._mlp(i)
+        for i, layer in enumerate(self.decl.layers):
+            if layer.kind is LayerKind.GATED_DELTANET:
+                out += self._gdn_layer(i, layer, cache)
+            else:
+                out += self._attn_layer(i, layer, cache)
+            out += self._mlp(layer)
         return out
 
     def _wargs(self, w: DeviceWeight) -> list:
@@ -272,10 +266,9 @@ class DeviceDecoder:
         w = self.model.w[names[0]]
         return dgemv(self.groups(names), w.rows, w.cols, x, y, *args, eps=self.eps, **kw)
 
-    def _mlp(self, i: int) -> list[Launch]:
-        p = f"model.layers.{i}."
-        norm = self.w[p + "post_attention_layernorm.weight"]
-        gate, up, down = (p + f"mlp.{n}_proj.weight" for n in ("gate", "up", "down"))
+    def _mlp(self, layer: Layer) -> list[Launch]:
+        norm = self.w[layer.post_norm]
+        gate, up, down = layer.mlp
         out = []
         if len(self.groups((gate, up))) == 1:  # one format: silu(gate) * up in the epilogue
             out += self.gemv((gate, up), self.x, self.act, PRO_NORM, norm, EPI_SWIGLU)
@@ -289,46 +282,40 @@ class DeviceDecoder:
 
     # -- the mixers ---------------------------------------------------------------------------
 
-    def _gdn_layer(self, i: int, cache) -> list[Launch]:
-        a, p = self.model.args, f"model.layers.{i}.linear_attn."
-        nk, dk = a.linear_num_key_heads, a.linear_key_head_dim
-        nv, dv = a.linear_num_value_heads, a.linear_value_head_dim
+    def _gdn_layer(self, i: int, layer: Layer, cache) -> list[Launch]:
+        m: GatedDeltaNet = layer.mixer
+        nk, dk, nv, dv = m.n_k_heads, m.k_head_dim, m.n_v_heads, m.v_head_dim
         state = cache.linear[i]
-        norm = self.w[f"model.layers.{i}.input_layernorm.weight"]
-        conv = (self.w[p + "conv1d.weight"], state.conv)
-        out = self.gemv(
-            tuple(self._in_names(i, LINEAR)), self.x, self.proj, PRO_NORM, norm, conv=conv
-        )
-        args = [ptr(self.proj.ptr), ptr(self.w[p + "A"].ptr), ptr(self.w[p + "dt_bias"].ptr)]
-        args += [ptr(state.recurrent.ptr), ptr(self.w[p + "norm.weight"].ptr)]
+        norm = self.w[layer.input_norm]
+        conv = (self.w[m.conv], state.conv)
+        out = self.gemv(m.inputs, self.x, self.proj, PRO_NORM, norm, conv=conv)
+        args = [ptr(self.proj.ptr), ptr(self.w[m.decay].ptr), ptr(self.w[m.dt_bias].ptr)]
+        args += [ptr(state.recurrent.ptr), ptr(self.w[m.norm].ptr)]
         args += [ptr(self.gdn_out.ptr), i32(nk), i32(nv), i32(dk), i32(dv)]
         args += [f32(dk**-0.5), f32(self.eps)]
         out.append(Launch("decode.cu", "gdn_decode", (nv,), (256,), args))
-        return out + self.gemv((p + "out_proj.weight",), self.gdn_out, self.x, epi=EPI_ADD)
+        return out + self.gemv((m.output,), self.gdn_out, self.x, epi=EPI_ADD)
 
-    def _attn_layer(self, i: int, cache) -> list[Launch]:
-        p = f"model.layers.{i}.self_attn."
+    def _attn_layer(self, i: int, layer: Layer, cache) -> list[Launch]:
+        m: Attention = layer.mixer
         nh, nkv, hd = self.nh, self.nkv, self.hd
-        kv = getattr(cache, "device_kv", cache)
-        kb, vb = kv.layers[cache.slot[i] if hasattr(cache, "slot") else i]
-        gated = self.model.w[p + "q_proj.weight"].rows == 2 * nh * hd
-        norm = self.w[f"model.layers.{i}.input_layernorm.weight"]
-        out = self.gemv(tuple(self._in_names(i, FULL)), self.x, self.proj, PRO_NORM, norm)
-        qn = self.w.get(p + "q_norm.weight") if self.qk_norm else None
-        kn = self.w.get(p + "k_norm.weight") if self.qk_norm else None
-        args = [
-            ptr(self.proj.ptr),
-            ptr(qn.ptr if qn is not None else 0),
-            ptr(kn.ptr if kn is not None else 0),
-        ]
-        args += [i32(int(self.unit)), f32(self.eps), ptr(self.inv_freq.ptr), i32(self.rot)]
+        kv = device_kv(cache)
+        kb, vb = kv.layers[kv_slot(cache, i)]
+        gated = m.output_gate and self.model.w[m.inputs[0]].rows == 2 * nh * hd
+        norm = self.w[layer.input_norm]
+        out = self.gemv(m.inputs, self.x, self.proj, PRO_NORM, norm)
+        qn = self.w[m.q_norm].ptr if m.q_norm is not None else 0
+        kn = self.w[m.k_norm].ptr if m.k_norm is not None else 0
+        unit = int(self.decl.unit_offset_norms)  # the kernel forms the q/k norms' 1 + w
+        args = [ptr(self.proj.ptr), ptr(qn), ptr(kn)]
+        args += [i32(unit), f32(self.eps), ptr(self.inv_freq.ptr), i32(self.rot)]
         args += [ptr(self.pos.ptr), ptr(self.q.ptr), ptr(self.gate.ptr)]
         args += [ptr(kb.ptr), ptr(vb.ptr), f32(kv.k_scale), f32(kv.v_scale)]
         args += [i32(nh), i32(nkv), i32(hd), i32(kv.capacity), i32(int(gated))]
         out.append(Launch("decode.cu", f"qk_rope_kv_{kv.dtype}", (nh + 2 * nkv,), (128,), args))
         out += self._attention(kv, kb, vb)
         gate = (PRO_MUL, self.gate) if gated else (PRO_NONE, None)  # x * sigmoid(gate)
-        return out + self.gemv((p + "o_proj.weight",), self.attn_out, self.x, *gate, EPI_ADD)
+        return out + self.gemv((m.output,), self.attn_out, self.x, *gate, EPI_ADD)
 
     def _attention(self, kv, kb, vb) -> list[Launch]:
         """attention.cu's decode attention, its length read from `pos`; split-K chosen from
@@ -357,11 +344,11 @@ class DeviceDecoder:
         """The final norm fused into the lm_head GEMV, which also writes the normed hidden
         state and advances the position counter."""
         (launch,) = self.gemv(
-            ("lm_head.weight",),
+            (self.decl.lm_head,),
             self.x,
             self.logits[slot],
             PRO_NORM,
-            self.w["model.norm.weight"],
+            self.w[self.decl.final_norm],
             xn=self.hidden[slot],
             bump=self.pos,
         )
@@ -369,24 +356,48 @@ class DeviceDecoder:
 
 
 def supports(model) -> bool:
-    """Whether `DeviceDecoder` runs `model` (its matrices on the device, shapes the kernels
-    take); otherwise the model runs op by op."""
-    a, w = model.args, model.w
-    if any(n.endswith(".bias") for n in w) or not hasattr(model, "inv_freq"):
+    """Whether `DeviceDecoder` runs `model` (a model with a declaration whose matrices are on
+    the device in shapes the kernels take); otherwise the model runs op by op."""
+    d: Declaration | None = getattr(model, "declaration", None)  # anything else: op by op
+    if d is None:
         return False
-    mats = [v for n, v in w.items() if n.endswith("_proj.weight") or n == "lm_head.weight"]
-    if not mats or not all(isinstance(m, DeviceWeight) for m in mats):
+    w = model.w
+    mats = [d.embedding, d.lm_head]
+    mats += [n for lay in d.layers for n in (*lay.mixer.inputs, lay.mixer.output, *lay.mlp)]
+    if not all(isinstance(w.get(n), DeviceWeight) for n in mats):
         return False
-    if not isinstance(w.get("model.embed_tokens.weight"), DeviceWeight):
-        return False
-    hd = a.dim_per_head
-    if hd not in ATTN_HEAD_DIMS or hd > 256:
-        return False
-    if hasattr(a, "layer_types") and "linear_attention" in a.layer_types:
-        dk, dv = a.linear_key_head_dim, a.linear_value_head_dim
-        parts = min(256 // dv, dk) if dv <= 256 else 0
-        if not (parts and 256 % dv == 0 and dk % parts == 0 and dk // parts <= 64 and dk <= 256):
-            return False
-        if a.linear_conv_kernel_dim > 8:
+    for layer in d.layers:
+        m = layer.mixer
+        if isinstance(m, Attention):
+            if any(w.get(b) is not None for b in m.biases):
+                return False  # q/k/v biases: not in the GEMV epilogue yet
+            if m.head_dim not in ATTN_HEAD_DIMS or m.head_dim > 256:
+                return False
+        elif not _gdn_fits(m):
             return False
     return True
+
+
+def _gdn_fits(m: GatedDeltaNet) -> bool:
+    """decode.cu gdn_decode's limits: a value head in 256 threads' parts, conv taps <= 8."""
+    dk, dv = m.k_head_dim, m.v_head_dim
+    parts = min(256 // dv, dk) if dv <= 256 else 0
+    if not (parts and 256 % dv == 0 and dk % parts == 0 and dk // parts <= 64 and dk <= 256):
+        return False
+    return m.conv_kernel <= 8
+
+
+def device_kv(cache):
+    """The device KVCache of a native KVCache or HybridCache."""
+    return cache.device_kv if isinstance(cache, HybridCache) else cache
+
+
+def kv_slot(cache, layer: int) -> int:
+    """Where attention layer `layer` lives in `device_kv(cache)`."""
+    return cache.slot[layer] if isinstance(cache, HybridCache) else layer
+
+
+def _norm_names(layer: Layer) -> tuple[str, str]:
+    """The norms dgemv's prologue multiplies by (the q/k norms go raw to qk_rope_kv, which
+    forms 1 + w itself)."""
+    return layer.input_norm, layer.post_norm

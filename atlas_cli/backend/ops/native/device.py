@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from atlas_cli.backend.layers import CacheLayout
 from atlas_cli.backend.ops.native.attention import AttentionLaunchers
 from atlas_cli.backend.ops.native.cache import HybridCache
 from atlas_cli.backend.ops.native.decoder import DeviceDecoder, supports
@@ -43,26 +44,19 @@ class NativeOps(
         return {**super().warmup(), "attention": self.prefill_report()}
 
     def fuse_decoder(self, model) -> DeviceDecoder | None:
-        """The fused decode step (native_decoder.py) for a Qwen3.5 model whose weights it
-        takes; None otherwise: the model runs op by op."""
-        if not hasattr(getattr(model, "args", None), "layer_types") or not supports(model):
+        """The fused decode step (decoder.py) built from the model's declaration, when the
+        kernels take its weights and shapes; None otherwise: the model runs op by op."""
+        if not supports(model):
             return None
         return DeviceDecoder(self, model, graph=self.fuse_graphs)
 
-    def device_hybrid_cache(
-        self, layer_types, n_kv_heads: int, head_dim: int, conv_shape, recurrent_shape, max_len: int
-    ) -> HybridCache:
-        """The device cache of hybrid models (contract.Ops.device_hybrid_cache)."""
-        return HybridCache(
-            self,
-            layer_types,
-            n_kv_heads,
-            head_dim,
-            conv_shape,
-            recurrent_shape,
-            max_len,
-            self.kv_dtype,
-        )
+    def device_cache(self, layout: CacheLayout, max_len: int):
+        """The device cache of the declared layers (contract.Ops.device_cache): K/V only, or
+        with the Gated DeltaNet layers' state."""
+        if layout.hybrid:
+            return HybridCache(self, layout, max_len, self.kv_dtype)
+        n_layers = len(layout.kinds)
+        return self.device_kv_cache(n_layers, layout.n_kv_heads, layout.head_dim, max_len)
 
 
 # -- opening a device ----------------------------------------------------------------------
