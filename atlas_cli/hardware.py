@@ -27,7 +27,9 @@ from typing import Any
 
 from atlas_cli.errors import DeviceError, UsageError
 
-CLASSES = ("gb10", "strix_halo", "cuda", "amd", "cpu")
+# the classes `classify` picks from; their home is hardware_classes, which recipes read too
+from atlas_cli.hardware_classes import CLASSES as CLASSES
+
 DEVICE_CHOICES = ("cpu", "cuda", "hip")
 MIN_CUDA_CC = (8, 0)  # our kernels use bf16 and cp.async: Ampere or newer
 
@@ -46,16 +48,6 @@ def rocm_install() -> str:
 
 
 KFD_TOPOLOGY = Path("/sys/class/kfd/kfd/topology/nodes")
-
-
-def fallback_chain(hw_class: str) -> tuple[str, ...]:
-    """Which recipe keys to try, most specific first."""
-    return {
-        "gb10": ("gb10", "cuda", "cpu"),
-        "strix_halo": ("strix_halo", "amd", "cpu"),
-        "cuda": ("cuda", "cpu"),
-        "amd": ("amd", "cpu"),
-    }.get(hw_class, ("cpu",))
 
 
 # -- records -----------------------------------------------------------------------------------

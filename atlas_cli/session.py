@@ -36,12 +36,18 @@ def resolve(
     """Find (or pull) `name` for `device` (None: `default_device()`); a one-line AtlasError for
     an unknown name, a failed download or a device that cannot be used (checked first: before
     any download)."""
-    from atlas_cli import backend
+    from atlas_cli import backend, hardware
     from atlas_cli.store import locate
 
     device = device or default_device()
     backend.open_device(device)
-    path = locate.resolve(name, progress=progress, device=device, offline=offline)
+    path = locate.resolve(
+        name,
+        progress=progress,
+        device=device,
+        offline=offline,
+        hardware_class=hardware.hardware_class,  # the store probes nothing itself
+    )
     return Resolved(name, path, device, run_defaults(name, device=device))
 
 
@@ -56,9 +62,11 @@ def default_device() -> str:
 def run_defaults(name: str, *, device: str = "cpu") -> RunDefaults:
     """The run defaults of the recipe variant `name` picks on `device` (none for a path or a
     Hub reference)."""
+    from atlas_cli import hardware
     from atlas_cli.store import locate
 
-    return RunDefaults.from_recipe(locate.run_defaults(name, device=device))
+    defaults = locate.run_defaults(name, device=device, hardware_class=hardware.hardware_class)
+    return RunDefaults.from_recipe(defaults)
 
 
 def load(

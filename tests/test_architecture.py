@@ -184,6 +184,37 @@ def test_nothing_imports_the_cli_assembly():
     assert broken(lambda a, b: b == "atlas_cli.cli" and a not in starters) == []
 
 
+# The command line: the Typer app, its command modules (bench's among them) and what starts it.
+CLI_LAYER = (
+    "atlas_cli.__main__",
+    "atlas_cli.entry",
+    "atlas_cli.cli",
+    "atlas_cli.commands",
+    "atlas_cli.bench.cli",
+)
+
+
+def test_only_the_cli_imports_the_commands():
+    """What a command and another caller share lives in a library module below the commands
+    (`run_service`: `atlas run` and its keep-alive worker), never in the command's module."""
+    assert (
+        broken(
+            lambda a, b: under(b, "atlas_cli.commands") and not any(under(a, x) for x in CLI_LAYER)
+        )
+        == []
+    )
+
+
+def test_store_and_recipes_are_told_the_hardware():
+    """The store and the recipes never probe the machine: their callers (the session, the
+    commands) pass the hardware class down; the class names are a leaf of their own."""
+    told = ("atlas_cli.store", "atlas_cli.recipes")
+    assert (
+        broken(lambda a, b: any(under(a, x) for x in told) and under(b, "atlas_cli.hardware")) == []
+    )
+    assert edges()["atlas_cli.hardware_classes"] == set()
+
+
 def test_store_paths_is_a_leaf():
     """The backend reads its cache dirs from store.paths, so that module must not reach back."""
     assert edges()["atlas_cli.store.paths"] <= {"atlas_cli.errors"}

@@ -220,7 +220,7 @@ def test_run_think_off_asks_the_model_not_to_think(monkeypatch):
     false (templates such as Qwen3's then open an empty think block)."""
     from types import SimpleNamespace
 
-    from atlas_cli.commands.run import prompt_ids
+    from atlas_cli.run_service import prompt_ids
 
     seen = {}
     model = SimpleNamespace(chat_prompt=lambda messages, **kw: seen.update(kw) or [1])

@@ -450,7 +450,7 @@ def test_out_proj_in_hf_order_is_kept_quantized_everywhere():
 BLAS_PROBE = """
 import json, sys
 from threadpoolctl import threadpool_info
-from atlas_cli.commands.options import use_threads
+from atlas_cli.cpu_threads import use_threads
 use_threads(2)
 from atlas_cli.backend.ops import numpy_ref
 seen = []

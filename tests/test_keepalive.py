@@ -46,7 +46,7 @@ def test_the_environment_and_the_default(monkeypatch):
 
 
 def test_the_key_follows_the_load_options(monkeypatch):
-    from atlas_cli.commands.run import LoadSpec
+    from atlas_cli.run_service import LoadSpec
 
     def key(ctx_size=None):
         spec = LoadSpec("smollm2-135m", None, ctx_size, None, None, None, None)

@@ -55,7 +55,7 @@ def _apply_threads(threads: int | None):
         return nullcontext()
     if threads < 1:
         raise UsageError(f"--threads must be at least 1, got {threads}")
-    from atlas_cli.commands.options import limit_blas
+    from atlas_cli.cpu_threads import limit_blas
 
     return limit_blas(threads)
 

@@ -24,9 +24,9 @@ from atlas_cli.commands.options import (
     TopK,
     TopP,
     Verbose,
-    given_sampling,
-    use_threads,
 )
+from atlas_cli.cpu_threads import use_threads
+from atlas_cli.run_service import given_sampling
 from atlas_cli.store.embedded import DEFAULT_MODEL
 
 Markdown = Annotated[bool, typer.Option(help="Render finished answers as Markdown.")]

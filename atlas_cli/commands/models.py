@@ -50,10 +50,16 @@ def pull(
 ):
     """Download a model (resumable, verified) into the shared Hugging Face cache."""
     from atlas_cli.describe import memory_estimate
+    from atlas_cli.hardware import hardware_class
     from atlas_cli.store.pull import pull as pull_model
 
     entry = pull_model(
-        name, revision=revision, offline=offline or None, device=device, verify_all=verify
+        name,
+        revision=revision,
+        offline=offline or None,
+        device=device,
+        verify_all=verify,
+        hardware_class=hardware_class,
     )
     checked = ", every file's hash checked" if verify else ""
     typer.echo(

@@ -1,12 +1,11 @@
 """Arguments and options shared by several commands: one meaning and one help text per flag.
 
 Sampling options left unset take the model recipe's defaults, then atlas's (llama.cpp's), so
-they default to None here and `given_sampling` keeps only the ones the user set.
+they default to None here, and `run_service.given_sampling` keeps only the ones the user set.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Annotated
 
 import typer
@@ -56,24 +55,6 @@ Device = Annotated[
 Threads = Annotated[
     int | None, typer.Option("-t", "--threads", min=1, help="CPU threads (default: all cores).")
 ]
-
-
-def use_threads(threads: int | None) -> None:
-    """`-t N` for the CPU paths: numba's pool (sized from ATLAS_THREADS when numba starts, so
-    this runs before any model loads) and the BLAS the float32 reference calls."""
-    if threads is None:
-        return
-    os.environ["ATLAS_THREADS"] = str(threads)
-    limit_blas(threads)
-
-
-def limit_blas(threads: int):
-    """BLAS (the float32 reference's matrix products) at `threads` threads from now on; used as
-    a context manager, the returned limiter puts the previous count back on exit."""
-    import numpy  # noqa: F401  (loads the BLAS, so that threadpoolctl finds and limits it)
-    from threadpoolctl import threadpool_limits
-
-    return threadpool_limits(limits=threads, user_api="blas")
 
 
 # The store commands pick a recipe's variant for a device without running anything on it.
@@ -139,21 +120,6 @@ MaxTokens = Annotated[
 Stop = Annotated[list[str] | None, typer.Option(help="Stop at this text (repeatable).")]
 System = Annotated[str | None, typer.Option(help="System prompt.")]
 Verbose = Annotated[bool, typer.Option("--verbose", "-v", help="Print timing statistics.")]
-
-
-def given_sampling(temperature, top_k, top_p, min_p, repeat_penalty, seed=None):
-    """The sampling options the user set, checked now (before any model loads); the rest come
-    from the model's recipe, then atlas."""
-    from atlas_cli.backend.sample import SamplingOverrides  # numpy: not for `atlas --help`
-
-    return SamplingOverrides(
-        temperature=temperature,
-        top_k=top_k,
-        top_p=top_p,
-        min_p=min_p,
-        repeat_penalty=repeat_penalty,
-        seed=seed,
-    )
 
 
 Think = Annotated[

@@ -1,12 +1,14 @@
-"""`atlas run`: one prompt in, a streamed reply out (ollama's `run`, llama.cpp's `llama-cli -p`)."""
+"""`atlas run`: one prompt in, a streamed reply out (ollama's `run`, llama.cpp's `llama-cli -p`).
+
+The command reads the flags, asks a kept-alive worker first and prints; loading and answering
+are `atlas_cli.run_service`'s, which the worker calls too.
+"""
 
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from types import SimpleNamespace
 from typing import Annotated, Any
@@ -35,11 +37,10 @@ from atlas_cli.commands.options import (
     TopK,
     TopP,
     Verbose,
-    given_sampling,
-    use_threads,
 )
-from atlas_cli.errors import UsageError
+from atlas_cli.cpu_threads import use_threads
 from atlas_cli.keepalive import client, keep_alive_seconds, registry
+from atlas_cli.run_service import LoadSpec, RunRequest, reply
 from atlas_cli.store.embedded import DEFAULT_MODEL
 from atlas_cli.store.paths import existing_path
 
@@ -113,98 +114,9 @@ def run(
         typer.echo(result.stats_block(), err=True)
 
 
-NOT_IN_KEY = ("ATLAS_KEEP_ALIVE",)  # how long a worker stays, not what it computes
-
-
-@dataclass(frozen=True)
-class LoadSpec:
-    """What decides which model a run loads and how: one keep-alive worker per distinct spec."""
-
-    model: str
-    device: str | None
-    ctx_size: int | None
-    draft: int | None
-    kv_type: str | None
-    offline: bool | None
-    threads: int | None
-
-    def key_fields(self) -> dict[str, Any]:
-        """The spec as the worker key sees it: a path made absolute, and the ATLAS_*
-        environment."""
-        fields = dict(self.__dict__)
-        if existing_path(self.model) is not None:
-            fields["model"] = os.path.abspath(self.model)
-        # every ATLAS_* setting may change what the model computes (device, threads, the CPU
-        # path's activations and instruction set): a worker serves only the settings it has
-        fields["env"] = {k: v for k, v in sorted(os.environ.items())
-                         if k.startswith("ATLAS_") and k not in NOT_IN_KEY}  # fmt: skip
-        return fields
-
-    def open(self):
-        """Resolve (or pull) and load the model: (model, session.Resolved)."""
-        from atlas_cli import backend, session
-
-        backend.check_kv_type(self.kv_type)  # before anything is downloaded or loaded
-        resolved = session.resolve(self.model, device=self.device, offline=self.offline)
-        loaded = session.load(
-            resolved, ctx_size=self.ctx_size, draft=self.draft, kv_dtype=self.kv_type
-        )
-        if self.draft and loaded.engine.speculator is None:
-            raise UsageError(
-                f"--draft: {loaded.info.name} has no multi-token-prediction head to draft "
-                "with; drop --draft"
-            )
-        return loaded, resolved
-
-
-@dataclass(frozen=True)
-class RunRequest:
-    """One prompt and how to answer it (what a keep-alive worker is sent)."""
-
-    prompt: str
-    system: str | None
-    raw: bool
-    think: str
-    max_tokens: int
-    stop: list[str]
-    sampling: dict[str, Any]  # the sampling flags as given, None where not set
-    stream: bool  # write the text as it comes (else only the stats, for --json)
-
-    def overrides(self):
-        return given_sampling(**self.sampling)
-
-
-def reply(loaded, request: RunRequest, write: Callable[[str], None]):
-    """Answer `request` with a loaded model (here or in a keep-alive worker): its stats."""
-    sampling = request.overrides()
-    ids = prompt_ids(
-        loaded, request.prompt, system=request.system, raw=request.raw, think=request.think
-    )
-    return generate(
-        loaded,
-        ids,
-        request.max_tokens,
-        request.stop,
-        sampling,
-        write=write if request.stream else None,
-    )
-
-
 def write_out(text: str) -> None:
     sys.stdout.write(text)
     sys.stdout.flush()
-
-
-def stats_record(stats) -> dict[str, Any]:
-    """The GenerationStats fields RunResult reads, as plain values (sent by a worker)."""
-    return {name: getattr(stats, name) for name in STATS_FIELDS}
-
-
-STATS_FIELDS = (
-    "text", "finish_reason", "prompt_tokens", "completion_tokens", "prompt_s", "ttft_s",
-    "eval_s", "prompt_rate", "eval_rate", "draft_rounds", "draft_tokens", "accepted_tokens",
-    "mean_accepted_length",
-)  # fmt: skip
 
 
 def split_model_and_prompt(model: str | None, prompt: str | None) -> tuple[str, str | None]:
@@ -265,34 +177,6 @@ def refuse_near_model_name(word: str) -> None:
             f"model {word!r} does not exist; did you mean {' or '.join(close)}? "
             f"(to send it as a prompt: atlas run {DEFAULT_MODEL} {word!r})"
         )
-
-
-def prompt_ids(model, prompt: str, *, system: str | None, raw: bool, think: str = "on"):
-    """The prompt as token ids: as is with --raw, else through the chat template (with
-    `--think off`, asking the model not to think, as chat does)."""
-    if raw:
-        return model.tokenizer.encode(prompt, add_special_tokens=True)
-    messages = [{"role": "system", "content": system}] if system else []
-    messages.append({"role": "user", "content": prompt})
-    return model.chat_prompt(messages, **({"enable_thinking": False} if think == "off" else {}))
-
-
-def generate(model, ids, max_tokens: int, stop: list[str], sampling, *, write=None):
-    """Generate, handing the text to `write` as it comes (None: keep it in the stats only);
-    the run's stats."""
-    from atlas_cli.backend.engine import GenerationStats
-
-    stats = GenerationStats()
-    events = model.generate(ids, max_tokens=max_tokens, stop=stop, stats=stats, sampling=sampling)
-    try:
-        for event in events:
-            if write and event.text:
-                write(event.text)
-    finally:
-        events.close()
-        if write and stats.completion_tokens:
-            write("\n")
-    return stats
 
 
 @dataclass

@@ -6,7 +6,8 @@ from typing import Annotated
 
 import typer
 
-from atlas_cli.commands.options import CtxSize, Device, KvType, Model, Threads, use_threads
+from atlas_cli.commands.options import CtxSize, Device, KvType, Model, Threads
+from atlas_cli.cpu_threads import use_threads
 from atlas_cli.store.embedded import DEFAULT_MODEL
 
 Host = Annotated[str, typer.Option(help="Address to listen on.")]

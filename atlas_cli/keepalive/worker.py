@@ -2,7 +2,8 @@
 `registry.start` after an in-process `atlas run`. It binds its socket first (so a second run
 sees it and does not start another), loads the model as `atlas run` does, then answers one run
 at a time until it has been idle for HOLD_S seconds, gets SIGTERM (`atlas stop`, `atlas rm`) or
-finds its model file changed. Protocol: keepalive/client.py.
+finds its model file changed. Loading and answering are run_service's, as in `atlas run`.
+Protocol: keepalive/client.py.
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ import time
 import traceback
 from pathlib import Path
 
-from atlas_cli.commands.options import use_threads
-from atlas_cli.commands.run import LoadSpec, RunRequest, reply, stats_record
+from atlas_cli.cpu_threads import use_threads
 from atlas_cli.errors import AtlasError
 from atlas_cli.keepalive import client, registry
+from atlas_cli.run_service import LoadSpec, RunRequest, reply, stats_record
 from atlas_cli.store.paths import run_dir
 
 

@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from atlas_cli.hardware import CLASSES, fallback_chain
+from atlas_cli.hardware_classes import CLASSES, fallback_chain
 
 SCHEMA_VERSION = 1
 
@@ -132,7 +132,7 @@ class Variant(_Strict):
 
 
 class HardwareMap(_Strict):
-    """Variant per hardware class (see atlas_cli.hardware). Missing classes fall back:
+    """Variant per hardware class (see atlas_cli.hardware_classes). Missing classes fall back:
     gb10 -> cuda -> cpu, strix_halo -> amd -> cpu."""
 
     cpu: str

@@ -3,7 +3,8 @@
 `resolve` finds (or pulls) the file or directory; `run_defaults` reads the recipe's run
 defaults for the variant this device gets; `alternatives` names smaller choices for the fit
 check's refusal. The embedded default skips recipe parsing and the hardware probe: `atlas run`
-with it reaches the first token sooner.
+with it reaches the first token sooner. The probe is the caller's: `resolve` and `run_defaults`
+take its `hardware_class` rule and ask it only when a recipe's variant must be picked.
 """
 
 from __future__ import annotations
@@ -13,20 +14,25 @@ from typing import Any
 
 from atlas_cli import recipes
 from atlas_cli.errors import ModelNotFoundError
-from atlas_cli.hardware import hardware_class
 from atlas_cli.store import inventory
 from atlas_cli.store.embedded import EMBEDDED
 from atlas_cli.store.fetch import ensure_embedded
 from atlas_cli.store.paths import existing_path
-from atlas_cli.store.pull import pull
+from atlas_cli.store.pull import HardwareClass, pull, recipe_variant
 
 
 def resolve(
-    name_or_path: str, progress=None, *, device: str | None = None, offline: bool | None = None
+    name_or_path: str,
+    progress=None,
+    *,
+    device: str | None = None,
+    offline: bool | None = None,
+    hardware_class: HardwareClass | None = None,
 ) -> Path:
     """A local file or directory for `name_or_path`, pulling the model when it is missing.
 
-    `device` (cpu, cuda, hip; default: detected, or ATLAS_DEVICE) picks a recipe's variant.
+    `device` (cpu, cuda, hip; None: this machine's) picks a recipe's variant, through the
+    caller's `hardware_class` (without one, the CPU's variant: see pull.recipe_variant).
     """
     candidate = existing_path(name_or_path)
     if candidate is not None:
@@ -36,17 +42,26 @@ def resolve(
     ref = recipes.parse_ref(name_or_path)
     if ref.kind == "local":
         return ref.path
-    variant = _chosen_variant(ref, device)
+    variant = _chosen_variant(ref, device, hardware_class)
     for entry in inventory.installed():
         same = entry.name == ref.name and (variant is None or entry.variant == variant)
         if same and entry.complete:
             return entry.path
-    return pull(name_or_path, device=device, offline=offline, progress=progress).path
+    return pull(
+        name_or_path,
+        device=device,
+        offline=offline,
+        progress=progress,
+        hardware_class=hardware_class,
+    ).path
 
 
-def run_defaults(name_or_path: str, device: str | None = None) -> dict[str, Any]:
+def run_defaults(
+    name_or_path: str, device: str | None = None, hardware_class: HardwareClass | None = None
+) -> dict[str, Any]:
     """The recipe's run defaults (sampling, ctx_size, speculative, chat_template_kwargs, ...)
-    for a model named by recipe; {} for paths and Hub references."""
+    for a model named by recipe, its variant picked as `resolve` picks it; {} for paths and
+    Hub references."""
     if existing_path(name_or_path) is not None:
         return {}
     key = name_or_path.lower()
@@ -63,13 +78,15 @@ def run_defaults(name_or_path: str, device: str | None = None) -> dict[str, Any]
         return {}
     if ref.kind != "recipe":
         return {}
-    variant = _chosen_variant(ref, device)
+    variant = _chosen_variant(ref, device, hardware_class)
     return ref.recipe.defaults_for(variant).model_dump(exclude_none=True)
 
 
-def _chosen_variant(ref: recipes.ModelRef, device: str | None) -> str | None:
+def _chosen_variant(
+    ref: recipes.ModelRef, device: str | None, hardware_class: HardwareClass | None
+) -> str | None:
     if ref.kind == "recipe":
-        return ref.variant or ref.recipe.variant_for(hardware_class(device))
+        return recipe_variant(ref, device, hardware_class)
     return ref.variant.lower() if ref.variant else None
 
 

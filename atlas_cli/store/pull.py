@@ -7,15 +7,19 @@ complete. Offline (or with the Hub unreachable) a copy already downloaded is use
 One pull of a model at a time (store.lock). An installed copy is hashed again when its files'
 sizes or mtimes changed since they were last checked, or always with `verify` (store.verify);
 a damaged file is reported and downloaded again.
+
+Which variant a bare recipe name gets depends on the machine, which the store does not probe:
+the caller passes its rule from a device to a hardware class (`hardware.hardware_class`, from
+the session and the commands), and it is asked only when a variant must be picked.
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 
 from atlas_cli import recipes
 from atlas_cli.errors import CorruptModelError, DownloadError, ModelNotFoundError, UsageError
-from atlas_cli.hardware import hardware_class
 from atlas_cli.store import hub, inventory, verify
 from atlas_cli.store.embedded import EmbeddedModel, embedded_spec, installed_path, is_present
 from atlas_cli.store.fetch import embedded_entry, ensure_embedded
@@ -30,6 +34,9 @@ from atlas_cli.store.manifest import (
 )
 from atlas_cli.store.paths import FREE_SPACE_MARGIN, check_free_space, store_writes
 
+# a device (None: this machine's) -> the recipe hardware class its variants are picked for
+HardwareClass = Callable[[str | None], str]
+
 
 def pull(
     name: str,
@@ -39,22 +46,35 @@ def pull(
     device: str | None = None,
     progress=None,
     verify_all: bool = False,
+    hardware_class: HardwareClass | None = None,
 ) -> Installed:
     """Download `name` (recipe, NAME:VARIANT or hf.co/org/repo[:QUANT]) if needed.
 
-    An installed copy's changed files are hashed again (every file with `verify_all`)."""
+    An installed copy's changed files are hashed again (every file with `verify_all`).
+    `hardware_class` picks a bare recipe name's variant for `device` (see `recipe_variant`)."""
     ref = recipes.parse_ref(name)
     if ref.kind == "local":
         raise UsageError(f"{name} is a local path: nothing to pull")
     with model_lock(ref.name):
-        return _pull(ref, revision, hub.offline(offline), device, progress, verify_all)
+        local_only = hub.offline(offline)
+        if ref.kind == "hub":
+            return _pull_hub_ref(ref, revision, local_only, progress, verify_all)
+        variant = recipe_variant(ref, device, hardware_class)
+        return _pull_recipe(ref.recipe, variant, revision, local_only, progress, verify_all)
 
 
-def _pull(ref, revision, offline: bool, device, progress, verify_all: bool) -> Installed:
-    if ref.kind == "hub":
-        return _pull_hub_ref(ref, revision, offline, progress, verify_all)
-    recipe = ref.recipe
-    variant = ref.variant or recipe.variant_for(hardware_class(device))
+def recipe_variant(
+    ref: recipes.ModelRef, device: str | None, hardware_class: HardwareClass | None
+) -> str:
+    """The variant a recipe reference names, else its recipe's variant for `device`'s hardware
+    class: `hardware_class` is asked only then, so naming a variant costs no probe. Without
+    one, the CPU's variant (as the Python API runs on the CPU unless told)."""
+    if ref.variant:
+        return ref.variant
+    return ref.recipe.variant_for(hardware_class(device) if hardware_class else "cpu")
+
+
+def _pull_recipe(recipe, variant: str, revision, offline: bool, progress, verify_all) -> Installed:
     v = recipe.variants[variant]
     spec = embedded_spec(recipe, variant)
     if spec is not None and revision is None:
