@@ -2,7 +2,7 @@
 
 The ops contract (ops/contract.py): every op not defined here is numpy_ref's; this module adds
 products on the blocks and the fused decoder hook. Matrix products run on the blocks
-(cpu_kernels.py):
+(cpu/kernels.py):
 
 - a few tokens (decode): each row's blocks are read once and dotted with every token's float32
   activations, dequantizing on the fly; rows are split across cores;
@@ -38,7 +38,7 @@ from atlas_cli.backend.ops.cpu import rows as _rows
 from atlas_cli.backend.ops.numpy_ref import *  # noqa: F403  (ops this backend does not override)
 
 NAME = "cpu"
-KEEP_QUANTIZED = True  # load_model keeps GGUF blocks (QuantizedTensor) for this backend
+KEEP_QUANTIZED = True  # backend.load keeps GGUF blocks (QuantizedTensor) for this backend
 
 # The prefill's elementwise ops: numba row kernels in place of numpy_ref's (after the * import)
 causal_conv1d, l2norm, rms_norm, rms_norm_gated = (
@@ -198,7 +198,7 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, start: int, nsplit=No
 
 
 def gated_delta_rule_chunked(q, k, v, g, beta, state, scale: float | None = None, chunk=64):
-    """numpy_ref's chunked gated delta rule on numba's pool (cpu_gdn.py)."""
+    """numpy_ref's chunked gated delta rule on numba's pool (cpu/gdn.py)."""
     return _gdn.gated_delta_rule_chunked(q, k, v, g, beta, state, scale, chunk)
 
 
@@ -254,7 +254,7 @@ def _use_kv_type(decoder, name: str, *warm_ups) -> None:
 
 
 class FusedDecoder:
-    """All layers of a Llama-family decoder for one token per numba call (cpu_decode.decode_step).
+    """All layers of a Llama-family decoder for one token per numba call (cpu.decode.decode_step).
     Built by `fuse_decoder`; it reads the same packed weights as the per-op path."""
 
     def __init__(self, model, buf: np.ndarray, packed: dict[str, PackedMatrix]):
@@ -347,7 +347,7 @@ def _proj_key(layer: int, name: str) -> str:
 def fuse_decoder(model) -> FusedDecoder | None:
     """A FusedDecoder for `model` (a LlamaModel), or None when its weights or shape are outside
     what decode_step handles; the model then runs op by op. Qwen3.5 (hybrid) models get
-    cpu_qwen35's step."""
+    cpu.qwen35's step."""
     if hasattr(model.args, "layer_types"):
         return fuse_qwen35(model)
     a, w = model.args, model.w
@@ -380,7 +380,7 @@ def fuse_decoder(model) -> FusedDecoder | None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Fused Qwen3.5 decode (the kernels: cpu_qwen35.py)
+# Fused Qwen3.5 decode (the kernels: cpu/qwen35.py)
 
 _GDN = ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj")
 _ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -434,7 +434,7 @@ class FusedQwen35:
         self.scores = np.empty((a.num_attention_heads, 0), np.float32)
         self.workers = None  # iterations of each layer's parallel loop; None: the threads
         # the kernels before the weights are first read, then the compiler's pages let go
-        # (as cpu_fast.FusedDecoder)
+        # (as cpu.fast.FusedDecoder)
         self.kv_dtype = FAST_KV_DTYPE
         if not (_d.kernels_cached() and _d.kernels_cached(_q35.gdn_block)):
             jit.compile_notice()
@@ -515,7 +515,7 @@ def fuse_qwen35(model) -> FusedQwen35 | None:
             return None
         if len({m.buf.__array_interface__["data"][0] for m in mlp}) != 1:
             return None  # the MLP stages read the three from one buffer
-        table = np.zeros((7, 4), np.int64)  # cpu_decode's layout: rows GATE, UP, DOWN
+        table = np.zeros((7, 4), np.int64)  # cpu.decode's layout: rows GATE, UP, DOWN
         for row, m in zip((_d.GATE, _d.UP, _d.DOWN), mlp, strict=True):
             table[row] = _desc(m)[:4]
         layer = {

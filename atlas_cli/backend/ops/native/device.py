@@ -5,10 +5,10 @@ unchanged and tests can zip it with `numpy_ref`. Activations are float32 `Device
 weights are `DeviceWeight`s in their stored format (bf16, GGUF blocks, NVFP4), dequantized
 inside the kernels. Every launch is preceded by asserts on dtype, shape and contiguity.
 
-The launchers live by op family: native_weights.py (dequantize, embedding, linear),
-native_elementwise.py (norms, activations, RoPE, DeviceArray arithmetic), native_attention.py
-(the device KV cache, attention), native_gdn.py (Gated DeltaNet), native_sample.py (token
-selection, FP8 conversions), on the plumbing of native_array.py; native_cache.py holds the
+The launchers live by op family: native/weights.py (dequantize, embedding, linear),
+native/elementwise.py (norms, activations, RoPE, DeviceArray arithmetic), native/attention.py
+(the device KV cache, attention), native/gdn.py (Gated DeltaNet), native/sample.py (token
+selection, FP8 conversions), on the plumbing of native/array.py; native/cache.py holds the
 device hybrid cache of Gated DeltaNet models.
 """
 
@@ -43,7 +43,7 @@ class NativeOps(
         return {**super().warmup(), "attention": self.prefill_report()}
 
     def fuse_decoder(self, model) -> DeviceDecoder | None:
-        """The fused decode step (native_decoder.py) for a Qwen3.5 model whose weights it
+        """The fused decode step (native/decoder.py) for a Qwen3.5 model whose weights it
         takes; None otherwise: the model runs op by op."""
         if not hasattr(getattr(model, "args", None), "layer_types") or not supports(model):
             return None
