@@ -38,7 +38,7 @@ def test_chunked_equals_recurrent(t, chunk, nk, nv):
 
 
 def test_recurrent_matches_the_delta_rule_written_out():
-    """One head, float64, the update exactly as formats.md 1.4 states it."""
+    """One head, float64, the update exactly as formats.md 3.2 (Gated DeltaNet step 7) states it."""
     rng = np.random.default_rng(7)
     q, k, v, g, beta, state = random_inputs(rng, 9, nk=1, nv=1, dk=4, dv=3)
     out, final = ops.gated_delta_rule(q, k, v, g, beta, state)

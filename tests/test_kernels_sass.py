@@ -140,7 +140,7 @@ DG_BODIES_F32 = {"none": (2, 2), "mul": (2, 2), "pair": (2, 1)}
 # Measured per weight (sm_90, nvcc 13.0), single-row bodies, pair. The staging of x (16-byte
 # loads, the prologue, the sums of 16) runs outside the loop, once per block and chunk for the
 # block's 16 output rows: ~0.15 per weight more without a prologue, ~0.3 with one (~half that
-# in the pair). Before (stop 34: one row per warp, one lane unit per iteration, the prologue
+# in the pair). Before (one row per warp, one lane unit per iteration, the prologue
 # chosen per element, x staged with 4-byte loads and bounds checks in the loop): NVFP4 14.0,
 # Q4_K 15.3, Q5_K 16.5, Q4_0 13.2, Q8_0 14.6, Q6_K 17.2, bf16/f16 10.7, f32 8.9.
 DG_MEASURED = {

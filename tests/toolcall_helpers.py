@@ -1,8 +1,8 @@
 """Shared by the tool-call parser tests (tests/test_toolcalls*.py): the tools offered, sample
-pieces in the exact shapes Qwen3 (Hermes JSON) and Qwen3.5/3.6 (XML) emit (as the project notes,
-formats.md section 4, describe them), and the checks every sample case passes: the whole parse
-gives the expected message, and every random split of the text into deltas gives the whole
-parse."""
+pieces in the exact shapes Qwen3 (Hermes JSON) and Qwen3.5/3.6 (XML) emit (as the parsers'
+docstrings, serve/toolcalls/hermes.py and qwen3_coder.py, describe them), and the checks
+every sample case passes: the whole parse gives the expected message, and every random split
+of the text into deltas gives the whole parse."""
 
 from __future__ import annotations
 

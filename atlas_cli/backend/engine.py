@@ -34,7 +34,7 @@ from atlas_cli.backend.sample import Sampler, SamplingParams
 from atlas_cli.backend.tokenizer import TextTokenizer
 from atlas_cli.errors import ContextOverflowError, CorruptModelError, SlotError
 
-# Prompt tokens per prefill forward on the CPU backends: numpy_ref and cpu_fast materialise
+# Prompt tokens per prefill forward on the CPU backends: numpy_ref and cpu.fast materialise
 # each layer's attention scores, (heads, T, S) float32, and 256 bounds them. The native ops
 # name their own (WeightLaunchers.PREFILL_CHUNK in ops/native/weights.py).
 PREFILL_CHUNK = 256

@@ -5,7 +5,7 @@ llguidance's dialect (backend/constraint.py runs it).
 - `tool_choice` "required" or a named tool: the answer is one or more calls (exactly one
   with `parallel_tool_calls: false`) to the tools offered, arguments valid by each tool's
   JSON schema, in Hermes JSON (`<tool_call>\\n{"name": ..., "arguments": {...}}\\n
-  </tool_call>`) or Qwen3-Coder XML (formats.md section 4), as the parsers in toolcalls/ read.
+  </tool_call>`) or Qwen3-Coder XML (toolcalls/qwen3_coder.py), as the parsers in toolcalls/ read.
 - "auto": free text until the call's opening tag, then the same calls (a lazy grammar, as
   llama.cpp's tool-call grammars are lazy), so a model can still answer in prose.
 - `response_format` json_object / json_schema: one JSON value of that schema (with "auto"

@@ -29,7 +29,7 @@ class Installed:
     variant: str
     format: str
     quantization: str
-    path: Path  # what load_model opens: a file, or a snapshot directory
+    path: Path  # what backend.load opens: a file, or a snapshot directory
     files: tuple[Path, ...]
     size: int
     source: str  # "pypi", "hub", "hub-cache" (found in the HF cache), "unknown"

@@ -1,7 +1,7 @@
 """The ops contract: every op a model file or the engine calls, with one name and signature.
 
-Three implementations: `numpy_ref` (the float32 oracle, a module), `cpu_fast` (a module: the
-ops it does not override are numpy_ref's) and `native.NativeOps` (our kernels on CUDA, HIP or
+Three implementations: `numpy_ref` (the float32 oracle, a module), `cpu.fast` (a module: the
+ops it does not override are numpy_ref's) and `native.device.NativeOps` (our kernels on CUDA, HIP or
 the CPU emulator). A model file runs unchanged on any of them, and tests/test_ops_contract.py
 checks that each implements every op below with exactly these parameter names, kinds and
 defaults; tests/test_native_emu.py zips their results.
@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from atlas_cli.backend.cache import Cache
 from atlas_cli.backend.layers import CacheLayout
 
-Array = Any  # a numpy array, or a native_array.DeviceArray (what of the array protocol models use)
+Array = Any  # a numpy array, or a native.array.DeviceArray (what of the array protocol models use)
 Weight = Any  # what prepare_weight returns
 
 

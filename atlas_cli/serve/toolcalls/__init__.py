@@ -1,7 +1,7 @@
 """Tool calls and reasoning in Qwen-family outputs, parsed whole or while streaming: the
 registry of parsers and the names callers use.
 
-Two tool-call formats (facts: formats.md section 4), one file each: `hermes.py` (Qwen3 /
+Two tool-call formats, one file each, whose docstring states the format: `hermes.py` (Qwen3 /
 Qwen2.5 JSON) and `qwen3_coder.py` (Qwen3.5 / Qwen3.6 XML). The reasoning split
 (`reasoning.py`) follows vLLM's Qwen3ReasoningParser. There is one implementation of parsing,
 `stream.StreamParser`; `ToolParser.parse` feeds it the whole text at once (`base.py`).

@@ -1,4 +1,4 @@
-"""The tags of the Qwen-family output formats (facts: formats.md section 4)."""
+"""The tags of the Qwen-family output formats (stated in hermes.py and qwen3_coder.py)."""
 
 from __future__ import annotations
 

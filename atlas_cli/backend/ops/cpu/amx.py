@@ -2,14 +2,14 @@
 
 An AMX-INT8 `tdpbssd` here multiplies 16 tokens by 16 weight rows over 32 int8 columns into 16 x
 16 int32 sums, 8,192 multiply-adds in one instruction: ~500 GMAC/s per core with its loads,
-where the int16 tiles of cpu_prefill.py reach 64-75 (docs/performance.md). The pieces are the
-decode path's: a Q4_K/Q5_K row as its integer codes (cpu_ir_int8's block decoders) with a float
+where the int16 tiles of cpu/prefill.py reach 64-75 (docs/performance.md). The pieces are the
+decode path's: a Q4_K/Q5_K row as its integer codes (cpu.ir_int8's block decoders) with a float
 scale per 32 columns, and x in two int8 planes per 256 columns, `hi = rint(x / d)` and the
-remainder `lo` in units of d/256 (cpu_kernels.quantize_x's rounding: within d/512 of x). One
+remainder `lo` in units of d/256 (cpu.kernels.quantize_x's rounding: within d/512 of x). One
 tile multiply per plane gives a 32-column group's exact integer dots of 16 tokens with 16 rows;
 they are combined as `256 * hi + lo`, converted to float and scaled by the rows' scales, and
 once per 256 columns by the tokens'. The `-dmin * m` offsets are the float product of x's
-32-column sums that cpu_prefill.py uses too. Q6_K (a scale per 16 columns: twice the scaling per
+32-column sums that cpu/prefill.py uses too. Q6_K (a scale per 16 columns: twice the scaling per
 multiply-add) measured no faster than its int16 tiles and stays on them.
 
 AMX state needs the kernel's permission (arch_prctl ARCH_REQ_XCOMP_PERM) and a tile
@@ -239,7 +239,7 @@ def _row_codes(t, w, woff, nb, wc, ws, wm):
 
 @njit(parallel=True, cache=True, fastmath=False)
 def quantize_planes(x, group, xh, xl, xd):
-    """x (T, K) as two int8 planes per `group` columns (cpu_kernels.quantize_x's rounding):
+    """x (T, K) as two int8 planes per `group` columns (cpu.kernels.quantize_x's rounding):
     with d = max|x| / 127, xh = rint(x / d), xl = rint((x - d * xh) * 256 / d), xd[t, j] =
     d / 256, so x ~ xd * (256 * xh + xl)."""
     n_tok, cols = x.shape
@@ -335,7 +335,7 @@ def random_rows(type_id: int, rows: int, cols: int, rng: np.random.Generator) ->
 
 
 def agrees_with_int16(type_id: int, rows: int = 40, cols: int = 512, tokens: int = 21) -> bool:
-    """gemm_amx against cpu_prefill.gemm_int16 on random blocks (read-only, as a memory map's
+    """gemm_amx against cpu.prefill.gemm_int16 on random blocks (read-only, as a memory map's
     are: the kernels' real argument types), within 1e-3 of max |ref|. Needs the permission."""
     rng = np.random.default_rng(type_id)
     blocks = random_rows(type_id, rows, cols, rng).reshape(-1)

@@ -1,5 +1,5 @@
 """The fused decode step of the fast CPU path: every layer of a Llama-family decoder for one
-token in one numba call (cpu_fast.FusedDecoder), and the start-up that loads the kernels.
+token in one numba call (cpu.fast.FusedDecoder), and the start-up that loads the kernels.
 
 Shapes: H hidden size, I MLP size, L layers, nq/nkv query/key-value heads of dim hd.
 """
@@ -177,7 +177,7 @@ def decode_step(
     scores,  # float32 scratch (nq, cap)
     x,  # float32 scratch (H,): the residual stream
     out,  # float32 (H,): the final normed hidden state
-    int8,  # products on int8-rounded activations (cpu_ir_int8) where the format has them
+    int8,  # products on int8-rounded activations (cpu.ir_int8) where the format has them
     workers,  # iterations of the one parallel loop (the thread count; any count is correct)
 ):
     n_layers = mats.shape[0]
@@ -198,7 +198,7 @@ def decode_step(
     rms_norm_into(x, final_norm, eps, out)
 
 
-# The stages of a layer, in order; each needs all of the one before (cpu_ir_sync).
+# The stages of a layer, in order; each needs all of the one before (cpu.ir_sync).
 QKV_ROWS, ATTEND, O_ROWS, GATE_UP_ROWS, DOWN_ROWS = range(5)
 STAGES = 5
 CHUNKS_PER_WORKER = 8  # claims per worker and stage: small enough to even out, few atomics
@@ -397,7 +397,7 @@ def prepare_input(v, xs, xq, xf, int8):
 
 # -- start-up --------------------------------------------------------------------------------
 
-GEMV_WARM_TOKENS = 8  # any count above cpu_fast.GEMV_MAX_TOKENS: the gemm kernel
+GEMV_WARM_TOKENS = 8  # any count above cpu.fast.GEMV_MAX_TOKENS: the gemm kernel
 
 
 def warm_up(kv_dtype=FAST_KV_DTYPE) -> None:

@@ -6,7 +6,7 @@ vectorises across rows with gathers, which measured 2-7x slower per core. Here e
 becomes a handful of <16 x float> operations: load the quants, widen, convert, multiply with x,
 and accumulate scaled by the block's float16 scale. One emitter per format describes a block as
 groups of `scale * q (+|-) offset`; from it come a row dot product (fast-math) and a row
-dequantizer (no fast-math, bit-exact with loaders/quant.py). cpu_kernels.py dispatches on them.
+dequantizer (no fast-math, bit-exact with loaders/quant.py). cpu/kernels.py dispatches on them.
 """
 
 from __future__ import annotations
@@ -261,7 +261,7 @@ def _ptr(context, builder, aryty, value):
 
 
 # How far ahead of its reads a streaming loop asks for its bytes: the decode GEMVs' weight rows
-# (cpu_kernels.prefetch_row) and the decode attention's KV rows (cpu_ir_attention).
+# (cpu.kernels.prefetch_row) and the decode attention's KV rows (cpu.ir_attention).
 PREFETCH_BYTES = 4096
 
 

@@ -1,5 +1,5 @@
-"""Attention as LLVM IR: prefill's 4 queries x 32 keys tile of scores (cpu_kernels.attention), and
-the decode step's one query x 16 keys and its probabilities x values (cpu_decode.attend_group),
+"""Attention as LLVM IR: prefill's 4 queries x 32 keys tile of scores (cpu.kernels.attention), and
+the decode step's one query x 16 keys and its probabilities x values (cpu.decode.attend_group),
 both reading a float16 KV cache's bits directly (one vcvtph2ps per 16 elements), so that no
 pass widens the keys and values into a float32 tile first.
 

@@ -1,4 +1,4 @@
-"""The prefill products' inner tile on int16 (cpu_prefill.py): 2 tokens times 4 weight rows.
+"""The prefill products' inner tile on int16 (cpu/prefill.py): 2 tokens times 4 weight rows.
 
 Both sides are int16 vectors: a K-quant row as its exact integers (sub-block scale times code),
 x rounded per 256 columns. `vpmaddwd` multiplies 32 pairs and sums them in twos into <16 x i32>,
@@ -140,8 +140,8 @@ def _store(b, ptr, index, value):
 
 
 def _make_row_int16(type_id: int):
-    """The int16 form of one stored row of a K-quant (INT16_TYPES in cpu_prefill.py): the
-    codes of cpu_ir_int8's block decoders times their integer sub-block scales."""
+    """The int16 form of one stored row of a K-quant (INT16_TYPES in cpu/prefill.py): the
+    codes of cpu.ir_int8's block decoders times their integer sub-block scales."""
     emit = _INT_EMITTERS[type_id]
     nbytes = BLOCKS[type_id][1]
     v32w = ir.VectorType(_I16, 32)

@@ -1,6 +1,6 @@
 """Integer dot products of the fast CPU path: GGUF weight blocks times int8 activations.
 
-The activation vector is rounded once per token (`quantize_x` in cpu_kernels.py) per 32-group
+The activation vector is rounded once per token (`quantize_x` in cpu/kernels.py) per 32-group
 to two planes of int8: hi = rint(x / d) with d = max|x| / 127 (llama.cpp's Q8_0) and the
 rounded remainder lo in units of d/256, so x ~ d/256 * (256 * hi + lo). One plane alone (what
 llama.cpp does) put the default model's logits 6% (of max |logit|) off the float32 reference;

@@ -38,7 +38,7 @@ KERNEL_FILES = (
     "rows.py",
     "amx.py",
 )
-# Forces the instructions of the integer dot products (cpu_ir_int8.dot_isa), which are chosen
+# Forces the instructions of the integer dot products (cpu.ir_int8.dot_isa), which are chosen
 # when a kernel compiles: the value is part of every kernel's cache stamp.
 ISA_ENV = "ATLAS_CPU_ISA"
 _HERE = Path(__file__).resolve().parent

@@ -1,8 +1,8 @@
 """Numba kernels of the fast CPU path: products straight on GGUF blocks, and attention.
 
-Weights stay in their GGUF blocks; a row's blocks are decoded by the LLVM IR of cpu_ir.py,
+Weights stay in their GGUF blocks; a row's blocks are decoded by the LLVM IR of cpu/ir.py,
 dispatched here on the format. Decode products by default round x to two int8 planes
-(`quantize_x`) and use the integer dots of cpu_ir_int8.py (`gemv_batch_int8`, `row_dot_int8`);
+(`quantize_x`) and use the integer dots of cpu/ir_int8.py (`gemv_batch_int8`, `row_dot_int8`);
 `gemv_batch` and prefill keep x in float32. Every @njit function is cached on disk
 (`cache=True`), stamped with all the kernel files (jit.py). The exact ones (the
 dequantizers, `quantize_x`) say `fastmath=False`: numba compiles a callee with the fast-math of

@@ -4,9 +4,9 @@ A K-quant element is `d * sc_j * q - dmin * m_j` (Q6_K: `d * sc_j * (q - 32)`), 
 exactly the int16 integers `sc_j * q` plus two float planes: `d` per 256-column super-block and
 `-dmin * m_j` per 32 columns. x is rounded per token and super-block to int16 (scale max|x| /
 X16_MAX: within 1/32766 of the block's largest value, finer than the decode path's two int8
-planes). A product is then the int16 tile of cpu_ir_int16.py per super-block, plus the offset
+planes). A product is then the int16 tile of cpu/ir_int16.py per super-block, plus the offset
 plane times x's float 32-group sums (a product 1/32 the size, on the float tiles). Against the
-float32 tiles of `cpu_kernels.gemm` this reads half the bytes per multiply-add and does twice
+float32 tiles of `cpu.kernels.gemm` this reads half the bytes per multiply-add and does twice
 as many per instruction (docs/performance.md).
 """
 

@@ -5,12 +5,12 @@ norms, gates, the recurrent update, the output norm), a third of a 0.8B model's 
 one core. Here each layer and its MLP is one call with one parallel loop: a Gated DeltaNet
 layer (`gdn_block`: its four input projections, the causal conv, the L2 norms and gates, the
 gated delta rule on the layer's state in place, the gated RMSNorm, out_proj) or a gated
-attention layer (`attention_block`), each then its MLP. As in cpu_decode's step, the loop has
+attention layer (`attention_block`), each then its MLP. As in cpu.decode's step, the loop has
 one iteration per thread and hands each stage's rows, channels and heads out through counters
-(cpu_ir_sync) instead of a `prange` per stage, six per layer: a layer with hot weights ran
+(cpu.ir_sync) instead of a `prange` per stage, six per layer: a layer with hot weights ran
 4-9% faster, the whole step (weights streamed from memory) the same. Same math
 as the op path (models/qwen3_5.py with numpy_ref's ops), the same packed weights, the same
-host `cache.HybridCache`. The decoder that drives them layer by layer is `cpu_fast.FusedQwen35`.
+host `cache.HybridCache`. The decoder that drives them layer by layer is `cpu.fast.FusedQwen35`.
 
 Shapes: H hidden size, C conv channels (2 nk dk + nv dv), nk/nv key/value heads of dk/dv
 (value head h reads key head h // (nv // nk)), nh/nkv attention heads of dim hd.
@@ -65,7 +65,7 @@ def _softplus(v):
     return max(v, np.float32(0.0)) + np.log1p(np.exp(-abs(v)))
 
 
-# The stages of a layer, in order, each needing all of the one before (cpu_ir_sync): the input
+# The stages of a layer, in order, each needing all of the one before (cpu.ir_sync): the input
 # projections; the Gated DeltaNet's conv channels or the attention's KV heads; the Gated
 # DeltaNet's value heads (the attention has none); the output projection; the MLP's gate/up
 # rows, then its down rows.
@@ -223,12 +223,12 @@ def gdn_block(
     gnorm, n_kh, mlp_w, mlp, proj, core, act, int8, workers,
 ):  # fmt: skip
     """One Gated DeltaNet layer and its MLP for one token, in one parallel loop of `workers`
-    iterations that claim each stage's rows, channels or heads (as cpu_decode._layers does):
+    iterations that claim each stage's rows, channels or heads (as cpu.decode._layers does):
     x += out_proj(gated_norm(delta_rule(conv(projections(rms_norm(x)))))), then the MLP. The
     conv_state (K-1, C) and the recurrent state rec (nv, dk, dv) are updated in place.
     descs (5, 5): in_proj_qkv, in_proj_z, in_proj_b, in_proj_a, out_proj as [type, offset,
     row bytes, blocks, rows], bufs their buffers; out_perm: stored column j of out_proj is
-    logical column out_perm[j]; mlp (7, 4): cpu_decode's table (GATE, UP, DOWN rows) in mlp_w.
+    logical column out_perm[j]; mlp (7, 4): cpu.decode's table (GATE, UP, DOWN rows) in mlp_w.
     proj (C + nv dv + 2 nv,), core (nv dv,), act (I,) scratch."""
     n_conv = conv_w.shape[0]
     widest = max(x.shape[0], act.shape[0], proj.shape[0], core.shape[0])
@@ -284,7 +284,7 @@ def attention_block(
 
 def warm_up(kv_dtype=FAST_KV_DTYPE) -> None:
     """Load (or compile) both layer kernels with the argument types of real calls, on a tiny
-    model of Q8_0 rows 32 wide, the KV cache of `kv_dtype` (cpu_decode.warm_up does the same
+    model of Q8_0 rows 32 wide, the KV cache of `kv_dtype` (cpu.decode.warm_up does the same
     for the shared kernels)."""
     n, rb = 32, BLOCKS[Q8_0][1]
     w = np.zeros(4 * n * rb, np.uint8)  # 128 rows; every matrix reads from its start

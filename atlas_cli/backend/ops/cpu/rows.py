@@ -4,7 +4,7 @@ RoPE, SiLU (and times another input), Qwen3.5's causal depthwise convolution.
 numpy_ref's versions make several full-size temporaries per call (a 512-token prompt of a 0.6B
 model: 0.8 s of an 8 s prefill on one core went to them); these read each input once and write
 their output once, with the arithmetic of numpy_ref in float32 (sums reassociated, exp within
-2 ulp: cpu_kernels.fast_exp). cpu_fast offers the functions at the end of this file: these
+2 ulp: cpu.kernels.fast_exp). cpu.fast offers the functions at the end of this file: these
 kernels for inputs of PARALLEL_ROWS rows or more, numpy_ref's versions otherwise.
 """
 
@@ -124,7 +124,7 @@ def causal_conv_rows(full, taps, out):
                 out[t, c] += taps[j, c] * full[t + j, c]
 
 
-# ---- the ops as cpu_fast offers them: numpy_ref for small inputs and the other cases
+# ---- the ops as cpu.fast offers them: numpy_ref for small inputs and the other cases
 
 
 def _rows_of(x: np.ndarray, n: int) -> np.ndarray | None:

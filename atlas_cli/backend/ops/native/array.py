@@ -1,5 +1,5 @@
 """Device memory for the native ops: `DeviceArray`, `DeviceWeight`, and `DeviceOpsBase`, the
-plumbing every launcher family (native_*.py) builds on: allocation, uploads, kernel compilation
+plumbing every launcher family (native/*.py) builds on: allocation, uploads, kernel compilation
 and launch.
 
 `DeviceArray` implements the small part of the numpy array protocol the model files use

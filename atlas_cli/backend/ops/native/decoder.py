@@ -3,12 +3,12 @@ launches (kernels/decode.cu), built once per model by `NativeOps.fuse_decoder`.
 
 A `DeviceDecoder` preallocates every activation buffer, reads the token id and the position
 from device int32 buffers (`token`, `pos`) and writes into the device cache the op path uses
-(native_cache.HybridCache / native_attention.KVCache), so prefix reuse, checkpoints and
+(native.cache.HybridCache / native.attention.KVCache), so prefix reuse, checkpoints and
 truncate keep working. Because no launch takes the position as a number, the launch list of a
 cache stays the same from step to step: it is built once, captured as a graph and replayed,
 and rebuilt (recaptured) only when the cache's buffers move (a new cache, `reserve` growing
-the KV, a state restored from a checkpoint). The per-layer launch list and why: the "Fused
-decode step" section of docs/architecture.md.
+the KV, a state restored from a checkpoint). The per-layer launch list and why: "The fused
+decode step" in docs/architecture.md.
 """
 
 from __future__ import annotations

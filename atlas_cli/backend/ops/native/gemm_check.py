@@ -4,7 +4,7 @@ The tensor-core paths (mma.sync on sm_80+, WMMA on gfx11) are inline PTX / vendo
 whose numerics only the hardware shows; the emulator runs the portable path of the same file.
 So on a real device (runtime "cuda" or "hip") the first GEMM compares the tensor-core kernel
 with the portable one (gemm.cu compiled with ATLAS_PORTABLE) on random data, and keeps the
-verdict beside the compile cache, keyed like the compiled binaries (ops/runtime.cache_key): a
+verdict beside the compile cache, keyed like the compiled binaries (ops/native/runtime.cache_key): a
 new source, target or toolchain checks again. On a mismatch atlas uses the portable kernel and
 `atlas hw` says so.
 """

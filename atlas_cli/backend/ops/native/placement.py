@@ -1,5 +1,5 @@
 """Which loaded tensors an ops module takes as weight matrices (`ops.prepare_weight`) and which
-as plain arrays: the one policy `backend.load_model` applies to every checkpoint."""
+as plain arrays: the one policy `backend.load` applies to every checkpoint."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """The small protocol every GPU runtime implements, and what the runtimes share.
 
 A runtime owns device memory, compiles kernel sources (with an on-disk cache) and launches
-kernels. `native.py` holds every launcher and talks to a runtime only through this protocol, so
-the same launchers drive CUDA (runtime_cuda, cupy + NVRTC), HIP (runtime_hip, hip-python +
-hiprtc) and the CPU emulator the tests use (runtime_emu).
+kernels. The launchers (`NativeOps` in native/device.py and its op families) talk to a runtime
+only through this protocol, so the same launchers drive CUDA (runtime_cuda, cupy + NVRTC), HIP
+(runtime_hip, hip-python + hiprtc) and the CPU emulator the tests use (runtime_emu).
 
 Kernel arguments are passed as `Arg`s: a pointer, int32, int64 or float32, so each runtime can
 marshal them for its launch API without guessing.

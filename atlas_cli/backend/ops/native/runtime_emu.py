@@ -1,7 +1,7 @@
 """A CPU emulator runtime: the kernel sources compiled by g++ against a fiber-based emulation
 of the CUDA execution model (kernels/emu/), device memory in host RAM.
 
-It exists so that every launcher in native.py and every kernel's logic can be tested against
+It exists so that every launcher of native/ and every kernel's logic can be tested against
 the numpy reference on any machine, CI included. It says nothing about speed, and it cannot
 catch races that only real parallel hardware shows; tests/gpu runs the same checks on a GPU.
 """

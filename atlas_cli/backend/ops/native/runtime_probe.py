@@ -3,7 +3,7 @@
 `runtime_cuda.probe()` and `runtime_hip.probe()` are the only places that ask cupy and
 hip-python about the machine. They fill these records and never raise: where a call failed,
 its raw error text is kept, so `hardware.py` can turn it into a fix for the user and
-`native.probe` into a reason to skip the device.
+`native.device.probe` into a reason to skip the device.
 """
 
 from __future__ import annotations
