@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from atlas_cli.backend.layers import LayerKind
 from atlas_cli.errors import ModelTooLargeError
 from atlas_cli.units import size_text
 
@@ -173,7 +174,7 @@ def shape_from_config(config: dict[str, Any]) -> KVShape:
     head_dim = int(cfg.get("head_dim") or cfg["hidden_size"] // heads)
     types = cfg.get("layer_types")
     if types:
-        attention = sum(1 for t in types if t == "full_attention")
+        attention = sum(1 for t in types if t == LayerKind.ATTENTION)
     elif cfg.get("full_attention_interval"):
         attention = layers // int(cfg["full_attention_interval"])
     else:

@@ -169,7 +169,7 @@ def load(
     ops = ops if ops is not None else open_device(device)
     native = device in NATIVE_DEVICES
     # the fast CPU path keeps GGUF blocks too, with llama.cpp's Q/K row order undone lazily
-    fast = getattr(ops, "KEEP_QUANTIZED", False)
+    fast = ops.KEEP_QUANTIZED
     ops = _with_kv_dtype(ops, native, fast, kv_dtype, defaults.kv_dtype)
     t0 = time.perf_counter()
     if path.is_dir():
@@ -203,7 +203,7 @@ def load(
     else:
         prepared = {k: ops.prepare_weight(v) if _is_matrix(k, v) else v for k, v in weights.items()}
     net = model_class(args, prepared, ops)
-    if fast and kv_dtype is not None and getattr(net, "fused", None) is not None:
+    if kv_dtype is not None and net.fused is not None:
         net.fused.use_kv_type(kv_dtype)
 
     from atlas_cli.backend.engine import Engine
@@ -224,14 +224,11 @@ def check_kv_type(kv_dtype: str | None) -> None:
 
 def _with_kv_dtype(ops, native: bool, fast: bool, given: str | None, recipe: str | None):
     """The ops making this model's KV caches: the given type, else the recipe's, else the
-    ops' own (bf16 as `open_device` makes them). The fast CPU path takes f16 (its default) or
-    f32 (its decoder is told in `load`), the numpy reference float32 only."""
-    from atlas_cli.backend.cache import HOST_KV_TYPES
-    from atlas_cli.backend.ops.native.attention import KV_DTYPES
-
+    ops' own (bf16 as `open_device` makes them). The types each backend takes are its
+    `KV_TYPES` (the fast CPU path's f16 or f32 go to its fused step in `load`)."""
     check_kv_type(given)
+    allowed = ops.KV_TYPES
     if not native:
-        allowed = tuple(HOST_KV_TYPES) if fast else ("f32",)
         if given is not None and given not in allowed:
             where = "--device cpu" if fast else "--device cpu-ref"
             raise UsageError(
@@ -239,12 +236,12 @@ def _with_kv_dtype(ops, native: bool, fast: bool, given: str | None, recipe: str
                 "bf16 and fp8 are for --device cuda, hip or emu"
             )
         return ops
-    if given is not None and given not in KV_DTYPES:
+    if given is not None and given not in allowed:
         raise UsageError(
             f"--kv-type {given}: --device cuda, hip and emu keep their KV cache in "
-            f"{', '.join(KV_DTYPES)}; f16 is for --device cpu"
+            f"{', '.join(allowed)}; f16 is for --device cpu"
         )
-    chosen = given or (recipe if recipe in KV_DTYPES else None) or ops.kv_dtype
+    chosen = given or (recipe if recipe in allowed else None) or ops.kv_dtype
     return ops.with_kv_dtype(chosen)
 
 

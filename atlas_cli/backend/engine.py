@@ -265,7 +265,8 @@ class Engine:
     @property
     def prefill_chunk(self) -> int:
         """Prompt tokens per forward: the model's ops' own number, else the CPU backends'."""
-        return getattr(getattr(self.model, "ops", None), "PREFILL_CHUNK", PREFILL_CHUNK)
+        chunk = self.model.ops.PREFILL_CHUNK
+        return chunk if chunk is not None else PREFILL_CHUNK
 
     def _forward(self, ids: np.ndarray, start: int) -> np.ndarray:
         self.cache.reserve(start + len(ids))
@@ -417,14 +418,13 @@ class Engine:
         """On the device when the model runs on our kernels and nothing needs the logits on
         the host (no speculation, settings sample.cu takes; a grammar's mask goes to the
         device); else the CPU's."""
-        make = getattr(self.model.ops, "device_sampler", None)
-        if make is None or self.speculator is not None:
+        if not self.model.ops.DEVICE_SAMPLING or self.speculator is not None:
             return host_picker(params, constraint)
         if not ChainSettings.of(params).fits():
             return host_picker(params, constraint)
         draws = min(max_tokens, self.context_length) + 1  # at most one per generated token
-        fused = getattr(self.model, "fused", None)
-        decoder = fused if hasattr(fused, "token_from_device") else None
+        fused = self.model.fused
+        decoder = fused if fused is not None and fused.TOKEN_ON_DEVICE else None
         return device_picker(self.model.ops, params, prompt, draws, decoder, constraint)
 
     def generate(

@@ -23,17 +23,43 @@ Array = Any  # a numpy array, or a native.array.DeviceArray (what of the array p
 Weight = Any  # what prepare_weight returns
 
 
+class FusedStep(Protocol):
+    """A model's decode step fused by a backend from its declaration (`Ops.fuse_decoder`)."""
+
+    # the next token may be handed over on the device (`token_from_device`): the device sampler
+    # writes it where the step reads it, so nothing is copied in
+    TOKEN_ON_DEVICE: bool
+
+    def decode(self, token: int | None, cache: Cache, pos: int) -> Array:
+        """One token at position `pos` through every layer, writing its K/V and state into
+        `cache`; the final normed hidden state (1, H)."""
+
+    def logits_for(self, hidden: Array) -> Array | None:
+        """The logits the step computed with `hidden`, or None: the op path's lm_head."""
+
+    def new_cache(self, layout: CacheLayout, max_len: int) -> Cache | None:
+        """The cache this step reads (its own layout or K/V type), or None: the backend's."""
+
+    def use_kv_type(self, name: str) -> None:
+        """Make the caches the step reads hold K/V as `name` (--kv-type)."""
+
+
 class Ops(Protocol):
     NAME: str  # the --device name: "cpu-ref", "cpu", "cuda", "hip", "emu"
+
+    # -- what the backend does, declared (read by `backend.load` and the engine) -----------
+    KEEP_QUANTIZED: bool  # GGUF blocks reach prepare_weight as they are (no float32 copy)
+    PREFILL_CHUNK: int | None  # prompt tokens per forward; None: the engine's default
+    DEVICE_SAMPLING: bool  # `device_sampler` picks tokens on the device
+    KV_TYPES: tuple[str, ...]  # the --kv-type values its caches take
 
     # -- weights and the decoder hooks ----------------------------------------------------
     def prepare_weight(self, w: Any) -> Weight:
         """A loader's 2-D weight (float array or `formats.QuantizedWeight`) in the form `linear`
         and `embedding` take on this backend."""
 
-    def fuse_decoder(self, model: Any) -> Any | None:
-        """A fused decode step for `model` (`.decode(token, cache, pos) -> (1, H)` and
-        `.new_cache(max_len)`), or None: the model then runs op by op."""
+    def fuse_decoder(self, model: Any) -> FusedStep | None:
+        """The fused decode step of `model`'s declaration, or None: the model runs op by op."""
 
     def device_kv_cache(
         self, n_layers: int, n_kv_heads: int, head_dim: int, max_len: int

@@ -10,6 +10,10 @@ from __future__ import annotations
 import numpy as np
 
 NAME = "cpu-ref"
+KEEP_QUANTIZED = False  # every weight as float32
+PREFILL_CHUNK = None  # the engine's default
+DEVICE_SAMPLING = False
+KV_TYPES = ("f32",)
 
 
 def prepare_weight(w):

@@ -22,6 +22,7 @@ import functools
 import numba
 import numpy as np
 
+from atlas_cli.backend.cache import HOST_KV_TYPES
 from atlas_cli.backend.formats import QuantizedWeight
 from atlas_cli.backend.ops import numpy_ref as _ref
 from atlas_cli.backend.ops.cpu import amx as _amx
@@ -40,7 +41,8 @@ from atlas_cli.backend.ops.cpu.packed import (  # noqa: F401  (ACTIVATIONS_ENV: 
 from atlas_cli.backend.ops.numpy_ref import *  # noqa: F403  (ops this backend does not override)
 
 NAME = "cpu"
-KEEP_QUANTIZED = True  # load_model keeps GGUF blocks (QuantizedTensor) for this backend
+KEEP_QUANTIZED = True  # backend.load keeps GGUF blocks (QuantizedTensor) for this backend
+KV_TYPES = tuple(HOST_KV_TYPES)  # float16 (the default) or float32, on the fused step
 
 # The prefill's elementwise ops: numba row kernels in place of numpy_ref's (after the * import)
 causal_conv1d, l2norm, rms_norm, rms_norm_gated = (

@@ -47,6 +47,7 @@ class _KernelsLoaded:
     the K/V type of the caches it builds; how many workers its parallel loops take."""
 
     warm_ups: tuple = (_d.warm_up,)
+    TOKEN_ON_DEVICE = False  # the host's step: every token comes as an int
 
     def _load_kernels(self, *kernels) -> None:
         self.kv_dtype = FAST_KV_DTYPE

@@ -122,6 +122,8 @@ class DeviceDecoder:
     declaration (layers.py): attention and Gated DeltaNet layers, plain or unit-offset
     norms, per-head q/k norms and an output gate as declared."""
 
+    TOKEN_ON_DEVICE = True  # the device sampler writes the next id into `token`
+
     def __init__(self, ops, model, graph: bool = True):
         d: Declaration = model.declaration
         self.ops, self.model, self.graph, self.decl = ops, model, graph, d
@@ -195,6 +197,16 @@ class DeviceDecoder:
         run(self.ops, [self.final[self._slot]])
         self._last = (self.hidden[self._slot], self.logits[self._slot])
         return self._last[0]
+
+    def new_cache(self, layout, max_len: int) -> None:
+        """None: the step reads the ops' device cache (NativeOps.device_cache)."""
+        return None
+
+    def use_kv_type(self, name: str) -> None:
+        """The device cache's K/V type is the ops' (`NativeOps.with_kv_dtype` chose it before
+        the model was built): check that it is `name`."""
+        if name != self.ops.kv_dtype:
+            raise ValueError(f"the fused step's ops keep K/V as {self.ops.kv_dtype}, not {name}")
 
     def token_from_device(self, token: int) -> None:
         """The device sampler has copied `token` into `self.token`: the next decode of it needs

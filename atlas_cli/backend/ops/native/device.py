@@ -18,7 +18,7 @@ import dataclasses
 from typing import Any
 
 from atlas_cli.backend.layers import CacheLayout
-from atlas_cli.backend.ops.native.attention import AttentionLaunchers
+from atlas_cli.backend.ops.native.attention import KV_DTYPES, AttentionLaunchers
 from atlas_cli.backend.ops.native.cache import HybridCache
 from atlas_cli.backend.ops.native.decoder import DeviceDecoder, supports
 from atlas_cli.backend.ops.native.elementwise import ElementwiseLaunchers
@@ -35,6 +35,11 @@ class NativeOps(
     SamplingLaunchers,
 ):
     """The ops contract, run as our kernels on `runtime`."""
+
+    # the contract's declarations (PREFILL_CHUNK: weights.py, with its reasons)
+    KEEP_QUANTIZED = False  # placement.py uploads each weight in its device format instead
+    DEVICE_SAMPLING = True  # sample.py's device_sampler
+    KV_TYPES = KV_DTYPES
 
     fuse_graphs = True  # the fused decode step replays a captured graph (False: direct launches)
 
