@@ -8,10 +8,10 @@ import hashlib
 import numpy as np
 from numba.core.caching import FunctionCache
 
+from atlas_cli.backend.ops.cpu import blocks as cpu_blocks
 from atlas_cli.backend.ops.cpu import decode as cpu_decode
 from atlas_cli.backend.ops.cpu import jit
 from atlas_cli.backend.ops.cpu import kernels as cpu_kernels
-from atlas_cli.backend.ops.cpu import qwen35 as cpu_qwen35
 
 
 def test_kernel_stamp_covers_every_kernel_file():
@@ -20,7 +20,7 @@ def test_kernel_stamp_covers_every_kernel_file():
     for name in jit.KERNEL_FILES:
         h.update((here / name).read_bytes())
     assert jit.kernel_sources_digest() == h.hexdigest()
-    kernels = (cpu_kernels.row_dot, cpu_kernels.gemm, cpu_decode.decode_step, cpu_qwen35.gdn_block)
+    kernels = (cpu_kernels.row_dot, cpu_kernels.gemm, cpu_decode.decode_step, cpu_blocks.gdn_block)
     for fn in kernels:
         locator = fn._cache._impl.locator
         assert type(locator).__name__ == "KernelFilesLocator"

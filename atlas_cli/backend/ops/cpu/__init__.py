@@ -1,10 +1,11 @@
 """The fast CPU backend (`--device cpu`): numba kernels on the quantized GGUF blocks.
 
-- fast.py          the ops contract on this backend (products on the blocks), and the fused
-                   decode steps it builds from a model's layer declaration
-- decode.py        the fused step's kernels: every attention layer of a token in one call,
-                   the shared row stages (norm, projections, MLP) and the kernel warm-up
-- qwen35.py        the fused step's Gated DeltaNet and gated-attention layer kernels
+- fast.py          the ops contract on this backend (products on the blocks)
+- packed.py        PackedMatrix: a GGUF matrix's blocks as the kernels address them
+- fused.py         the fused decode steps, built from a model's layer declaration
+- decode.py        FusedDecoder's kernel: every attention layer of a token in one call, the
+                   shared row stages (norm, projections, MLP) and the kernel warm-up
+- blocks.py        FusedLayers' kernels: a Gated DeltaNet or gated-attention layer a call
 - kernels.py       row dots, GEMV/GEMM on the blocks, attention, the float16 KV helpers
 - prefill.py       the int16 prefill GEMM; amx.py its AMX form (where the CPU has AMX)
 - gdn.py           the chunked gated delta rule of the prefill

@@ -4,8 +4,8 @@ Which step a model gets follows from what its layers are, never from its name:
 
 - every layer plain attention (no output gate): `FusedDecoder`, all layers of a token in one
   numba call (decode.decode_step), q/k/v biases and per-head q/k norms as declared;
-- otherwise `FusedLayers`, one numba call per layer and its MLP: qwen35.gdn_block for a Gated
-  DeltaNet layer, qwen35.attention_block for a gated attention layer with q/k norms.
+- otherwise `FusedLayers`, one numba call per layer and its MLP: blocks.gdn_block for a Gated
+  DeltaNet layer, blocks.attention_block for a gated attention layer with q/k norms.
 
 Norm weights go in as the multiplier the declaration states (w, or 1 + w). A weight the
 kernels cannot read (a format without a kernel, rows stored out of order, matrices in several
@@ -20,10 +20,10 @@ import numpy as np
 from atlas_cli.backend.cache import FAST_KV_DTYPE, HOST_KV_TYPES, HybridCache, StackedKVCache
 from atlas_cli.backend.layers import Attention, CacheLayout, Declaration, LayerKind
 from atlas_cli.backend.ops import numpy_ref as _ref
+from atlas_cli.backend.ops.cpu import blocks as _blocks
 from atlas_cli.backend.ops.cpu import decode as _d
 from atlas_cli.backend.ops.cpu import jit
 from atlas_cli.backend.ops.cpu import kernels as _k
-from atlas_cli.backend.ops.cpu import qwen35 as _q35
 from atlas_cli.backend.ops.cpu.packed import (
     PackedMatrix,
     address,
@@ -177,11 +177,11 @@ def _fuse_all_layers(model) -> FusedDecoder | None:
 
 
 class FusedLayers(_KernelsLoaded):
-    """A decode step of one numba call per layer and its MLP (qwen35.gdn_block or
-    qwen35.attention_block) on the host HybridCache. Reads the same packed weights as the op
+    """A decode step of one numba call per layer and its MLP (blocks.gdn_block or
+    blocks.attention_block) on the host HybridCache. Reads the same packed weights as the op
     path."""
 
-    warm_ups = (_d.warm_up, _q35.warm_up)
+    warm_ups = (_d.warm_up, _blocks.warm_up)
 
     def __init__(self, model, layers: list[dict]):
         d: Declaration = model.declaration
@@ -199,7 +199,7 @@ class FusedLayers(_KernelsLoaded):
         self.att = np.empty(nq, np.float32)
         self.scores = np.empty((nh, 0), np.float32)
         self.act = np.empty(layers[0]["act"], np.float32)
-        self._load_kernels(_d.decode_step, _q35.gdn_block)
+        self._load_kernels(_d.decode_step, _blocks.gdn_block)
 
     def new_cache(self, layout: CacheLayout, max_len: int) -> HybridCache:
         """The host HybridCache of `layout`, K/V as `kv_dtype`."""
@@ -221,7 +221,7 @@ class FusedLayers(_KernelsLoaded):
         for i, layer in enumerate(self.layers):
             if layer["kind"] is LayerKind.GATED_DELTANET:
                 state = cache.linear[i]
-                _q35.gdn_block(
+                _blocks.gdn_block(
                     x, layer["norm"], layer["post_norm"], self.eps, layer["descs"],
                     layer["bufs"], layer["out_perm"], layer["conv_w"], state.conv,
                     state.recurrent, layer["a_neg"], layer["dt_bias"], layer["gnorm"],
@@ -230,7 +230,7 @@ class FusedLayers(_KernelsLoaded):
                 )  # fmt: skip
             else:
                 kv = cache.kv[i]
-                _q35.attention_block(
+                _blocks.attention_block(
                     x, layer["norm"], layer["post_norm"], self.eps, layer["descs"],
                     layer["bufs"], layer["q_norm"], layer["k_norm"], cos, sin, pos,
                     _k.kv_bits(kv.k), _k.kv_bits(kv.v), layer["mlp_buf"], layer["mlp"],

@@ -6,7 +6,7 @@
   mtime) of its own source file only. The kernels span several files (the LLVM IR of the block
   formats in ir.py and of their integer dots in ir_int8.py and ir_int16.py, the
   loops in kernels.py and prefill.py, the chunked Gated DeltaNet in gdn.py, the
-  fused decode steps in decode.py and qwen35.py), and a change to a callee must
+  fused decode steps in decode.py and blocks.py), and a change to a callee must
   recompile its callers, so their stamp covers all of them.
 - Where that cache lives: with atlas's other derived data (store.paths.cache_dir()/numba), not
   next to the sources in site-packages, which may be read-only and is lost on reinstall.
@@ -33,7 +33,7 @@ KERNEL_FILES = (
     "kernels.py",
     "prefill.py",
     "decode.py",
-    "qwen35.py",
+    "blocks.py",
     "gdn.py",
     "rows.py",
     "amx.py",

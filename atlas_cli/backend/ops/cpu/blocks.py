@@ -1,4 +1,5 @@
-"""The fused decode step of Qwen3.5 on the fast CPU path: one numba call per layer.
+"""The fast CPU path's layer-at-a-time fused decode step (fused.FusedLayers): one numba call
+per layer, for the Gated DeltaNet and gated attention layers of hybrid models (Qwen3.5).
 
 Op by op, a Qwen3.5 decode step is ~20 numpy and kernel calls per layer (projections, conv,
 norms, gates, the recurrent update, the output norm), a third of a 0.8B model's step time on
@@ -10,7 +11,7 @@ one iteration per thread and hands each stage's rows, channels and heads out thr
 (cpu.ir_sync) instead of a `prange` per stage, six per layer: a layer with hot weights ran
 4-9% faster, the whole step (weights streamed from memory) the same. Same math
 as the op path (models/qwen3_5.py with numpy_ref's ops), the same packed weights, the same
-host `cache.HybridCache`. The decoder that drives them layer by layer is `cpu.fast.FusedQwen35`.
+host `cache.HybridCache`.
 
 Shapes: H hidden size, C conv channels (2 nk dk + nv dv), nk/nv key/value heads of dk/dv
 (value head h reads key head h // (nv // nk)), nh/nkv attention heads of dim hd.
