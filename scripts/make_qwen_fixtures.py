@@ -2,7 +2,8 @@
 tests/fixtures/qwen/. Run with an environment that has torch and transformers (CI does not:
 the tests only read what this script writes):
 
-    .refvenv/bin/python scripts/make_qwen_fixtures.py  # the venv scripts/make_reference.py makes
+    .refvenv/bin/python scripts/make_qwen_fixtures.py [qwen2|qwen3|qwen35 ...]  # default: all
+                                                      # (the venv scripts/make_reference.py makes)
 
 Every checkpoint is random (seeded) and tiny (hidden 16 or 32, vocab 64). Each directory gets a
 `reference.npz`: `prompt` (T,) and `decode` (32,) token ids, and `logits` (T + 32, V) float32 from
@@ -22,9 +23,11 @@ What is built, and what it covers:
   scales, FP32 global scale), mixed: layer 0's GDN, lm_head and mtp.fc stay bf16 and one MLP
   weight is FP8 with a per-tensor scale. Reference: transformers on the dequantized weights,
   dequantized here in torch with modelopt's formula; `dequant_*` arrays hold two of them.
-- qwen3-gguf, qwen35-gguf: a `model.gguf` laid out as llama.cpp's convert_hf_to_gguf.py writes
-  it (see `write_qwen35_gguf`), Q8_0/Q4_0 weights; the reference logits come from transformers
-  loading the GGUF file itself, so its (independent) GGUF mapping checks our loader.
+- qwen2-bf16: Qwen2ForCausalLM (q/k/v biases, no q/k norms), GQA 2, untied.
+- qwen3-gguf, qwen35-gguf, qwen2-gguf: a `model.gguf` laid out as llama.cpp's
+  convert_hf_to_gguf.py writes it (see `write_qwen35_gguf`), Q8_0/Q4_0 weights (qwen2: F32
+  biases); the reference logits come from transformers loading the GGUF file itself, so its
+  (independent) GGUF mapping checks our loader.
 
 The steps are in scripts/fixtures/ (qwen_models, qwen_nvfp4, qwen_gguf); this file lists what is
 built, with which seed and config.
@@ -32,10 +35,18 @@ built, with which seed and config.
 
 from __future__ import annotations
 
+import sys
+
 import torch
 from fixtures.qwen_checkpoint import OUT
-from fixtures.qwen_gguf import make_gguf, write_qwen3_gguf, write_qwen35_gguf
-from fixtures.qwen_models import make_qwen3, make_qwen35_text, make_qwen35_vlm, qwen35_model
+from fixtures.qwen_gguf import make_gguf, write_qwen2_gguf, write_qwen3_gguf, write_qwen35_gguf
+from fixtures.qwen_models import (
+    make_qwen2,
+    make_qwen3,
+    make_qwen35_text,
+    make_qwen35_vlm,
+    qwen35_model,
+)
 from fixtures.qwen_nvfp4 import make_nvfp4
 
 # The config of each checkpoint, over the defaults in fixtures/qwen_models.py.
@@ -87,16 +98,30 @@ QWEN35_F32 = dict(
     tie_word_embeddings=True,
     rope={"partial_rotary_factor": 1.0, "mrope_section": [2, 1, 1]},
 )
+QWEN2 = dict(
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    tie_word_embeddings=False,
+)
 VLM_SEED = 50
 
 
-def main() -> None:
-    OUT.mkdir(parents=True, exist_ok=True)
-    print("qwen3")
+def qwen2() -> None:
+    model, prompt, decode, _ = make_qwen2("qwen2-bf16", 70, torch.bfloat16, **QWEN2)
+    make_gguf("qwen2-gguf", write_qwen2_gguf, prompt, decode, model, model.config)
+
+
+def qwen3() -> None:
     make_qwen3("qwen3-tied-bf16", 10, torch.bfloat16, **QWEN3_TIED)
     q3, q3_prompt, q3_decode, _ = make_qwen3("qwen3-gqa4-f16", 20, torch.float16, **QWEN3_GQA4)
     make_qwen3("qwen3-mha-f32", 30, torch.float32, **QWEN3_MHA)
-    print("qwen3_5")
+    # transformers' qwen3 GGUF config mapping ignores attention.key_length (it assumes
+    # head_dim 128), so give it the config; the weights still come from the GGUF file.
+    make_gguf("qwen3-gguf", write_qwen3_gguf, q3_prompt, q3_decode, q3, q3.config, config=q3.config)
+
+
+def qwen35() -> None:
     make_qwen35_text("qwen35-text-bf16", 40, torch.bfloat16, prompt_len=70, **QWEN35_TEXT)
     model, config, tensors, prompt, decode, _ = make_qwen35_vlm(
         "qwen35-vlm-bf16", VLM_SEED, torch.bfloat16, **QWEN35_VLM
@@ -104,17 +129,23 @@ def main() -> None:
     make_qwen35_text("qwen35-f32", 60, torch.float32, **QWEN35_F32)
     print("nvfp4")
     make_nvfp4("qwen35-nvfp4", OUT / "qwen35-vlm-bf16", model, tensors, prompt, decode)
-    print("gguf")
-    # transformers' qwen3 GGUF config mapping ignores attention.key_length (it assumes
-    # head_dim 128), so give it the config; the weights still come from the GGUF file.
-    make_gguf("qwen3-gguf", write_qwen3_gguf, q3_prompt, q3_decode, q3, q3.config, config=q3.config)
     # a fresh copy of the bf16 VLM model: make_nvfp4 overwrote its weights in place
     model = qwen35_model(config, VLM_SEED, torch.bfloat16)
     mtp = {k: v for k, v in tensors.items() if k.startswith("mtp.")}
     make_gguf("qwen35-gguf", write_qwen35_gguf, prompt, decode, model, config, mtp)
+
+
+FAMILIES = {"qwen2": qwen2, "qwen3": qwen3, "qwen35": qwen35}
+
+
+def main(families: list[str]) -> None:
+    OUT.mkdir(parents=True, exist_ok=True)
+    for family in families or FAMILIES:
+        print(family)
+        FAMILIES[family]()
     total = sum(f.stat().st_size for f in OUT.rglob("*") if f.is_file())
     print(f"total fixture size: {total / 1024:.0f} KiB")
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

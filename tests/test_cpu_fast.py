@@ -433,6 +433,33 @@ def test_qwen35_out_proj_stays_quantized_and_matches_transformers():
     assert rel_err(steps, ref["logits"][t:]) < 1e-3
 
 
+QWEN2_GGUF = Path(__file__).parent / "fixtures" / "qwen" / "qwen2-gguf"
+
+
+@pytest.mark.parametrize("activations", ["float32", "int8"])
+def test_qwen2_biases_run_in_the_fused_step(activations, monkeypatch):
+    """Qwen2 (q/k/v biases, llama.cpp's layout) on the fused step its declaration gets: the
+    logits of transformers loading the same file, prefill and 32 cached steps."""
+    from atlas_cli.backend.ops.cpu.fused import FusedDecoder
+    from atlas_cli.session import open_model
+    from tests.test_cpu_int8 import _greedy_agrees
+
+    monkeypatch.setenv("ATLAS_CPU_ACTIVATIONS", activations)
+    kv = "f32" if activations == "float32" else None
+    model = open_model(str(QWEN2_GGUF / "model.gguf"), device="cpu", kv_dtype=kv)
+    net = model.engine.model
+    assert isinstance(net.fused, FusedDecoder) and np.abs(net.fused.bias).max() > 0
+    ref = np.load(QWEN2_GGUF / "reference.npz")
+    t = len(ref["prompt"])
+    prefill = model.engine.logits(ref["prompt"])
+    steps = np.stack([model.engine.step(int(tok)) for tok in ref["decode"]])
+    got = np.concatenate([prefill, steps])
+    # int8 activations: as the qwen35 fixture (one int8 code is ~1e-3 of a 32-wide model's logits)
+    assert rel_err(got, ref["logits"]) < (1e-4 if activations == "float32" else 3e-3)
+    assert len(prefill) == t
+    _greedy_agrees(got, ref["logits"])
+
+
 def test_out_proj_in_hf_order_is_kept_quantized_everywhere():
     """One value head per key head (Qwen3.5-0.8B): the stored order is HF's, so every backend
     that keeps blocks gets them, with no column permutation."""

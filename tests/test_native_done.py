@@ -37,13 +37,14 @@ HF_FIXTURES = [
     "qwen35-nvfp4",
     "qwen35-text-bf16",  # a 70-token prompt: prefill crosses a GDN chunk
     "qwen35-vlm-bf16",
+    "qwen2-bf16",
 ]
-GGUF_FIXTURES = ["qwen3-gguf", "qwen35-gguf"]
+GGUF_FIXTURES = ["qwen3-gguf", "qwen35-gguf", "qwen2-gguf"]
 # ATLAS_NATIVE_FULL=1: every fixture (about 15 minutes on two cores); the suite takes one per
 # architecture and file kind (tests/test_native_qwen35.py covers the other qwen35 fixtures).
 FULL = bool(os.environ.get("ATLAS_NATIVE_FULL"))
 ALL_FIXTURES = [*HF_FIXTURES, *GGUF_FIXTURES, "llama"]
-SUITE_FIXTURES = ["qwen3-gqa4-f16", "qwen35-text-bf16", "qwen35-gguf", "llama"]
+SUITE_FIXTURES = ["qwen3-gqa4-f16", "qwen35-text-bf16", "qwen35-gguf", "qwen2-gguf", "llama"]
 MTP_FIXTURES = ["qwen35-nvfp4", "qwen35-vlm-bf16"]  # the ones with an MTP block
 
 

@@ -25,6 +25,8 @@ CHECKPOINTS = {
     "qwen3-gqa4-f16": ("qwen3", "f16"),
     "qwen3-mha-f32": ("qwen3", "f32"),
     "qwen3-gguf": ("qwen3", "Q8_0"),
+    "qwen2-bf16": ("qwen2", "bf16"),
+    "qwen2-gguf": ("qwen2", "Q8_0"),
     "qwen35-text-bf16": ("qwen3_5_text", "bf16"),
     "qwen35-vlm-bf16": ("qwen3_5", "bf16"),
     "qwen35-f32": ("qwen3_5_text", "f32"),

@@ -37,6 +37,8 @@ CPU_OPS = {
 MODEL_CLASSES = {
     "llama": ("atlas_cli.backend.models.llama", "LlamaModel"),
     "mistral": ("atlas_cli.backend.models.llama", "LlamaModel"),
+    # Qwen2 / Qwen2.5: Llama with q/k/v biases, which every Llama-family declaration lists
+    "qwen2": ("atlas_cli.backend.models.llama", "LlamaModel"),
     "qwen3": ("atlas_cli.backend.models.qwen3", "Qwen3Model"),
     "qwen3_5": ("atlas_cli.backend.models.qwen3_5", "Qwen3_5Model"),
     "qwen3_5_text": ("atlas_cli.backend.models.qwen3_5", "Qwen3_5Model"),

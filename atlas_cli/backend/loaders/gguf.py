@@ -73,7 +73,7 @@ _BLOCK_NAME = re.compile(r"^blk\.(\d+)\.(.+)$")
 # Architectures whose converter permuted Q/K rows for ggml's interleaved RoPE (llama.cpp's
 # convert_hf_to_gguf.py `LlamaModel.permute`); we undo it so RoPE is the HF rotate_half form.
 PERMUTED_QK_ARCHS = {"llama"}
-SUPPORTED_ARCHS = {"llama", "qwen3", "qwen35"}
+SUPPORTED_ARCHS = {"llama", "qwen2", "qwen3", "qwen35"}
 
 
 @dataclass(frozen=True)
