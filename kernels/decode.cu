@@ -12,7 +12,7 @@
 //   - W as up to DG_SEGS matrices of one format stacked by rows (qkv|z|b|a of a Gated DeltaNet
 //     layer, q|k|v of attention), described by a device table `segs` of DG_SEG_WORDS int64 per
 //     matrix: data, scales, row_bytes, srow_bytes, end row (cumulative), global-scale bits.
-//   - an epilogue: store; add into y (the residual stream, in place); SwiGLU, silu(row r of
+//   - an epilogue: store (plus a bias per row where `bias` is given); add into y (the residual stream, in place); SwiGLU, silu(row r of
 //     matrix 0) * (row r of matrix 1), rows = matrix 0's; and, for rows < conv_rows, the Gated
 //     DeltaNet causal conv of that channel with its state shifted in place, then SiLU (each
 //     channel is one warp's row, so the in-place shift has no other reader).
@@ -128,6 +128,7 @@ struct DgArgs {
     const float* conv_w;
     float* conv_st;
     int conv_rows, K;
+    const float* bias;  // added to a stored row (q/k/v biases); null: none
 };
 
 ATLAS_DEV GvRow dg_row(const DgSeg& g, int r) {
@@ -211,7 +212,7 @@ ATLAS_DEV void dg_store(const DgArgs& a, int r, float d0, float d1) {
     if (r < a.conv_rows) a.y[r] = dg_conv(a.conv_w, a.conv_st, a.conv_rows, a.K, r, d0);
     else if (a.epi == DG_ADD) a.y[r] = a.y[r] + d0;
     else if (a.epi == DG_SWIGLU) a.y[r] = siluf_(d0) * d1;
-    else a.y[r] = d0;
+    else a.y[r] = a.bias ? d0 + a.bias[r] : d0;  // after the product, as linear(x, W, b)
 }
 
 // The 16-byte path: all of a warp's rows against each staged tile (PAIR: the SwiGLU pair's
@@ -296,9 +297,9 @@ ATLAS_DEV void dg_entry(const DgArgs& a) {
         dgemv_##name(const long long* __restrict__ segs, int nseg, const float* x,              \
                      const float* pw, int pro, float eps, int epi, float* y, int rows,          \
                      int cols, float* xn_out, i32* bump, const float* conv_w, float* conv_st,   \
-                     int conv_rows, int K) {                                                    \
+                     int conv_rows, int K, const float* bias) {                                 \
         DgArgs a = {segs,   nseg, x,      pw,      pro,       eps, epi, y, rows, cols,          \
-                    xn_out, bump, conv_w, conv_st, conv_rows, K};                               \
+                    xn_out, bump, conv_w, conv_st, conv_rows, K, bias};                         \
         dg_entry<F>(a);                                                                         \
     }
 ATLAS_FOR_EACH_FORMAT(DGEMV_ENTRY)

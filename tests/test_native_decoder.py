@@ -83,11 +83,21 @@ def llama_fixture(tmp_path: Path) -> Path:
 
 @pytest.mark.slow  # the emulator
 @pytest.mark.parametrize(
-    "name", ["qwen3-mha-f32", "qwen3-gqa4-f16", "qwen3-tied-bf16", "qwen3-gguf", "llama"]
+    "name",
+    [
+        "qwen3-mha-f32",
+        "qwen3-gqa4-f16",
+        "qwen3-tied-bf16",
+        "qwen3-gguf",
+        "qwen2-bf16",
+        "qwen2-gguf",
+        "llama",
+    ],
 )
 def test_attention_only_models_run_the_fused_step(name, tmp_path):
-    """Qwen3 and Llama get the fused device step from their declaration: the op path's logits
-    within 1e-5 over a prefill and 32 greedy steps, the same tokens."""
+    """Qwen3, Qwen2 (q/k/v biases in the GEMV epilogue) and Llama get the fused device step
+    from their declaration: the op path's logits within 1e-5 over a prefill and 32 greedy
+    steps, the same tokens."""
     path = llama_fixture(tmp_path) if name == "llama" else fixture_path(name)
     prompt = prompt_of("qwen3-mha-f32" if name == "llama" else name)
     check_fused_step(path, prompt, op_path_tol=1e-5)

@@ -49,10 +49,12 @@ class _KernelsLoaded:
     warm_ups: tuple = (_d.warm_up,)
     TOKEN_ON_DEVICE = False  # the host's step: every token comes as an int
 
-    def _load_kernels(self, *kernels) -> None:
+    def _load_kernels(self, *others) -> None:
+        """Load decode.py's kernels and `others` (from numba's disk cache, or compiled with a
+        notice)."""
         self.kv_dtype = FAST_KV_DTYPE
         self.workers = None  # iterations of each parallel loop; None: the threads
-        if not all(_d.kernels_cached(k) for k in kernels):
+        if not (_d.kernels_cached() and all(_d.kernels_cached(k) for k in others)):
             jit.compile_notice()
         for warm_up in self.warm_ups:
             warm_up(self.kv_dtype)
@@ -121,7 +123,7 @@ class FusedDecoder(_KernelsLoaded):
         self.act = np.empty(mats[0][_d.GATE].shape[0], np.float32)
         self.x = np.empty(e.shape[1], np.float32)
         self.scores = np.empty((self.n_heads, 0), np.float32)
-        self._load_kernels(_d.decode_step)
+        self._load_kernels()
 
     def new_cache(self, layout: CacheLayout, max_len: int) -> StackedKVCache:
         return StackedKVCache(self.n_layers, self.n_kv, self.head_dim, max_len, self.kv_dtype)
@@ -199,7 +201,7 @@ class FusedLayers(_KernelsLoaded):
         self.att = np.empty(nq, np.float32)
         self.scores = np.empty((nh, 0), np.float32)
         self.act = np.empty(layers[0]["act"], np.float32)
-        self._load_kernels(_d.decode_step, _blocks.gdn_block)
+        self._load_kernels(_blocks.gdn_block)
 
     def new_cache(self, layout: CacheLayout, max_len: int) -> HybridCache:
         """The host HybridCache of `layout`, K/V as `kv_dtype`."""

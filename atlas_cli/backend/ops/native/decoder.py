@@ -86,13 +86,15 @@ def dgemv(
     xn: DeviceArray | None = None,
     bump: DeviceArray | None = None,
     eps: float = 0.0,
+    bias: DeviceArray | None = None,
 ) -> list[Launch]:
     """The launches of y = W x (W: the stacked `groups`, `cols` wide; `rows0`: the first
     matrix's rows) with the prologue `pro` (x times `pw`: the norm weight, or the sigmoid of
     the gate; PRO_NORM also scales by rsqrt(mean(x^2) + eps)) and epilogue `epi` (EPI_SWIGLU:
     silu(matrix 0) * matrix 1, rows0 rows); `conv` = (weight (C, K), state (K-1, C)) runs the
     Gated DeltaNet conv on the first C rows; `xn` receives the normed x, `bump` is the
-    position counter to advance (decode.cu dgemv_<fmt>)."""
+    position counter to advance; `bias` (one per stacked row) is added to stored rows
+    (decode.cu dgemv_<fmt>)."""
     assert epi != EPI_SWIGLU or pro == PRO_NORM  # decode.cu's one SwiGLU body
     out = []
     for g in groups:
@@ -106,6 +108,7 @@ def dgemv(
         args += [ptr(xn.ptr if xn is not None else 0), ptr(bump.ptr if bump is not None else 0)]
         args += [ptr(cw.ptr if cw is not None else 0), ptr(cs.ptr if cs is not None else 0)]
         args += [i32(crows), i32(cw.shape[1] if cw is not None else 0)]
+        args += [ptr(bias.ptr + 4 * g.offset if bias is not None else 0)]
         grid = (-(-rows // BLOCK_ROWS),)
         out.append(Launch("decode.cu", f"dgemv_{g.fmt}", grid, (256,), args))
     return out
@@ -135,6 +138,8 @@ class DeviceDecoder:
         norms = {d.final_norm} | {n for lay in d.layers for n in _norm_names(lay)}
         self.w = {k: self._vec(v, k in norms) for k, v in model.w.items()
                   if not isinstance(v, DeviceWeight)}  # fmt: skip
+        self.biases = {i: self._stacked_bias(lay.mixer) for i, lay in enumerate(d.layers)
+                       if isinstance(lay.mixer, Attention)}  # fmt: skip
         self.inv_freq = ops.asarray(np.asarray(model.inv_freq, np.float32))
         self.rot = 2 * int(model.inv_freq.shape[0])
         self._alloc_buffers(d, model.w)
@@ -156,6 +161,21 @@ class DeviceDecoder:
             return v if isinstance(v, DeviceArray) else self.ops.asarray(np.asarray(v, np.float32))
         w = v.numpy() if isinstance(v, DeviceArray) else np.asarray(v)
         return self.ops.asarray(self.decl.norm_multiplier(w))
+
+    def _stacked_bias(self, m: Attention) -> DeviceArray | None:
+        """The q | k | v biases as one device vector beside the stacked rows (zeros for a
+        matrix without one), or None when the layer has none: dgemv adds it to the rows."""
+        w = self.model.w
+        if all(w.get(b) is None for b in m.biases):
+            return None
+        parts = []
+        for name, mat in zip(m.biases, m.inputs, strict=True):
+            b = w.get(name)
+            if b is None:
+                parts.append(np.zeros(w[mat].rows, np.float32))
+            else:
+                parts.append(b.numpy() if isinstance(b, DeviceArray) else np.asarray(b))
+        return self.ops.asarray(np.concatenate(parts).astype(np.float32))
 
     def _alloc_buffers(self, d: Declaration, w) -> None:
         ops = self.ops
@@ -315,7 +335,7 @@ class DeviceDecoder:
         kb, vb = kv.layers[kv_slot(cache, i)]
         gated = m.output_gate and self.model.w[m.inputs[0]].rows == 2 * nh * hd
         norm = self.w[layer.input_norm]
-        out = self.gemv(m.inputs, self.x, self.proj, PRO_NORM, norm)
+        out = self.gemv(m.inputs, self.x, self.proj, PRO_NORM, norm, bias=self.biases[i])
         qn = self.w[m.q_norm].ptr if m.q_norm is not None else 0
         kn = self.w[m.k_norm].ptr if m.k_norm is not None else 0
         unit = int(self.decl.unit_offset_norms)  # the kernel forms the q/k norms' 1 + w
@@ -381,8 +401,6 @@ def supports(model) -> bool:
     for layer in d.layers:
         m = layer.mixer
         if isinstance(m, Attention):
-            if any(w.get(b) is not None for b in m.biases):
-                return False  # q/k/v biases: not in the GEMV epilogue yet
             if m.head_dim not in ATTN_HEAD_DIMS or m.head_dim > 256:
                 return False
         elif not _gdn_fits(m):
