@@ -108,13 +108,13 @@ class Declaration:
     """A decoder's layers and the weights around them."""
 
     layers: tuple[Layer, ...]
+    embedding: str
+    final_norm: str
+    lm_head: str
     eps: float  # every RMSNorm's epsilon
     # RMSNorm weights stored as w, applied as (1 + w) (Qwen3.5, Gemma); q/k norms included,
     # the Gated DeltaNet's gated norm not
     unit_offset_norms: bool = False
-    embedding: str = "model.embed_tokens.weight"
-    final_norm: str = "model.norm.weight"
-    lm_head: str = "lm_head.weight"
 
     @property
     def kinds(self) -> tuple[LayerKind, ...]:
@@ -142,15 +142,3 @@ class Declaration:
         for unit-offset norms (the sum numpy_ref.rms_norm forms, in float32)."""
         w = np.asarray(w, np.float32)
         return w + np.float32(1.0) if self.unit_offset_norms else w
-
-    def names(self) -> set[str]:
-        """Every weight name the declaration reads (the optional biases included)."""
-        out = {self.embedding, self.final_norm, self.lm_head}
-        for layer in self.layers:
-            m = layer.mixer
-            out |= {layer.input_norm, layer.post_norm, *layer.mlp, *m.inputs, m.output}
-            if isinstance(m, Attention):
-                out |= {*m.biases} | {n for n in (m.q_norm, m.k_norm) if n is not None}
-            else:
-                out |= {m.conv, m.decay, m.dt_bias, m.norm}
-        return out

@@ -275,6 +275,18 @@ class BaseModel:
         return cache if cache is not None else host_cache(layout, max_len)
 
 
+def declaration(layers, eps: float, unit_offset_norms: bool = False) -> Declaration:
+    """`layers` with Hugging Face's names for the embedding, the final norm and the lm_head."""
+    return Declaration(
+        tuple(layers),
+        "model.embed_tokens.weight",
+        "model.norm.weight",
+        "lm_head.weight",
+        eps,
+        unit_offset_norms,
+    )
+
+
 def attention_layer(prefix: str, a: Any, qk_norm: bool = False, output_gate: bool = False) -> Layer:
     """A block of Hugging Face's Llama names under `prefix` ("model.layers.{i}."): `self_attn`
     with the geometry of `a` (ModelArgs), the two norms and the SwiGLU `mlp`."""

@@ -16,6 +16,7 @@ from atlas_cli.backend.models.base import (
     attention_layer,
     attention_shapes,
     check_rope,
+    declaration,
     mlp_shapes,
     require,
     rope_inv_freq,
@@ -99,7 +100,7 @@ class LlamaModel(BaseModel):
             attention_layer(f"model.layers.{i}.", a, qk_norm=cls.qk_norm)
             for i in range(a.num_hidden_layers)
         )
-        return Declaration(tuple(layers), eps=a.rms_norm_eps)
+        return declaration(layers, a.rms_norm_eps)
 
     def rope_frequencies(self) -> np.ndarray:
         a = self.args

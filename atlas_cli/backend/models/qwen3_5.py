@@ -24,6 +24,7 @@ from atlas_cli.backend.models.base import (
     attention_shapes,
     block,
     check_rope,
+    declaration,
     mlp_shapes,
     require,
     rope_inv_freq,
@@ -119,7 +120,7 @@ class Qwen3_5Model(BaseModel):
                 layers.append(block(p, cls.gated_deltanet_mixer(a, p + "linear_attn.")))
             else:
                 layers.append(attention_layer(p, a, qk_norm=True, output_gate=True))
-        return Declaration(tuple(layers), eps=a.rms_norm_eps, unit_offset_norms=True)
+        return declaration(layers, a.rms_norm_eps, unit_offset_norms=True)
 
     @staticmethod
     def gated_deltanet_mixer(a: ModelArgs, p: str) -> GatedDeltaNet:
