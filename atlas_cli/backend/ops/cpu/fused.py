@@ -41,7 +41,7 @@ def fuse_decoder(model) -> FusedDecoder | FusedLayers | None:
     return _fuse_layer_by_layer(model)
 
 
-class _KernelsLoaded:
+class _HostStep:
     """What both steps share: the kernels loaded before the weights are first read, then the
     JIT compiler's pages let go, so the two are never resident together (docs/performance.md);
     the K/V type of the caches it builds; how many workers its parallel loops take."""
@@ -79,7 +79,7 @@ class _KernelsLoaded:
 # -- every layer attention: one call per token -------------------------------------------------
 
 
-class FusedDecoder(_KernelsLoaded):
+class FusedDecoder(_HostStep):
     """All layers of an attention-only decoder for one token per numba call
     (decode.decode_step). Reads the same packed weights as the op path."""
 
@@ -178,7 +178,7 @@ def _fuse_all_layers(model) -> FusedDecoder | None:
 # -- one call per layer: Gated DeltaNet and gated attention layers -----------------------------
 
 
-class FusedLayers(_KernelsLoaded):
+class FusedLayers(_HostStep):
     """A decode step of one numba call per layer and its MLP (blocks.gdn_block or
     blocks.attention_block) on the host HybridCache. Reads the same packed weights as the op
     path."""
@@ -194,8 +194,8 @@ class FusedLayers(_KernelsLoaded):
         self.inv_freq = np.ascontiguousarray(model.inv_freq, np.float32)
         self.gdn_proj = np.empty(max(lay.get("proj_rows", 0) for lay in layers), np.float32)
         self.core = np.empty(max(lay.get("core", 0) for lay in layers), np.float32)
-        att = [lay for lay in layers if lay["kind"] is LayerKind.ATTENTION]
-        nh, nq, nk = (att[0]["n_heads"], att[0]["nq"], att[0]["nk"]) if att else (0, 0, 0)
+        att = d.attention()
+        nh, nq, nk = att.n_heads, att.n_heads * att.head_dim, att.n_kv_heads * att.head_dim
         self.attn_proj = np.empty(2 * nq + 2 * nk, np.float32)
         self.qk = np.empty(nq + nk, np.float32)
         self.att = np.empty(nq, np.float32)
@@ -344,7 +344,4 @@ def _gated_attention_weights(model, m: Attention, out: dict) -> dict | None:
         "bufs": _buffers(mats),
         "q_norm": d.norm_multiplier(w[m.q_norm]),
         "k_norm": d.norm_multiplier(w[m.k_norm]),
-        "n_heads": nh,
-        "nq": nh * hd,
-        "nk": m.n_kv_heads * hd,
     }
