@@ -5,7 +5,9 @@ with it."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
+import gguf as gguf_package
 import numpy as np
 import pytest
 
@@ -15,7 +17,10 @@ from atlas_cli.backend.loaders.safetensors import FP8Tensor, NVFP4Tensor
 from atlas_cli.backend.ops import numpy_ref
 from atlas_cli.backend.ops.cpu import ir as cpu_ir
 from atlas_cli.backend.ops.cpu import kernels as cpu_kernels
+from atlas_cli.backend.ops.cpu import packed as cpu_packed
 from atlas_cli.backend.ops.native import runtime
+from atlas_cli.session import open_model
+from tests.model_mutations import read_gguf, write_gguf
 
 HEADER = (runtime.kernels_dir() / "quant.cuh").read_text()
 
@@ -103,3 +108,55 @@ def test_quantized_weights_share_one_interface():
     assert weights[0].stored().data is blocks
     with pytest.raises(TypeError, match="dequantize"):
         weights[2].stored()
+
+
+# ---------------------------------------------------------------------------------------------
+# Formats end to end: the tiny Qwen3 GGUF fixture with its quantized tensors in another format
+
+FIXTURE = Path(__file__).parent / "fixtures" / "qwen" / "qwen3-gguf"
+
+
+def requantized_fixture(path: Path, name: str) -> Path:
+    """The Qwen3 GGUF fixture (Q8_0 and Q4_0 matrices, F32 norms) written to `path` with every
+    block-quantized tensor dequantized and quantized again to `name` by gguf's quantizer."""
+    kvs, tensors, data, _ = read_gguf(FIXTURE / "model.gguf")
+    qtype = gguf_package.GGMLQuantizationType[name]
+    out = bytearray()
+    for t in tensors:
+        _, type_id, dims, offset = t
+        fmt, shape = formats.GGML[type_id], tuple(reversed(dims))
+        nbytes = int(np.prod(shape)) // fmt.block_elems * fmt.block_bytes
+        raw = np.frombuffer(data, np.uint8, nbytes, offset)
+        if fmt.quantized:
+            values = quant.dequantize(raw, type_id, shape)
+            raw, t[1] = gguf_package.quants.quantize(values, qtype), int(qtype)
+        t[3] = len(out)
+        out += raw.tobytes() + b"\0" * (-raw.nbytes % 32)
+    target = path / "model.gguf"
+    write_gguf(target, kvs, tensors, bytes(out), len(out))
+    return target
+
+
+@pytest.mark.parametrize("name", ["Q5_0", "Q5_1"])
+def test_a_model_in_the_format_runs_on_the_cpu_paths(tmp_path, name):
+    """Loaded on the reference (dequantized at load, as gguf dequantizes) and on the fast CPU
+    path (kept in its blocks where the format has CPU kernels, else dequantized at load): the
+    same logits."""
+    fmt = formats.GGML[int(gguf_package.GGMLQuantizationType[name])]
+    path = requantized_fixture(tmp_path, name)
+    tensor = next(
+        t for t in gguf_package.GGUFReader(path).tensors if t.name == "blk.0.ffn_gate.weight"
+    )
+    assert tensor.tensor_type.name == name
+    prompt = np.load(FIXTURE / "reference.npz")["prompt"]
+    logits = {}
+    for device in ("cpu-ref", "cpu"):
+        model = open_model(str(path), device=device)
+        gate = model.engine.model.w["model.layers.0.mlp.gate_proj.weight"]
+        kept = isinstance(gate, cpu_packed.PackedMatrix)
+        assert kept == (device == "cpu" and fmt.cpu)
+        want = gguf_package.quants.dequantize(tensor.data, tensor.tensor_type)
+        np.testing.assert_array_equal(gate.dequantize() if kept else gate, want)
+        logits[device] = model.engine.logits(prompt)
+    scale = np.abs(logits["cpu-ref"]).max()
+    assert np.abs(logits["cpu"] - logits["cpu-ref"]).max() < 1e-4 * scale

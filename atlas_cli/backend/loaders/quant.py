@@ -115,6 +115,35 @@ def _deq_q4_1(blocks: np.ndarray, out: np.ndarray) -> None:
     out += m
 
 
+def _unpack_q5(blocks: np.ndarray, qh_at: int, q: np.ndarray) -> None:
+    """The 5-bit codes of Q5_0/Q5_1 blocks into q [n, 32]: the nibbles of the 16 bytes after
+    the 32-bit little-endian qh word at ``qh_at``, bit 4 of element i from bit i of qh."""
+    _unpack_nibbles32(blocks[:, qh_at + 4 :], q)
+    high = np.unpackbits(blocks[:, qh_at : qh_at + 4], axis=1, bitorder="little")
+    high <<= 4
+    q |= high
+
+
+@_dequantizer(formats.Q5_0)
+def _deq_q5_0(blocks: np.ndarray, out: np.ndarray) -> None:
+    d = _f16(blocks, 0)
+    q = np.empty(out.shape, dtype=np.uint8)
+    _unpack_q5(blocks, 2, q)
+    qi = q.view(np.int8)
+    qi -= 16  # the exact integer q - 16 first, then d * (q - 16) as gguf does
+    np.multiply(d, qi, out=out)
+
+
+@_dequantizer(formats.Q5_1)
+def _deq_q5_1(blocks: np.ndarray, out: np.ndarray) -> None:
+    d = _f16(blocks, 0)
+    m = _f16(blocks, 2)
+    q = np.empty(out.shape, dtype=np.uint8)
+    _unpack_q5(blocks, 4, q)
+    np.multiply(d, q, out=out)  # (d * q) + m, rounded after each step
+    out += m
+
+
 @_dequantizer(formats.Q8_0)
 def _deq_q8_0(blocks: np.ndarray, out: np.ndarray) -> None:
     d = _f16(blocks, 0)
