@@ -105,8 +105,8 @@ Q4_1 = register(WeightFormat("Q4_1", "q4_1", 3, 32, 20, cpu=True, native=True, d
 Q8_0 = register(WeightFormat("Q8_0", "q8_0", 8, 32, 34, cpu=True, native=True, device_split=(0, 2)))
 # Q5_0 / Q5_1: Q4_0 / Q4_1 with each element's fifth bit in a 32-bit word after the scale(s).
 # No native kernels: on a GPU they are dequantized at load.
-Q5_0 = register(WeightFormat("Q5_0", "q5_0", 6, 32, 22, cpu=False, native=False))
-Q5_1 = register(WeightFormat("Q5_1", "q5_1", 7, 32, 24, cpu=False, native=False))
+Q5_0 = register(WeightFormat("Q5_0", "q5_0", 6, 32, 22, cpu=True, native=False))
+Q5_1 = register(WeightFormat("Q5_1", "q5_1", 7, 32, 24, cpu=True, native=False))
 Q4_K = register(WeightFormat("Q4_K", "q4_k", 12, QK_K, 144, cpu=True, native=True))
 
 

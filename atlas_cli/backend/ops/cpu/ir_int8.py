@@ -37,6 +37,8 @@ from atlas_cli.backend.ops.cpu.ir import (  # noqa: E402
     Q4_0,
     Q4_1,
     Q4_K,
+    Q5_0,
+    Q5_1,
     Q5_K,
     Q6_K,
     Q8_0,
@@ -199,6 +201,29 @@ def _int_q4_1(b, p):
     return _Block([_join(b, lo, hi)], _vec(b, d), _vec(b, m))
 
 
+def _q5_codes(b, p, qh_at: int):
+    """<32 x i8>: the 5-bit codes of a Q5_0/Q5_1 block, the nibbles of the 16 bytes after the
+    32-bit qh word at byte `qh_at` with bit i of qh as element i's fifth bit."""
+    lo, hi = _nibbles(b, _bytes(b, p, qh_at + 4, 16))
+    v32 = ir.VectorType(_I32, 32)
+    qh = b.load(b.bitcast(_at(b, p, qh_at), _I32.as_pointer()), align=1)
+    vec = b.insert_element(ir.Constant(v32, ir.Undefined), qh, ir.Constant(_I32, 0))
+    vec = b.shuffle_vector(vec, ir.Constant(v32, ir.Undefined), _mask([0] * 32))
+    bits = b.trunc(b.lshr(vec, _const_vec(v32, range(32))), _V32B)
+    high = b.shl(b.and_(bits, _splat8(32, 1)), _splat8(32, 4))
+    return b.or_(_join(b, lo, hi), high)
+
+
+def _int_q5_0(b, p):
+    d = _half(b, p, 0)
+    return _Block([_q5_codes(b, p, 2)], _vec(b, d), _vec(b, b.fmul(d, ir.Constant(_F32, -16.0))))
+
+
+def _int_q5_1(b, p):
+    d, m = _half(b, p, 0), _half(b, p, 2)
+    return _Block([_q5_codes(b, p, 4)], _vec(b, d), _vec(b, m))
+
+
 def _int_q8_0(b, p):
     return _Block([_bytes(b, p, 2, 32)], _vec(b, _half(b, p, 0)), signed=True)
 
@@ -273,6 +298,8 @@ def _int_q6_k(b, p):
 _INT_EMITTERS = {
     Q4_0: _int_q4_0,
     Q4_1: _int_q4_1,
+    Q5_0: _int_q5_0,
+    Q5_1: _int_q5_1,
     Q8_0: _int_q8_0,
     Q4_K: _int_q4_k,
     Q5_K: _int_q5_k,
@@ -399,6 +426,8 @@ def _make_row_dot_int8(type_id: int, isa: str):
 ISA = dot_isa()
 idot_q4_0 = _make_row_dot_int8(Q4_0, ISA)
 idot_q4_1 = _make_row_dot_int8(Q4_1, ISA)
+idot_q5_0 = _make_row_dot_int8(Q5_0, ISA)
+idot_q5_1 = _make_row_dot_int8(Q5_1, ISA)
 idot_q8_0 = _make_row_dot_int8(Q8_0, ISA)
 idot_q4_k = _make_row_dot_int8(Q4_K, ISA)
 idot_q5_k = _make_row_dot_int8(Q5_K, ISA)
