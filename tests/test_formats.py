@@ -116,9 +116,22 @@ def test_quantized_weights_share_one_interface():
 FIXTURE = Path(__file__).parent / "fixtures" / "qwen" / "qwen3-gguf"
 
 
+def quantize_iq4_nl(values: np.ndarray) -> np.ndarray:
+    """(rows, cols) float32 -> IQ4_NL blocks (rows, cols / 32 * 18), which gguf cannot make:
+    per 32 values d = max|x| / 127 and each code the nearest of d * IQ4_VALUES."""
+    groups = values.reshape(-1, 32)
+    d = (np.abs(groups).max(axis=1, keepdims=True) / 127).astype(np.float16)
+    grid = d.astype(np.float32)[:, :, None] * quant.IQ4_VALUES
+    codes = np.abs(grid - groups[:, :, None]).argmin(axis=2).astype(np.uint8)
+    qs = codes[:, :16] | (codes[:, 16:] << 4)
+    blocks = np.concatenate([d.view(np.uint8), qs], axis=1)
+    return blocks.reshape(values.shape[0], -1)
+
+
 def requantized_fixture(path: Path, name: str) -> Path:
     """The Qwen3 GGUF fixture (Q8_0 and Q4_0 matrices, F32 norms) written to `path` with every
-    block-quantized tensor dequantized and quantized again to `name` by gguf's quantizer."""
+        block-quantized tensor dequantized and quantized again to `name` (by gguf's quantizer where
+    it has one)."""
     kvs, tensors, data, _ = read_gguf(FIXTURE / "model.gguf")
     qtype = gguf_package.GGMLQuantizationType[name]
     out = bytearray()
@@ -129,7 +142,11 @@ def requantized_fixture(path: Path, name: str) -> Path:
         raw = np.frombuffer(data, np.uint8, nbytes, offset)
         if fmt.quantized:
             values = quant.dequantize(raw, type_id, shape)
-            raw, t[1] = gguf_package.quants.quantize(values, qtype), int(qtype)
+            if name == "IQ4_NL":
+                raw = quantize_iq4_nl(values)
+            else:
+                raw = gguf_package.quants.quantize(values, qtype)
+            t[1] = int(qtype)
         t[3] = len(out)
         out += raw.tobytes() + b"\0" * (-raw.nbytes % 32)
     target = path / "model.gguf"
@@ -144,7 +161,7 @@ def _logits(model, ref) -> np.ndarray:
     return np.concatenate([prefill, np.stack(steps)])
 
 
-@pytest.mark.parametrize("name", ["Q5_0", "Q5_1"])
+@pytest.mark.parametrize("name", ["Q5_0", "Q5_1", "IQ4_NL"])
 def test_a_model_in_the_format_runs_on_the_cpu_paths(tmp_path, name, monkeypatch):
     """Loaded on the reference (dequantized at load, as gguf dequantizes) and on the fast CPU
     path (kept in its blocks where the format has CPU kernels, else dequantized at load): the

@@ -17,7 +17,8 @@ from atlas_cli.backend.loaders.quant import (
     dequantize_blocks,
 )
 
-BLOCK_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]
+BLOCK_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
+BLOCK_TYPES += ["IQ4_NL", "IQ4_XS"]
 ROW_COUNTS = [1, 3, 17, 64]
 
 # Byte offsets of the f16 scale fields (d, dmin, m) inside one block of each block type.
@@ -27,9 +28,13 @@ F16_FIELDS = {
     "Q5_0": [0],
     "Q5_1": [0, 2],
     "Q8_0": [0],
+    "Q2_K": [80, 82],
+    "Q3_K": [108],
     "Q4_K": [0, 2],
     "Q5_K": [0, 2],
     "Q6_K": [208],
+    "IQ4_NL": [0],
+    "IQ4_XS": [0],
 }
 
 TYPE_IDS = {qt.name: tid for tid, qt in GGML_TYPES.items()}

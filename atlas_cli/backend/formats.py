@@ -166,6 +166,11 @@ Q6_K = register(
         device_split=(208, 2),  # d
     )
 )
+# K-quants and IQ4 formats computed on nowhere yet: dequantized at load on every backend.
+Q2_K = register(WeightFormat("Q2_K", "q2_k", 10, QK_K, 84, cpu=False, native=False))
+Q3_K = register(WeightFormat("Q3_K", "q3_k", 11, QK_K, 110, cpu=False, native=False))
+IQ4_NL = register(WeightFormat("IQ4_NL", "iq4_nl", 20, 32, 18, cpu=False, native=False))
+IQ4_XS = register(WeightFormat("IQ4_XS", "iq4_xs", 23, QK_K, 136, cpu=False, native=False))
 # ModelOpt NVFP4 (safetensors): 16 E2M1 codes in 8 bytes; the block's E4M3 scale lives in a
 # second buffer (one byte per block), times one float32 global scale per tensor. Not the GGUF
 # NVFP4 type (ggml id 40), whose packing differs.
@@ -176,17 +181,13 @@ FP8 = register(WeightFormat("FP8", "fp8", None, 1, 1, cpu=False, native=False))
 # ggml types atlas cannot read, named only so that error messages can say which one a file has.
 UNSUPPORTED_GGML_NAMES: dict[int, str] = {
     9: "Q8_1",
-    10: "Q2_K",
-    11: "Q3_K",
     15: "Q8_K",
     16: "IQ2_XXS",
     17: "IQ2_XS",
     18: "IQ3_XXS",
     19: "IQ1_S",
-    20: "IQ4_NL",
     21: "IQ3_S",
     22: "IQ2_S",
-    23: "IQ4_XS",
     24: "I8",
     25: "I16",
     26: "I32",
