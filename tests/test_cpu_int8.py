@@ -118,7 +118,7 @@ def _exact_case(type_id: int, rng) -> tuple[cpu_fast.PackedMatrix, np.ndarray, n
     per-group maximum is 127: the quantized x equals x, and every partial sum of the kernel
     stays below 2^24 units (sum |w x| is bounded per format below)."""
     # odd 32-block counts; 5-bit codes in fewer blocks, to keep the sums under 2^24 units
-    cols = {2: 288, 3: 288, 6: 224, 7: 224, 8: 96, 12: 512, 13: 256, 14: 256}[type_id]
+    cols = {2: 288, 3: 288, 6: 224, 7: 224, 8: 96, 11: 256, 12: 512, 13: 256, 14: 256}[type_id]
     rows = 24
     one = np.array([1.0], np.float16).view(np.uint8)
     blocks = random_blocks(type_id, rows, cols, rng)
@@ -134,6 +134,10 @@ def _exact_case(type_id: int, rng) -> tuple[cpu_fast.PackedMatrix, np.ndarray, n
     if type_id in (12, 13):  # d = dmin = 1, each sub-block's scale and min 0 or 1
         b[:, :, 0:2] = b[:, :, 2:4] = one
         b[:, :, 4:16] &= 1
+    if type_id == 11:  # d = 1, each 6-bit scale 32 or 33 (0 or 1 once 32 is taken off)
+        b[:, :, 108:110] = one
+        b[:, :, 96:104] &= 0x11
+        b[:, :, 104:108] = 0xAA  # the high bits of every scale: 2
     if type_id == 14:  # d = 1, the int8 scales -1, 0 or 1
         b[:, :, 208:210] = one
         b[:, :, 192:208] = rng.integers(-1, 2, (*b.shape[:2], 16)).astype(np.int8).view(np.uint8)

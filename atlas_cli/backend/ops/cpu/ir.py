@@ -25,7 +25,7 @@ from numba.extending import intrinsic  # noqa: E402
 # the float formats are read 16 elements (one <16 x float>) at a time.
 F32, F16, BF16 = formats.F32.ggml_type, formats.F16.ggml_type, formats.BF16.ggml_type
 Q4_0, Q4_1, Q8_0 = formats.Q4_0.ggml_type, formats.Q4_1.ggml_type, formats.Q8_0.ggml_type
-Q5_0, Q5_1 = formats.Q5_0.ggml_type, formats.Q5_1.ggml_type
+Q5_0, Q5_1, Q3_K = formats.Q5_0.ggml_type, formats.Q5_1.ggml_type, formats.Q3_K.ggml_type
 Q4_K, Q5_K, Q6_K = formats.Q4_K.ggml_type, formats.Q5_K.ggml_type, formats.Q6_K.ggml_type
 BLOCKS = {
     tid: (f.block_elems, f.block_bytes) if f.quantized else (16, 16 * f.block_bytes)
@@ -259,6 +259,33 @@ def _emit_q5_k(b, p):
     return groups
 
 
+def _q3_k_scale(b, p, j: int) -> ir.Value:
+    """The int32 scale of 16-element group j of a Q3_K block: a nibble of byte j % 8 of the
+    packed scales (at 96) and 2 bits of byte 8 + j % 4, minus 32."""
+    low = b.and_(b.lshr(_byte(b, p, 96 + j % 8), ir.Constant(_I32, 4 * (j // 8))), _c32(15))
+    high = b.and_(b.lshr(_byte(b, p, 104 + j % 4), ir.Constant(_I32, 2 * (j // 4))), _c32(3))
+    return b.sub(b.or_(low, b.shl(high, _c32(4))), _c32(32))
+
+
+def _c32(n: int) -> ir.Constant:
+    return ir.Constant(_I32, n)
+
+
+def _emit_q3_k(b, p):
+    d = _half(b, p, 108)
+    groups = []
+    for c in range(8):  # element 32c + l: bits 2(c % 4).. of qs[32(c // 4) + l], hmask[l] bit c
+        for lh in range(2):
+            ql = b.and_(
+                b.lshr(_bytes16(b, p, 32 + 32 * (c // 4) + 16 * lh), _vi(2 * (c % 4))), _vi(3)
+            )
+            clear = b.xor(b.and_(b.lshr(_bytes16(b, p, 16 * lh), _vi(c)), _vi(1)), _vi(1))
+            q = b.sitofp(b.sub(ql, b.shl(clear, _vi(2))), _VF)  # minus 4 where the bit is clear
+            sc = b.sitofp(_q3_k_scale(b, p, 2 * c + lh), _F32)
+            groups.append(_Group(b.fmul(d, sc), [(q, 32 * c + 16 * lh)]))  # (d * sc) * q
+    return groups
+
+
 def _emit_q6_k(b, p):
     d = _half(b, p, 208)
     groups = []
@@ -285,6 +312,7 @@ _EMITTERS = {
     Q5_0: _emit_q5_0,
     Q5_1: _emit_q5_1,
     Q8_0: _emit_q8_0,
+    Q3_K: _emit_q3_k,
     Q4_K: _emit_q4_k,
     Q5_K: _emit_q5_k,
     Q6_K: _emit_q6_k,
@@ -431,6 +459,7 @@ dot_q4_1, deq_q4_1 = _make_row_dot(Q4_1), _make_row_dequant(Q4_1)
 dot_q5_0, deq_q5_0 = _make_row_dot(Q5_0), _make_row_dequant(Q5_0)
 dot_q5_1, deq_q5_1 = _make_row_dot(Q5_1), _make_row_dequant(Q5_1)
 dot_q8_0, deq_q8_0 = _make_row_dot(Q8_0), _make_row_dequant(Q8_0)
+dot_q3_k, deq_q3_k = _make_row_dot(Q3_K), _make_row_dequant(Q3_K)
 dot_q4_k, deq_q4_k = _make_row_dot(Q4_K), _make_row_dequant(Q4_K)
 dot_q5_k, deq_q5_k = _make_row_dot(Q5_K), _make_row_dequant(Q5_K)
 dot_q6_k, deq_q6_k = _make_row_dot(Q6_K), _make_row_dequant(Q6_K)

@@ -34,6 +34,7 @@ from numba.extending import intrinsic  # noqa: E402
 
 from atlas_cli.backend.ops.cpu.ir import (  # noqa: E402
     BLOCKS,
+    Q3_K,
     Q4_0,
     Q4_1,
     Q4_K,
@@ -280,6 +281,30 @@ def _int_q5_k(b, p):
     return _Block(codes, scales, offsets)
 
 
+def _int_q3_k(b, p):
+    codes = []
+    hmask = _bytes(b, p, 0, 32)
+    for c in range(8):  # element 32c + l: bits 2(c % 4).. of qs[32(c // 4) + l], hmask[l] bit c
+        ql = b.and_(
+            b.lshr(_bytes(b, p, 32 + 32 * (c // 4), 32), _splat8(32, 2 * (c % 4))), _splat8(32, 3)
+        )
+        high = b.and_(b.lshr(hmask, _splat8(32, c)), _splat8(32, 1))
+        codes.append(b.or_(ql, b.shl(high, _splat8(32, 2))))  # q + 4
+    # The 16 6-bit scales: a nibble of the 8 bytes at 96, 2 bits of the 4 at 104, minus 32
+    # (two loads: one of 16 bytes would read past the block's 110).
+    v16 = ir.VectorType(_I8, 16)
+    lo8, hi4 = _bytes(b, p, 96, 8), _bytes(b, p, 104, 4)
+    low = b.shuffle_vector(lo8, lo8, _mask(list(range(8)) * 2))
+    low = b.and_(b.lshr(low, _const_vec(v16, [0] * 8 + [4] * 8)), _splat8(16, 15))
+    high = b.shuffle_vector(hi4, hi4, _mask(list(range(4)) * 4))
+    high = b.and_(b.lshr(high, _const_vec(v16, [2 * (j // 4) for j in range(16)])), _splat8(16, 3))
+    sc = b.sub(b.or_(low, b.shl(high, _splat8(16, 4))), _splat8(16, 32))
+    f16 = ir.VectorType(_F32, 16)
+    scales = b.fmul(_fsplat(b, _half(b, p, 108), 16), b.sitofp(sc, f16))
+    offsets = b.fmul(scales, ir.Constant(f16, [-4.0] * 16))  # the codes are q + 4
+    return _Block(codes, scales, offsets, per16=True)
+
+
 def _int_q6_k(b, p):
     codes = []
     for h in range(2):  # two 128-element halves
@@ -301,6 +326,7 @@ _INT_EMITTERS = {
     Q5_0: _int_q5_0,
     Q5_1: _int_q5_1,
     Q8_0: _int_q8_0,
+    Q3_K: _int_q3_k,
     Q4_K: _int_q4_k,
     Q5_K: _int_q5_k,
     Q6_K: _int_q6_k,
@@ -429,6 +455,7 @@ idot_q4_1 = _make_row_dot_int8(Q4_1, ISA)
 idot_q5_0 = _make_row_dot_int8(Q5_0, ISA)
 idot_q5_1 = _make_row_dot_int8(Q5_1, ISA)
 idot_q8_0 = _make_row_dot_int8(Q8_0, ISA)
+idot_q3_k = _make_row_dot_int8(Q3_K, ISA)
 idot_q4_k = _make_row_dot_int8(Q4_K, ISA)
 idot_q5_k = _make_row_dot_int8(Q5_K, ISA)
 idot_q6_k = _make_row_dot_int8(Q6_K, ISA)

@@ -25,6 +25,7 @@ from atlas_cli.backend.ops.cpu.ir import (  # noqa: F401  (BLOCKS, F16, ...: thi
     F32,
     GROUP,
     PREFETCH_BYTES,
+    Q3_K,
     Q4_0,
     Q4_1,
     Q4_K,
@@ -36,6 +37,7 @@ from atlas_cli.backend.ops.cpu.ir import (  # noqa: F401  (BLOCKS, F16, ...: thi
     deq_bf16,
     deq_f16,
     deq_f32,
+    deq_q3_k,
     deq_q4_0,
     deq_q4_1,
     deq_q4_k,
@@ -47,6 +49,7 @@ from atlas_cli.backend.ops.cpu.ir import (  # noqa: F401  (BLOCKS, F16, ...: thi
     dot_bf16,
     dot_f16,
     dot_f32,
+    dot_q3_k,
     dot_q4_0,
     dot_q4_1,
     dot_q4_k,
@@ -63,6 +66,7 @@ from atlas_cli.backend.ops.cpu.ir import (  # noqa: F401  (BLOCKS, F16, ...: thi
 from atlas_cli.backend.ops.cpu.ir_int8 import (  # noqa: F401  (INT8_TYPES, XF: this path's facts)
     INT8_TYPES,
     XF,
+    idot_q3_k,
     idot_q4_0,
     idot_q4_1,
     idot_q4_k,
@@ -205,6 +209,8 @@ def row_dot(t, w, woff, x, xoff, xs, xsoff, nb):
         return dot_q5_0(w, woff, x, xoff, xs, xsoff, nb)
     if t == Q5_1:
         return dot_q5_1(w, woff, x, xoff, xs, xsoff, nb)
+    if t == Q3_K:
+        return dot_q3_k(w, woff, x, xoff, xs, xsoff, nb)
     if t == F16:
         return dot_f16(w, woff, x, xoff, xs, xsoff, nb)
     if t == BF16:
@@ -231,6 +237,8 @@ def row_dot_int8(t, w, woff, xq, xqoff, xf, xfoff, nb):
         return idot_q5_0(w, woff, xq, xqoff, xf, xfoff, nb)
     if t == Q5_1:
         return idot_q5_1(w, woff, xq, xqoff, xf, xfoff, nb)
+    if t == Q3_K:
+        return idot_q3_k(w, woff, xq, xqoff, xf, xfoff, nb)
     return idot_q4_0(w, woff, xq, xqoff, xf, xfoff, nb)
 
 
@@ -258,6 +266,8 @@ def row_dequant(t, w, woff, out, ooff, nb):
         deq_q5_0(w, woff, out, ooff, nb)
     elif t == Q5_1:
         deq_q5_1(w, woff, out, ooff, nb)
+    elif t == Q3_K:
+        deq_q3_k(w, woff, out, ooff, nb)
     elif t == F16:
         deq_f16(w, woff, out, ooff, nb)
     elif t == BF16:
