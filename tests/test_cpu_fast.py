@@ -25,7 +25,7 @@ from atlas_cli.backend.ops.cpu import kernels as cpu_kernels
 from atlas_cli.backend.sample import SamplingOverrides
 
 GOLDEN = Path(__file__).resolve().parents[2] / "shared" / "reference" / "smollm2_france.json"
-TYPES = sorted(cpu_kernels.BLOCKS)  # F32, F16, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K, BF16
+TYPES = sorted(cpu_kernels.BLOCKS)  # F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, ...
 
 
 def _f16_bytes(values: np.ndarray) -> np.ndarray:
@@ -45,13 +45,15 @@ def random_blocks(type_id: int, rows: int, cols: int, rng: np.random.Generator) 
         return bits.astype(np.uint16).view(np.uint8)
     raw = rng.integers(0, 256, (rows, nb, nbytes), dtype=np.uint8)
     scales = rng.uniform(-0.02, 0.02, (rows, nb))
-    if type_id in (2, 3, 8):  # d first
+    if type_id in (2, 3, 6, 7, 8):  # d first
         raw[:, :, 0:2] = _f16_bytes(scales)
-    if type_id == 3:  # Q4_1 min
+    if type_id in (3, 7):  # Q4_1 and Q5_1 min
         raw[:, :, 2:4] = _f16_bytes(rng.uniform(-0.1, 0.1, (rows, nb)))
     if type_id in (12, 13):  # K-quants: d and dmin are non-negative
         raw[:, :, 0:2] = _f16_bytes(np.abs(scales) / 64)
         raw[:, :, 2:4] = _f16_bytes(rng.uniform(0, 0.001, (rows, nb)))
+    if type_id == 11:  # Q3_K: d is last, the scales' codes are signed
+        raw[:, :, 108:110] = _f16_bytes(scales / 32)
     if type_id == 14:  # Q6_K: d is last
         raw[:, :, 208:210] = _f16_bytes(scales / 64)
     return raw.reshape(rows, nb * nbytes)

@@ -5,7 +5,9 @@ with it."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
+import gguf as gguf_package
 import numpy as np
 import pytest
 
@@ -15,7 +17,10 @@ from atlas_cli.backend.loaders.safetensors import FP8Tensor, NVFP4Tensor
 from atlas_cli.backend.ops import numpy_ref
 from atlas_cli.backend.ops.cpu import ir as cpu_ir
 from atlas_cli.backend.ops.cpu import kernels as cpu_kernels
+from atlas_cli.backend.ops.cpu import packed as cpu_packed
 from atlas_cli.backend.ops.native import runtime
+from atlas_cli.session import open_model
+from tests.model_mutations import read_gguf, write_gguf
 
 HEADER = (runtime.kernels_dir() / "quant.cuh").read_text()
 
@@ -103,3 +108,80 @@ def test_quantized_weights_share_one_interface():
     assert weights[0].stored().data is blocks
     with pytest.raises(TypeError, match="dequantize"):
         weights[2].stored()
+
+
+# ---------------------------------------------------------------------------------------------
+# Formats end to end: the tiny Qwen3 GGUF fixture with its quantized tensors in another format
+
+FIXTURE = Path(__file__).parent / "fixtures" / "qwen" / "qwen3-gguf"
+
+
+def quantize_iq4_nl(values: np.ndarray) -> np.ndarray:
+    """(rows, cols) float32 -> IQ4_NL blocks (rows, cols / 32 * 18), which gguf cannot make:
+    per 32 values d = max|x| / 127 and each code the nearest of d * IQ4_VALUES."""
+    groups = values.reshape(-1, 32)
+    d = (np.abs(groups).max(axis=1, keepdims=True) / 127).astype(np.float16)
+    grid = d.astype(np.float32)[:, :, None] * quant.IQ4_VALUES
+    codes = np.abs(grid - groups[:, :, None]).argmin(axis=2).astype(np.uint8)
+    qs = codes[:, :16] | (codes[:, 16:] << 4)
+    blocks = np.concatenate([d.view(np.uint8), qs], axis=1)
+    return blocks.reshape(values.shape[0], -1)
+
+
+def requantized_fixture(path: Path, name: str) -> Path:
+    """The Qwen3 GGUF fixture (Q8_0 and Q4_0 matrices, F32 norms) written to `path` with every
+        block-quantized tensor dequantized and quantized again to `name` (by gguf's quantizer where
+    it has one)."""
+    kvs, tensors, data, _ = read_gguf(FIXTURE / "model.gguf")
+    qtype = gguf_package.GGMLQuantizationType[name]
+    out = bytearray()
+    for t in tensors:
+        _, type_id, dims, offset = t
+        fmt, shape = formats.GGML[type_id], tuple(reversed(dims))
+        nbytes = int(np.prod(shape)) // fmt.block_elems * fmt.block_bytes
+        raw = np.frombuffer(data, np.uint8, nbytes, offset)
+        if fmt.quantized:
+            values = quant.dequantize(raw, type_id, shape)
+            if name == "IQ4_NL":
+                raw = quantize_iq4_nl(values)
+            else:
+                raw = gguf_package.quants.quantize(values, qtype)
+            t[1] = int(qtype)
+        t[3] = len(out)
+        out += raw.tobytes() + b"\0" * (-raw.nbytes % 32)
+    target = path / "model.gguf"
+    write_gguf(target, kvs, tensors, bytes(out), len(out))
+    return target
+
+
+def _logits(model, ref) -> np.ndarray:
+    """The prompt's logits, then 8 decode steps' (the GEMVs on the blocks)."""
+    prefill = model.engine.logits(ref["prompt"])
+    steps = [model.engine.step(int(t)) for t in ref["decode"][:8]]
+    return np.concatenate([prefill, np.stack(steps)])
+
+
+@pytest.mark.parametrize("name", ["Q5_0", "Q5_1", "IQ4_NL"])
+def test_a_model_in_the_format_runs_on_the_cpu_paths(tmp_path, name, monkeypatch):
+    """Loaded on the reference (dequantized at load, as gguf dequantizes) and on the fast CPU
+    path (kept in its blocks where the format has CPU kernels, else dequantized at load): the
+    same logits, to float32 rounding with float32 activations and to the rounding of x with
+    the default int8 ones (a float32 KV cache: the float16 one is held to its own bounds)."""
+    fmt = formats.GGML[int(gguf_package.GGMLQuantizationType[name])]
+    path = requantized_fixture(tmp_path, name)
+    tensors = gguf_package.GGUFReader(path).tensors
+    tensor = next(t for t in tensors if t.name == "blk.0.ffn_gate.weight")
+    assert tensor.tensor_type.name == name
+    ref = np.load(FIXTURE / "reference.npz")
+    want = _logits(open_model(str(path), device="cpu-ref"), ref)
+    for activations, bound in (("float32", 1e-5), ("int8", 3e-4)):
+        monkeypatch.setenv("ATLAS_CPU_ACTIVATIONS", activations)
+        model = open_model(str(path), device="cpu", kv_dtype="f32")
+        gate = model.engine.model.w["model.layers.0.mlp.gate_proj.weight"]
+        assert isinstance(gate, cpu_packed.PackedMatrix) == fmt.cpu
+        weight = gate.dequantize() if fmt.cpu else gate
+        np.testing.assert_array_equal(
+            weight, gguf_package.quants.dequantize(tensor.data, tensor.tensor_type)
+        )
+        got = _logits(model, ref)
+        assert np.abs(got - want).max() < bound * np.abs(want).max(), activations

@@ -152,6 +152,18 @@ def test_unsupported_architecture(tmp_path):
 
 
 def test_unsupported_quant_type(tmp_path):
-    path = write_tiny_gguf(tmp_path / "q5_0.gguf", qtype=gguf.GGMLQuantizationType.Q5_0)
-    with pytest.raises(UnsupportedModelError, match="GGML type 6"):
+    path = write_tiny_gguf(tmp_path / "mxfp4.gguf", qtype=gguf.GGMLQuantizationType.MXFP4)
+    with pytest.raises(UnsupportedModelError, match=r"GGML type 39 \(MXFP4\)"):
         open_model(str(path), device="cpu-ref")
+
+
+@pytest.mark.parametrize("qtype", ["Q5_0", "Q5_1"])
+def test_tiny_model_in_a_newer_format_loads(tmp_path, qtype):
+    """What once refused a file (token_embd.weight has GGML type 6) reads it."""
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", qtype=gguf.GGMLQuantizationType[qtype])
+    gf = loader.open_gguf(path)
+    config = loader.config_from_metadata(gf.metadata, set(gf.tensors))
+    weights = loader.load_weights(gf, config)
+    reader = {t.name: t for t in gguf.GGUFReader(path).tensors}["token_embd.weight"]
+    want = gguf.quants.dequantize(reader.data, reader.tensor_type)
+    np.testing.assert_array_equal(weights["model.embed_tokens.weight"], want)

@@ -17,17 +17,24 @@ from atlas_cli.backend.loaders.quant import (
     dequantize_blocks,
 )
 
-BLOCK_TYPES = ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]
+BLOCK_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
+BLOCK_TYPES += ["IQ4_NL", "IQ4_XS"]
 ROW_COUNTS = [1, 3, 17, 64]
 
 # Byte offsets of the f16 scale fields (d, dmin, m) inside one block of each block type.
 F16_FIELDS = {
     "Q4_0": [0],
     "Q4_1": [0, 2],
+    "Q5_0": [0],
+    "Q5_1": [0, 2],
     "Q8_0": [0],
+    "Q2_K": [80, 82],
+    "Q3_K": [108],
     "Q4_K": [0, 2],
     "Q5_K": [0, 2],
     "Q6_K": [208],
+    "IQ4_NL": [0],
+    "IQ4_XS": [0],
 }
 
 TYPE_IDS = {qt.name: tid for tid, qt in GGML_TYPES.items()}
@@ -51,7 +58,7 @@ def _random_blocks(name: str, rows: int, blocks_per_row: int, seed: int) -> np.n
     return blocks.reshape(rows, blocks_per_row * qt.block_bytes)
 
 
-def _check(data: np.ndarray, name: str, shape: tuple[int, ...]) -> None:
+def _check(data: np.ndarray, name: str, shape: tuple[int, ...]) -> np.ndarray:
     ref = ref_dequantize(data, _qtype(name))
     ours = dequantize(data, TYPE_IDS[name], shape)
     assert ours.dtype == np.float32
@@ -59,6 +66,7 @@ def _check(data: np.ndarray, name: str, shape: tuple[int, ...]) -> None:
     np.testing.assert_array_equal(ours, ref.reshape(shape))
     # assert_array_equal treats -0.0 == 0.0 and NaN == NaN; compare the bits as well.
     np.testing.assert_array_equal(ours.view(np.uint32), ref.reshape(shape).view(np.uint32))
+    return ours
 
 
 @pytest.mark.parametrize("rows", ROW_COUNTS)
@@ -71,7 +79,7 @@ def test_random_blocks_exact(name: str, rows: int) -> None:
 
 
 @pytest.mark.parametrize("rows", ROW_COUNTS)
-@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q8_0", "BF16"])
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "BF16"])
 def test_quantized_floats_exact(name: str, rows: int) -> None:
     rng = np.random.default_rng(rows)
     x = (rng.standard_normal((rows, 160)) * rng.uniform(0.01, 3.0, (rows, 1))).astype(np.float32)
@@ -79,8 +87,32 @@ def test_quantized_floats_exact(name: str, rows: int) -> None:
     _check(data, name, x.shape)
     # Sanity: the round trip is close to the input, so the test data is meaningful.
     err = np.abs(dequantize(data, TYPE_IDS[name], x.shape) - x)
-    frac = {"Q4_0": 0.15, "Q4_1": 0.1, "Q8_0": 0.01, "BF16": 0.005}[name]
+    frac = {"Q4_0": 0.15, "Q4_1": 0.1, "Q5_0": 0.07, "Q5_1": 0.05, "Q8_0": 0.01, "BF16": 0.005}
+    frac = frac[name]
     assert np.all(err <= frac * np.abs(x).max(axis=1, keepdims=True))
+
+
+# f16 scale fields gguf reads like any other: infinities, NaNs (a quiet and a signalling
+# payload), the largest finite value, the smallest subnormal and both zeros.
+EXTREME_F16 = np.array(
+    [0x7C00, 0xFC00, 0x7E00, 0xFD55, 0x7BFF, 0xFBFF, 0x0001, 0x8000, 0x0000], dtype=np.uint16
+)
+
+
+@pytest.mark.parametrize("name", BLOCK_TYPES)
+def test_extreme_scales_exact(name: str) -> None:
+    """inf * 0, inf - inf and NaN payloads come out with gguf's bits: the same float
+    operations on the same operands, in the same order."""
+    qt = GGML_TYPES[TYPE_IDS[name]]
+    rng = np.random.default_rng(TYPE_IDS[name])
+    n = 4 * len(EXTREME_F16) ** 2  # every pair of (d, m) values, several times
+    blocks = rng.integers(0, 256, size=(n, qt.block_bytes), dtype=np.uint8)
+    for k, off in enumerate(F16_FIELDS[name]):
+        values = EXTREME_F16[(np.arange(n) // len(EXTREME_F16) ** k) % len(EXTREME_F16)]
+        blocks[:, off : off + 2] = values.view(np.uint8).reshape(n, 2)
+    with np.errstate(invalid="ignore", over="ignore"):
+        ours = _check(blocks.reshape(1, -1), name, (1, n * qt.block_elems))
+    assert np.isnan(ours).any() and np.isinf(ours).any() and (ours == 0).any()
 
 
 @pytest.mark.parametrize("rows", ROW_COUNTS)
@@ -137,7 +169,7 @@ def test_large_tensor_chunking() -> None:
     _check(data, "Q8_0", (1000, 576))
 
 
-@pytest.mark.parametrize(("type_id", "name"), [(6, "Q5_0"), (10, "Q2_K"), (99, "unknown")])
+@pytest.mark.parametrize(("type_id", "name"), [(9, "Q8_1"), (16, "IQ2_XXS"), (99, "unknown")])
 def test_unsupported_type(type_id: int, name: str) -> None:
     data = np.zeros((1, 256), dtype=np.uint8)
     with pytest.raises(UnsupportedQuantError, match=name) as exc:

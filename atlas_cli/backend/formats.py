@@ -103,6 +103,10 @@ BF16 = register(WeightFormat("BF16", "bf16", 30, 1, 2, cpu=True, native=True))
 Q4_0 = register(WeightFormat("Q4_0", "q4_0", 2, 32, 18, cpu=True, native=True, device_split=(0, 2)))
 Q4_1 = register(WeightFormat("Q4_1", "q4_1", 3, 32, 20, cpu=True, native=True, device_split=(0, 4)))
 Q8_0 = register(WeightFormat("Q8_0", "q8_0", 8, 32, 34, cpu=True, native=True, device_split=(0, 2)))
+# Q5_0 / Q5_1: Q4_0 / Q4_1 with each element's fifth bit in a 32-bit word after the scale(s).
+# No native kernels: on a GPU they are dequantized at load.
+Q5_0 = register(WeightFormat("Q5_0", "q5_0", 6, 32, 22, cpu=True, native=False))
+Q5_1 = register(WeightFormat("Q5_1", "q5_1", 7, 32, 24, cpu=True, native=False))
 Q4_K = register(WeightFormat("Q4_K", "q4_k", 12, QK_K, 144, cpu=True, native=True))
 
 
@@ -162,6 +166,11 @@ Q6_K = register(
         device_split=(208, 2),  # d
     )
 )
+# Q3_K has CPU kernels; Q2_K and the IQ4 formats are dequantized at load on every backend.
+Q2_K = register(WeightFormat("Q2_K", "q2_k", 10, QK_K, 84, cpu=False, native=False))
+Q3_K = register(WeightFormat("Q3_K", "q3_k", 11, QK_K, 110, cpu=True, native=False))
+IQ4_NL = register(WeightFormat("IQ4_NL", "iq4_nl", 20, 32, 18, cpu=False, native=False))
+IQ4_XS = register(WeightFormat("IQ4_XS", "iq4_xs", 23, QK_K, 136, cpu=False, native=False))
 # ModelOpt NVFP4 (safetensors): 16 E2M1 codes in 8 bytes; the block's E4M3 scale lives in a
 # second buffer (one byte per block), times one float32 global scale per tensor. Not the GGUF
 # NVFP4 type (ggml id 40), whose packing differs.
@@ -171,20 +180,14 @@ FP8 = register(WeightFormat("FP8", "fp8", None, 1, 1, cpu=False, native=False))
 
 # ggml types atlas cannot read, named only so that error messages can say which one a file has.
 UNSUPPORTED_GGML_NAMES: dict[int, str] = {
-    6: "Q5_0",
-    7: "Q5_1",
     9: "Q8_1",
-    10: "Q2_K",
-    11: "Q3_K",
     15: "Q8_K",
     16: "IQ2_XXS",
     17: "IQ2_XS",
     18: "IQ3_XXS",
     19: "IQ1_S",
-    20: "IQ4_NL",
     21: "IQ3_S",
     22: "IQ2_S",
-    23: "IQ4_XS",
     24: "I8",
     25: "I16",
     26: "I32",

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from atlas_cli.backend.formats import QuantizedWeight, StoredRows, WeightFormat
+from atlas_cli.backend.formats import QuantizedWeight, StoredRows, WeightFormat, ggml_type_name
 from atlas_cli.backend.loaders import gguf_reader, quant, validate
 from atlas_cli.errors import CorruptModelError, UnsupportedModelError
 
@@ -129,7 +129,8 @@ class GGUFFile:
         qtype = quant.GGML_TYPES.get(info.type_id)
         if qtype is None:
             raise UnsupportedModelError(
-                f"{self.path.name}: tensor {name} has GGML type {info.type_id}, which atlas does "
+                f"{self.path.name}: tensor {name} has GGML type {info.type_id} "
+                f"({ggml_type_name(info.type_id)}), which atlas does "
                 f"not support (supported: {', '.join(t.name for t in quant.GGML_TYPES.values())})"
             )
         data = self._map[info.offset : info.offset + info.nbytes]
@@ -175,7 +176,8 @@ def _parse_header(path: Path) -> tuple[dict[str, Any], dict[str, TensorInfo]]:
         qtype = quant.GGML_TYPES.get(type_id)
         if qtype is None:
             raise UnsupportedModelError(
-                f"{path.name}: tensor {name} has GGML type {type_id}, which atlas does "
+                f"{path.name}: tensor {name} has GGML type {type_id} "
+                f"({ggml_type_name(type_id)}), which atlas does "
                 f"not support (supported: {', '.join(t.name for t in quant.GGML_TYPES.values())})"
             )
         if offset % alignment:

@@ -115,6 +115,35 @@ def _deq_q4_1(blocks: np.ndarray, out: np.ndarray) -> None:
     out += m
 
 
+def _unpack_q5(blocks: np.ndarray, qh_at: int, q: np.ndarray) -> None:
+    """The 5-bit codes of Q5_0/Q5_1 blocks into q [n, 32]: the nibbles of the 16 bytes after
+    the 32-bit little-endian qh word at ``qh_at``, bit 4 of element i from bit i of qh."""
+    _unpack_nibbles32(blocks[:, qh_at + 4 :], q)
+    high = np.unpackbits(blocks[:, qh_at : qh_at + 4], axis=1, bitorder="little")
+    high <<= 4
+    q |= high
+
+
+@_dequantizer(formats.Q5_0)
+def _deq_q5_0(blocks: np.ndarray, out: np.ndarray) -> None:
+    d = _f16(blocks, 0)
+    q = np.empty(out.shape, dtype=np.uint8)
+    _unpack_q5(blocks, 2, q)
+    qi = q.view(np.int8)
+    qi -= 16  # the exact integer q - 16 first, then d * (q - 16) as gguf does
+    np.multiply(d, qi, out=out)
+
+
+@_dequantizer(formats.Q5_1)
+def _deq_q5_1(blocks: np.ndarray, out: np.ndarray) -> None:
+    d = _f16(blocks, 0)
+    m = _f16(blocks, 2)
+    q = np.empty(out.shape, dtype=np.uint8)
+    _unpack_q5(blocks, 4, q)
+    np.multiply(d, q, out=out)  # (d * q) + m, rounded after each step
+    out += m
+
+
 @_dequantizer(formats.Q8_0)
 def _deq_q8_0(blocks: np.ndarray, out: np.ndarray) -> None:
     d = _f16(blocks, 0)
@@ -203,6 +232,89 @@ def _deq_q6_k(blocks: np.ndarray, out: np.ndarray) -> None:
     qi = q.view(np.int8)
     qi -= 32
     np.multiply(dsc, qi.reshape(n, 16, 16), out=out.reshape(n, 16, 16))
+
+
+@_dequantizer(formats.Q2_K)
+def _deq_q2_k(blocks: np.ndarray, out: np.ndarray) -> None:
+    n = blocks.shape[0]
+    scales = blocks[:, :16]  # per 16 elements: the scale in the low nibble, the min in the high
+    d, dmin = _f16(blocks, 80), _f16(blocks, 82)
+    dl = (d * (scales & 15).astype(np.float32))[:, :, None]  # (d * sc) * q - (dmin * m)
+    ml = (dmin * (scales >> 4).astype(np.float32))[:, :, None]
+    # Per 128-element half h: element 32k + l is bits 2k..2k+1 of qs[32h + l].
+    qs = blocks[:, 16:80].reshape(n, 2, 32)
+    q = np.empty((n, 2, 4, 32), dtype=np.uint8)
+    for k in range(4):
+        np.right_shift(qs, 2 * k, out=q[:, :, k])
+    q &= 3
+    o = out.reshape(n, 16, 16)
+    np.multiply(dl, q.reshape(n, 16, 16), out=o)
+    o -= ml
+
+
+def _scales_6bit(low: np.ndarray, high: np.ndarray) -> np.ndarray:
+    """float32 scales of Q3_K/IQ4_XS sub-blocks: the 4 low bits `low` and 2 high bits `high`
+    (both uint8, unmasked above them) as a 6-bit code minus 32."""
+    codes = (low & 15) | ((high & 3) << 4)
+    return (codes.view(np.int8) - np.int8(32)).astype(np.float32)
+
+
+@_dequantizer(formats.Q3_K)
+def _deq_q3_k(blocks: np.ndarray, out: np.ndarray) -> None:
+    n = blocks.shape[0]
+    hmask, s, d = blocks[:, :32], blocks[:, 96:108], _f16(blocks, 108)
+    # Scale j (per 16 elements): the low nibble of s[j] (j < 8) or high nibble of s[j - 8],
+    # then bits 2k..2k+1 of s[8 + i] for j = 4k + i.
+    low = np.concatenate([s[:, :8], s[:, :8] >> 4], axis=1)
+    high = s[:, None, 8:12] >> (2 * np.arange(4, dtype=np.uint8))[:, None]
+    dl = (d * _scales_6bit(low, high.reshape(n, 16)))[:, :, None]
+    # Element 32c + l (c = 0..7): bits 2(c%4).. of qs[32(c//4) + l], minus 4 where bit c of
+    # hmask[l] is clear.
+    qs = blocks[:, 32:96].reshape(n, 2, 32)
+    q = np.empty((n, 2, 4, 32), dtype=np.uint8)
+    for k in range(4):
+        np.right_shift(qs, 2 * k, out=q[:, :, k])
+    q &= 3
+    q8 = q.reshape(n, 8, 32)
+    clear = np.empty((n, 32), dtype=np.uint8)
+    for c in range(8):
+        np.right_shift(hmask, c, out=clear)
+        clear &= 1
+        clear ^= 1
+        clear <<= 2
+        q8[:, c] -= clear  # wraps: the int8 view below holds q - 4 in -4..-1
+    np.multiply(dl, q.view(np.int8).reshape(n, 16, 16), out=out.reshape(n, 16, 16))
+
+
+# IQ4_NL / IQ4_XS: each 4-bit code indexes these (non-linear) int8 values (ggml kvalues_iq4nl).
+IQ4_VALUES = np.array(
+    [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], dtype=np.float32
+)
+
+
+@_dequantizer(formats.IQ4_NL)
+def _deq_iq4_nl(blocks: np.ndarray, out: np.ndarray) -> None:
+    d = _f16(blocks, 0)
+    q = np.empty(out.shape, dtype=np.uint8)
+    _unpack_nibbles32(blocks[:, 2:], q)  # nibbles in Q4_0's order
+    np.multiply(d, IQ4_VALUES[q], out=out)
+
+
+@_dequantizer(formats.IQ4_XS)
+def _deq_iq4_xs(blocks: np.ndarray, out: np.ndarray) -> None:
+    n = blocks.shape[0]
+    d = _f16(blocks, 0)
+    # Sub-block j (32 elements): the low bits of its scale are nibble j % 2 of byte 4 + j // 2,
+    # the high bits are bits 2j..2j+1 of the little-endian uint16 at byte 2.
+    low = np.stack([blocks[:, 4:8], blocks[:, 4:8] >> 4], axis=2).reshape(n, 8)
+    scales_h = blocks[:, 2:4].view(np.uint16)
+    high = (scales_h >> (2 * np.arange(8, dtype=np.uint16))).astype(np.uint8)
+    dl = (d * _scales_6bit(low, high))[:, :, None]  # (d * scale) * value
+    qs = blocks[:, 8:].reshape(n, 8, 16)  # sub-block j: nibbles of 16 bytes, Q4_0's order
+    q = np.empty((n, 8, 2, 16), dtype=np.uint8)
+    np.bitwise_and(qs, 15, out=q[:, :, 0])
+    np.right_shift(qs, 4, out=q[:, :, 1])
+    np.multiply(dl, IQ4_VALUES[q.reshape(n, 8, 32)], out=out.reshape(n, 8, 32))
 
 
 _KERNELS: dict[int, _Kernel] = {tid: _BY_FORMAT[f.kernel] for tid, f in GGML_TYPES.items()}

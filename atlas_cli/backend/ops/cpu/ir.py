@@ -25,6 +25,7 @@ from numba.extending import intrinsic  # noqa: E402
 # the float formats are read 16 elements (one <16 x float>) at a time.
 F32, F16, BF16 = formats.F32.ggml_type, formats.F16.ggml_type, formats.BF16.ggml_type
 Q4_0, Q4_1, Q8_0 = formats.Q4_0.ggml_type, formats.Q4_1.ggml_type, formats.Q8_0.ggml_type
+Q5_0, Q5_1, Q3_K = formats.Q5_0.ggml_type, formats.Q5_1.ggml_type, formats.Q3_K.ggml_type
 Q4_K, Q5_K, Q6_K = formats.Q4_K.ggml_type, formats.Q5_K.ggml_type, formats.Q6_K.ggml_type
 BLOCKS = {
     tid: (f.block_elems, f.block_bytes) if f.quantized else (16, 16 * f.block_bytes)
@@ -168,6 +169,38 @@ def _emit_q4_1(b, p):
     return [_Group(d, [(lo, 0), (hi, 16)], offset=m, sign=1)]
 
 
+def _fifth_bits(b, p, offset: int, first: int) -> ir.Value:
+    """<16 x i32>: 16 for element i where bit `first + i` of the little-endian 32-bit qh word
+    at byte `offset` of Q5_0/Q5_1 block `p` is set, else 0 (the code's fifth bit)."""
+    qh = b.load(b.bitcast(_at(b, p, offset), _I32.as_pointer()), align=1)
+    vec = b.insert_element(ir.Constant(_VI32, ir.Undefined), qh, ir.Constant(_I32, 0))
+    vec = b.shuffle_vector(vec, ir.Constant(_VI32, ir.Undefined), ir.Constant(_VI32, [0] * 16))
+    bits = b.and_(b.lshr(vec, ir.Constant(_VI32, list(range(first, first + 16)))), _vi(1))
+    return b.shl(bits, _vi(4))
+
+
+def _q5_codes(b, p, qh_at: int) -> tuple[ir.Value, ir.Value]:
+    """The 5-bit codes of elements 0..15 and 16..31 of a Q5_0/Q5_1 block, as <16 x i32>: the
+    low and high nibbles of the 16 bytes after qh, and qh's bits 0..15 and 16..31."""
+    q = _bytes16(b, p, qh_at + 4)
+    lo = b.or_(b.and_(q, _vi(15)), _fifth_bits(b, p, qh_at, 0))
+    hi = b.or_(b.lshr(q, _vi(4)), _fifth_bits(b, p, qh_at, 16))
+    return lo, hi
+
+
+def _emit_q5_0(b, p):
+    d = _half(b, p, 0)
+    lo, hi = _q5_codes(b, p, 2)
+    lo, hi = (b.sitofp(b.sub(q, _vi(16)), _VF) for q in (lo, hi))  # d * (q - 16), as numpy
+    return [_Group(d, [(lo, 0), (hi, 16)])]
+
+
+def _emit_q5_1(b, p):
+    d, m = _half(b, p, 0), _half(b, p, 2)
+    lo, hi = (b.uitofp(q, _VF) for q in _q5_codes(b, p, 4))
+    return [_Group(d, [(lo, 0), (hi, 16)], offset=m, sign=1)]
+
+
 def _emit_q8_0(b, p):
     d = _half(b, p, 0)
     q0 = b.sitofp(_bytes16(b, p, 2, signed=True), _VF)
@@ -226,6 +259,33 @@ def _emit_q5_k(b, p):
     return groups
 
 
+def _q3_k_scale(b, p, j: int) -> ir.Value:
+    """The int32 scale of 16-element group j of a Q3_K block: a nibble of byte j % 8 of the
+    packed scales (at 96) and 2 bits of byte 8 + j % 4, minus 32."""
+    low = b.and_(b.lshr(_byte(b, p, 96 + j % 8), ir.Constant(_I32, 4 * (j // 8))), _c32(15))
+    high = b.and_(b.lshr(_byte(b, p, 104 + j % 4), ir.Constant(_I32, 2 * (j // 4))), _c32(3))
+    return b.sub(b.or_(low, b.shl(high, _c32(4))), _c32(32))
+
+
+def _c32(n: int) -> ir.Constant:
+    return ir.Constant(_I32, n)
+
+
+def _emit_q3_k(b, p):
+    d = _half(b, p, 108)
+    groups = []
+    for c in range(8):  # element 32c + l: bits 2(c % 4).. of qs[32(c // 4) + l], hmask[l] bit c
+        for lh in range(2):
+            ql = b.and_(
+                b.lshr(_bytes16(b, p, 32 + 32 * (c // 4) + 16 * lh), _vi(2 * (c % 4))), _vi(3)
+            )
+            clear = b.xor(b.and_(b.lshr(_bytes16(b, p, 16 * lh), _vi(c)), _vi(1)), _vi(1))
+            q = b.sitofp(b.sub(ql, b.shl(clear, _vi(2))), _VF)  # minus 4 where the bit is clear
+            sc = b.sitofp(_q3_k_scale(b, p, 2 * c + lh), _F32)
+            groups.append(_Group(b.fmul(d, sc), [(q, 32 * c + 16 * lh)]))  # (d * sc) * q
+    return groups
+
+
 def _emit_q6_k(b, p):
     d = _half(b, p, 208)
     groups = []
@@ -249,7 +309,10 @@ _EMITTERS = {
     BF16: _emit_bf16,
     Q4_0: _emit_q4_0,
     Q4_1: _emit_q4_1,
+    Q5_0: _emit_q5_0,
+    Q5_1: _emit_q5_1,
     Q8_0: _emit_q8_0,
+    Q3_K: _emit_q3_k,
     Q4_K: _emit_q4_k,
     Q5_K: _emit_q5_k,
     Q6_K: _emit_q6_k,
@@ -393,7 +456,10 @@ dot_f16, deq_f16 = _make_row_dot(F16), _make_row_dequant(F16)
 dot_bf16, deq_bf16 = _make_row_dot(BF16), _make_row_dequant(BF16)
 dot_q4_0, deq_q4_0 = _make_row_dot(Q4_0), _make_row_dequant(Q4_0)
 dot_q4_1, deq_q4_1 = _make_row_dot(Q4_1), _make_row_dequant(Q4_1)
+dot_q5_0, deq_q5_0 = _make_row_dot(Q5_0), _make_row_dequant(Q5_0)
+dot_q5_1, deq_q5_1 = _make_row_dot(Q5_1), _make_row_dequant(Q5_1)
 dot_q8_0, deq_q8_0 = _make_row_dot(Q8_0), _make_row_dequant(Q8_0)
+dot_q3_k, deq_q3_k = _make_row_dot(Q3_K), _make_row_dequant(Q3_K)
 dot_q4_k, deq_q4_k = _make_row_dot(Q4_K), _make_row_dequant(Q4_K)
 dot_q5_k, deq_q5_k = _make_row_dot(Q5_K), _make_row_dequant(Q5_K)
 dot_q6_k, deq_q6_k = _make_row_dot(Q6_K), _make_row_dequant(Q6_K)

@@ -34,9 +34,12 @@ from numba.extending import intrinsic  # noqa: E402
 
 from atlas_cli.backend.ops.cpu.ir import (  # noqa: E402
     BLOCKS,
+    Q3_K,
     Q4_0,
     Q4_1,
     Q4_K,
+    Q5_0,
+    Q5_1,
     Q5_K,
     Q6_K,
     Q8_0,
@@ -199,6 +202,29 @@ def _int_q4_1(b, p):
     return _Block([_join(b, lo, hi)], _vec(b, d), _vec(b, m))
 
 
+def _q5_codes(b, p, qh_at: int):
+    """<32 x i8>: the 5-bit codes of a Q5_0/Q5_1 block, the nibbles of the 16 bytes after the
+    32-bit qh word at byte `qh_at` with bit i of qh as element i's fifth bit."""
+    lo, hi = _nibbles(b, _bytes(b, p, qh_at + 4, 16))
+    v32 = ir.VectorType(_I32, 32)
+    qh = b.load(b.bitcast(_at(b, p, qh_at), _I32.as_pointer()), align=1)
+    vec = b.insert_element(ir.Constant(v32, ir.Undefined), qh, ir.Constant(_I32, 0))
+    vec = b.shuffle_vector(vec, ir.Constant(v32, ir.Undefined), _mask([0] * 32))
+    bits = b.trunc(b.lshr(vec, _const_vec(v32, range(32))), _V32B)
+    high = b.shl(b.and_(bits, _splat8(32, 1)), _splat8(32, 4))
+    return b.or_(_join(b, lo, hi), high)
+
+
+def _int_q5_0(b, p):
+    d = _half(b, p, 0)
+    return _Block([_q5_codes(b, p, 2)], _vec(b, d), _vec(b, b.fmul(d, ir.Constant(_F32, -16.0))))
+
+
+def _int_q5_1(b, p):
+    d, m = _half(b, p, 0), _half(b, p, 2)
+    return _Block([_q5_codes(b, p, 4)], _vec(b, d), _vec(b, m))
+
+
 def _int_q8_0(b, p):
     return _Block([_bytes(b, p, 2, 32)], _vec(b, _half(b, p, 0)), signed=True)
 
@@ -255,6 +281,30 @@ def _int_q5_k(b, p):
     return _Block(codes, scales, offsets)
 
 
+def _int_q3_k(b, p):
+    codes = []
+    hmask = _bytes(b, p, 0, 32)
+    for c in range(8):  # element 32c + l: bits 2(c % 4).. of qs[32(c // 4) + l], hmask[l] bit c
+        ql = b.and_(
+            b.lshr(_bytes(b, p, 32 + 32 * (c // 4), 32), _splat8(32, 2 * (c % 4))), _splat8(32, 3)
+        )
+        high = b.and_(b.lshr(hmask, _splat8(32, c)), _splat8(32, 1))
+        codes.append(b.or_(ql, b.shl(high, _splat8(32, 2))))  # q + 4
+    # The 16 6-bit scales: a nibble of the 8 bytes at 96, 2 bits of the 4 at 104, minus 32
+    # (two loads: one of 16 bytes would read past the block's 110).
+    v16 = ir.VectorType(_I8, 16)
+    lo8, hi4 = _bytes(b, p, 96, 8), _bytes(b, p, 104, 4)
+    low = b.shuffle_vector(lo8, lo8, _mask(list(range(8)) * 2))
+    low = b.and_(b.lshr(low, _const_vec(v16, [0] * 8 + [4] * 8)), _splat8(16, 15))
+    high = b.shuffle_vector(hi4, hi4, _mask(list(range(4)) * 4))
+    high = b.and_(b.lshr(high, _const_vec(v16, [2 * (j // 4) for j in range(16)])), _splat8(16, 3))
+    sc = b.sub(b.or_(low, b.shl(high, _splat8(16, 4))), _splat8(16, 32))
+    f16 = ir.VectorType(_F32, 16)
+    scales = b.fmul(_fsplat(b, _half(b, p, 108), 16), b.sitofp(sc, f16))
+    offsets = b.fmul(scales, ir.Constant(f16, [-4.0] * 16))  # the codes are q + 4
+    return _Block(codes, scales, offsets, per16=True)
+
+
 def _int_q6_k(b, p):
     codes = []
     for h in range(2):  # two 128-element halves
@@ -273,7 +323,10 @@ def _int_q6_k(b, p):
 _INT_EMITTERS = {
     Q4_0: _int_q4_0,
     Q4_1: _int_q4_1,
+    Q5_0: _int_q5_0,
+    Q5_1: _int_q5_1,
     Q8_0: _int_q8_0,
+    Q3_K: _int_q3_k,
     Q4_K: _int_q4_k,
     Q5_K: _int_q5_k,
     Q6_K: _int_q6_k,
@@ -399,7 +452,10 @@ def _make_row_dot_int8(type_id: int, isa: str):
 ISA = dot_isa()
 idot_q4_0 = _make_row_dot_int8(Q4_0, ISA)
 idot_q4_1 = _make_row_dot_int8(Q4_1, ISA)
+idot_q5_0 = _make_row_dot_int8(Q5_0, ISA)
+idot_q5_1 = _make_row_dot_int8(Q5_1, ISA)
 idot_q8_0 = _make_row_dot_int8(Q8_0, ISA)
+idot_q3_k = _make_row_dot_int8(Q3_K, ISA)
 idot_q4_k = _make_row_dot_int8(Q4_K, ISA)
 idot_q5_k = _make_row_dot_int8(Q5_K, ISA)
 idot_q6_k = _make_row_dot_int8(Q6_K, ISA)

@@ -25,27 +25,36 @@ from atlas_cli.backend.ops.cpu.ir import (  # noqa: F401  (BLOCKS, F16, ...: thi
     F32,
     GROUP,
     PREFETCH_BYTES,
+    Q3_K,
     Q4_0,
     Q4_1,
     Q4_K,
+    Q5_0,
+    Q5_1,
     Q5_K,
     Q6_K,
     Q8_0,
     deq_bf16,
     deq_f16,
     deq_f32,
+    deq_q3_k,
     deq_q4_0,
     deq_q4_1,
     deq_q4_k,
+    deq_q5_0,
+    deq_q5_1,
     deq_q5_k,
     deq_q6_k,
     deq_q8_0,
     dot_bf16,
     dot_f16,
     dot_f32,
+    dot_q3_k,
     dot_q4_0,
     dot_q4_1,
     dot_q4_k,
+    dot_q5_0,
+    dot_q5_1,
     dot_q5_k,
     dot_q6_k,
     dot_q8_0,
@@ -57,9 +66,12 @@ from atlas_cli.backend.ops.cpu.ir import (  # noqa: F401  (BLOCKS, F16, ...: thi
 from atlas_cli.backend.ops.cpu.ir_int8 import (  # noqa: F401  (INT8_TYPES, XF: this path's facts)
     INT8_TYPES,
     XF,
+    idot_q3_k,
     idot_q4_0,
     idot_q4_1,
     idot_q4_k,
+    idot_q5_0,
+    idot_q5_1,
     idot_q5_k,
     idot_q6_k,
     idot_q8_0,
@@ -193,6 +205,12 @@ def row_dot(t, w, woff, x, xoff, xs, xsoff, nb):
         return dot_q6_k(w, woff, x, xoff, xs, xsoff, nb)
     if t == Q5_K:
         return dot_q5_k(w, woff, x, xoff, xs, xsoff, nb)
+    if t == Q5_0:
+        return dot_q5_0(w, woff, x, xoff, xs, xsoff, nb)
+    if t == Q5_1:
+        return dot_q5_1(w, woff, x, xoff, xs, xsoff, nb)
+    if t == Q3_K:
+        return dot_q3_k(w, woff, x, xoff, xs, xsoff, nb)
     if t == F16:
         return dot_f16(w, woff, x, xoff, xs, xsoff, nb)
     if t == BF16:
@@ -215,6 +233,12 @@ def row_dot_int8(t, w, woff, xq, xqoff, xf, xfoff, nb):
         return idot_q5_k(w, woff, xq, xqoff, xf, xfoff, nb)
     if t == Q4_1:
         return idot_q4_1(w, woff, xq, xqoff, xf, xfoff, nb)
+    if t == Q5_0:
+        return idot_q5_0(w, woff, xq, xqoff, xf, xfoff, nb)
+    if t == Q5_1:
+        return idot_q5_1(w, woff, xq, xqoff, xf, xfoff, nb)
+    if t == Q3_K:
+        return idot_q3_k(w, woff, xq, xqoff, xf, xfoff, nb)
     return idot_q4_0(w, woff, xq, xqoff, xf, xfoff, nb)
 
 
@@ -238,6 +262,12 @@ def row_dequant(t, w, woff, out, ooff, nb):
         deq_q6_k(w, woff, out, ooff, nb)
     elif t == Q5_K:
         deq_q5_k(w, woff, out, ooff, nb)
+    elif t == Q5_0:
+        deq_q5_0(w, woff, out, ooff, nb)
+    elif t == Q5_1:
+        deq_q5_1(w, woff, out, ooff, nb)
+    elif t == Q3_K:
+        deq_q3_k(w, woff, out, ooff, nb)
     elif t == F16:
         deq_f16(w, woff, out, ooff, nb)
     elif t == BF16:
