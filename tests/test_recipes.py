@@ -106,8 +106,12 @@ def test_smollm2_recipe_describes_the_embedded_default():
         spec.quantization,
         spec.format,
     )
-    p = v.pypi
-    assert embedded.PyPIMember(p.package, p.version, p.wheel, p.member) == spec.pypi
+    assert (
+        tuple(
+            embedded.PyPIMember(p.package, p.version, p.wheel, p.member, p.sha256) for p in v.pypi
+        )
+        == spec.pypi
+    )
     assert embedded.embedded_spec(r, spec.variant) is spec
 
 
