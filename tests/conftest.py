@@ -110,3 +110,25 @@ def emu_home(tmp_path, monkeypatch):
     if not runtime_emu.available():
         pytest.skip("g++ not installed")
     monkeypatch.setenv("ATLAS_HOME", str(tmp_path))
+
+
+@pytest.fixture(scope="session")
+def llama_dir(tmp_path_factory) -> Path:
+    """A tiny Llama checkpoint (bf16-exact float32 safetensors) with a fixture's tokenizer."""
+    import json
+    import shutil
+
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    from tests.gpu.models import tiny_config, tiny_weights
+
+    out = tmp_path_factory.mktemp("tiny-llama")
+    cfg = tiny_config("llama")
+    save_file(tiny_weights("llama", cfg, np.random.default_rng(3)), str(out / "model.safetensors"))
+    cfg |= {"architectures": ["LlamaForCausalLM"], "bos_token_id": 1, "eos_token_id": 2}
+    (out / "config.json").write_text(json.dumps(cfg))
+    qwen3 = Path(__file__).parent / "fixtures" / "qwen" / "qwen3-mha-f32"
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(qwen3 / name, out / name)
+    return out

@@ -14,6 +14,7 @@ from atlas_cli.backend import load
 from atlas_cli.backend.layers import LayerKind
 from atlas_cli.backend.ops.native.decoder import DeviceDecoder
 from atlas_cli.backend.ops.native.runtime import i32, ptr
+from tests.test_native_done import source
 from tests.test_native_qwen35 import STEPS, emu_ops, greedy, rel_err
 
 FIXTURES = Path(__file__).parent / "fixtures" / "qwen"
@@ -61,26 +62,6 @@ def check_fused_step(path: Path, prompt, op_path_tol: float) -> None:
     assert tokens == op_tokens == want_tokens
 
 
-def llama_fixture(tmp_path: Path) -> Path:
-    """A Llama model: the qwen3-mha-f32 fixture's weights without its q/k norms, as
-    model_type llama (its tokenizer and reference prompt kept)."""
-    import json
-    import shutil
-
-    from safetensors.numpy import load_file, save_file
-
-    src = FIXTURES / "qwen3-mha-f32"
-    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
-        shutil.copy(src / name, tmp_path / name)
-    config = json.loads((src / "config.json").read_text())
-    config |= {"model_type": "llama", "architectures": ["LlamaForCausalLM"]}
-    (tmp_path / "config.json").write_text(json.dumps(config))
-    weights = load_file(src / "model.safetensors")
-    kept = {k: v for k, v in weights.items() if not k.endswith(("q_norm.weight", "k_norm.weight"))}
-    save_file(kept, tmp_path / "model.safetensors")
-    return tmp_path
-
-
 @pytest.mark.slow  # the emulator
 @pytest.mark.parametrize(
     "name",
@@ -94,12 +75,11 @@ def llama_fixture(tmp_path: Path) -> Path:
         "llama",
     ],
 )
-def test_attention_only_models_run_the_fused_step(name, tmp_path):
+def test_attention_only_models_run_the_fused_step(name, llama_dir):
     """Qwen3, Qwen2 (q/k/v biases in the GEMV epilogue) and Llama get the fused device step
     from their declaration: the op path's logits within 1e-5 over a prefill and 32 greedy
     steps, the same tokens."""
-    path = llama_fixture(tmp_path) if name == "llama" else fixture_path(name)
-    prompt = prompt_of("qwen3-mha-f32" if name == "llama" else name)
+    path, prompt = source(name, llama_dir)
     check_fused_step(path, prompt, op_path_tol=1e-5)
 
 

@@ -10,9 +10,7 @@
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +20,6 @@ from atlas_cli.backend import load
 from atlas_cli.backend.engine import Engine
 from atlas_cli.backend.ops.native.array import DeviceWeight
 from atlas_cli.errors import SlotError
-from tests.gpu.models import tiny_config, tiny_weights
 from tests.test_native_qwen35 import FIXTURES, STEPS, emu_ops, greedy, near_ties, rel_err
 
 # relative error (max |diff| / max |ref|) of the logits, per KV type. f32 and bf16 are the
@@ -46,21 +43,6 @@ FULL = bool(os.environ.get("ATLAS_NATIVE_FULL"))
 ALL_FIXTURES = [*HF_FIXTURES, *GGUF_FIXTURES, "llama"]
 SUITE_FIXTURES = ["qwen3-gqa4-f16", "qwen35-text-bf16", "qwen35-gguf", "qwen2-gguf", "llama"]
 MTP_FIXTURES = ["qwen35-nvfp4", "qwen35-vlm-bf16"]  # the ones with an MTP block
-
-
-@pytest.fixture(scope="module")
-def llama_dir(tmp_path_factory) -> Path:
-    """A tiny Llama checkpoint (bf16-exact float32 safetensors) with a fixture's tokenizer."""
-    from safetensors.numpy import save_file
-
-    out = tmp_path_factory.mktemp("tiny-llama")
-    cfg = tiny_config("llama")
-    save_file(tiny_weights("llama", cfg, np.random.default_rng(3)), str(out / "model.safetensors"))
-    cfg |= {"architectures": ["LlamaForCausalLM"], "bos_token_id": 1, "eos_token_id": 2}
-    (out / "config.json").write_text(json.dumps(cfg))
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(FIXTURES / "qwen3-mha-f32" / name, out / name)
-    return out
 
 
 def source(name: str, llama_dir: Path) -> tuple[Path, np.ndarray]:
