@@ -159,8 +159,7 @@ class DeviceDecoder:
         back during a decode step it would be a copy to the host the step must not make."""
         if not norm or not self.decl.unit_offset_norms:
             return v if isinstance(v, DeviceArray) else self.ops.asarray(np.asarray(v, np.float32))
-        w = v.numpy() if isinstance(v, DeviceArray) else np.asarray(v)
-        return self.ops.asarray(self.decl.norm_multiplier(w))
+        return self.ops.asarray(self.decl.norm_multiplier(_on_host(v)))
 
     def _stacked_bias(self, m: Attention) -> DeviceArray | None:
         """The q | k | v biases as one device vector beside the stacked rows (zeros for a
@@ -174,7 +173,7 @@ class DeviceDecoder:
             if b is None:
                 parts.append(np.zeros(w[mat].rows, np.float32))
             else:
-                parts.append(b.numpy() if isinstance(b, DeviceArray) else np.asarray(b))
+                parts.append(_on_host(b))
         return self.ops.asarray(np.concatenate(parts).astype(np.float32))
 
     def _alloc_buffers(self, d: Declaration, w) -> None:
@@ -415,6 +414,11 @@ def _gdn_fits(m: GatedDeltaNet) -> bool:
     if not (parts and 256 % dv == 0 and dk % parts == 0 and dk // parts <= 64 and dk <= 256):
         return False
     return m.conv_kernel <= 8
+
+
+def _on_host(v) -> np.ndarray:
+    """A weight vector as a host array (read back from the device at load, never in a step)."""
+    return v.numpy() if isinstance(v, DeviceArray) else np.asarray(v)
 
 
 def device_kv(cache):
