@@ -8,13 +8,14 @@ interleaved mrope plain 1-D RoPE, which is what this file computes.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from atlas_cli.backend.cache import HybridCache, KVCache
-from atlas_cli.backend.layers import Declaration, GatedDeltaNet, LayerKind
+from atlas_cli.backend.layers import Declaration, GatedDeltaNet, Layer, LayerKind
 from atlas_cli.backend.models.base import (
     BaseModel,
     BaseModelArgs,
@@ -232,6 +233,11 @@ class Qwen3_5Model(BaseModel):
 
     # -- multi-token prediction (vLLM qwen3_5_mtp.py / qwen3_next_mtp.py) ----------------------
 
+    @functools.cached_property
+    def mtp_layer(self) -> Layer:
+        """The MTP block's decoder layer: gated attention like the model's own, under `mtp.`."""
+        return attention_layer("mtp.layers.0.", self.args, qk_norm=True, output_gate=True)
+
     @property
     def has_mtp(self) -> bool:
         return "mtp.fc.weight" in self.w
@@ -247,7 +253,7 @@ class Qwen3_5Model(BaseModel):
         e = self.norm(e, "mtp.pre_fc_norm_embedding.weight")
         h = self.norm(hidden, "mtp.pre_fc_norm_hidden.weight")
         x = ops.linear(np.concatenate([e, h], axis=-1), w["mtp.fc.weight"])  # embedding first
-        layer = attention_layer("mtp.layers.0.", self.args, qk_norm=True, output_gate=True)
+        layer = self.mtp_layer
         positions = np.arange(start, start + x.shape[0])
         h = self.norm(x, layer.input_norm)
         x = x + self.attention(layer.mixer, h, 0, positions, cache, start)
