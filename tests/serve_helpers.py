@@ -132,3 +132,15 @@ WEATHER_TOOL = {
         },
     },
 }
+
+
+def streamed_call(chunks) -> tuple[str, str, str]:
+    """(name, arguments, finish reason) reassembled from OpenAI tool-call deltas."""
+    name, args, finish = "", "", None
+    for chunk in chunks:
+        choice = chunk.choices[0]
+        finish = choice.finish_reason or finish
+        for delta in choice.delta.tool_calls or []:
+            name += delta.function.name or ""
+            args += delta.function.arguments or ""
+    return name, args, finish

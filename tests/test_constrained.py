@@ -23,6 +23,7 @@ from atlas_cli.backend.sample import SamplingParams
 from atlas_cli.errors import GrammarError
 from atlas_cli.serve.grammar import GrammarRequest, build_grammar
 from atlas_cli.serve.toolcalls import HermesParser, Qwen3CoderParser
+from tests.serve_helpers import streamed_call
 
 jsonschema = pytest.importorskip("jsonschema")
 
@@ -379,18 +380,6 @@ def server(fast, smollm2_path):
         create_app(ServeConfig(model=str(smollm2_path), served_model_name="m"), fast)
     ) as srv:
         yield srv
-
-
-def streamed_call(chunks) -> tuple[str, str, str]:
-    """(name, arguments, finish reason) reassembled from OpenAI tool-call deltas."""
-    name, args, finish = "", "", None
-    for chunk in chunks:
-        choice = chunk.choices[0]
-        finish = choice.finish_reason or finish
-        for delta in choice.delta.tool_calls or []:
-            name += delta.function.name or ""
-            args += delta.function.arguments or ""
-    return name, args, finish
 
 
 @pytest.mark.slow

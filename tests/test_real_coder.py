@@ -5,6 +5,7 @@ paths: the logits of a 256-token prefill and of 16 cached decode steps."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -73,3 +74,49 @@ def test_the_fast_path_on_a_real_coder(coder_path, reference, activations, monke
     if activations == "float32":
         assert np.abs(got - want).max() / np.abs(want).max() < 1e-4
     assert kl.mean() <= 1e-3 and agree >= 0.99, (kl.mean(), agree)
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Current weather for a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string"},
+                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+            },
+            "required": ["city"],
+        },
+    },
+}
+
+
+@pytest.mark.parametrize("choice", ["auto", "required"])
+def test_the_coder_calls_a_tool_through_the_server(coder_path, choice):
+    """`atlas serve` streams a valid call of the request's tool, in the model's own syntax:
+    with `auto` Qwen2.5-Coder writes it as a fenced JSON block, `required` constrains it to
+    `<tool_call>` JSON."""
+    openai = pytest.importorskip("openai")
+    from atlas_cli.serve.app import create_app
+    from atlas_cli.serve.http import ServeConfig
+    from atlas_cli.session import open_model
+    from tests.serve_helpers import ServerThread, streamed_call
+
+    model = open_model(str(coder_path), device="cpu", ctx_size=1024)
+    config = ServeConfig(model=str(coder_path), served_model_name=MODEL)
+    with ServerThread(create_app(config, model)) as srv:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+        chunks = client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "What is the weather in Paris right now?"}],
+            tools=[WEATHER],
+            tool_choice=choice,
+            temperature=0,
+            max_tokens=80,
+            stream=True,
+        )
+        name, arguments, finish = streamed_call(chunks)
+    assert (name, finish) == ("get_weather", "tool_calls")
+    assert json.loads(arguments)["city"] == "Paris"

@@ -23,6 +23,11 @@ from tests.toolcall_helpers import (
     xml_call,
 )
 
+
+def fenced(body: str, language: str = "json") -> str:
+    return f"```{language}\n{body}\n```"
+
+
 HERMES_CASES = [
     # --- Qwen3: Hermes JSON, the model writes its own <think> -------------------------------
     Case(
@@ -173,6 +178,67 @@ HERMES_CASES = [
         HermesParser,
         '<tool_call>\n{"arguments": {"command": "ls"}}\n</tool_call>',
         content='<tool_call>\n{"arguments": {"command": "ls"}}\n</tool_call>',
+    ),
+    # --- Qwen2.5-Coder with tool_choice auto: the call as a fenced JSON block ---------------
+    Case(
+        "coder-fenced-call",  # as Qwen2.5-Coder-0.5B/1.5B-Instruct write it
+        HermesParser,
+        fenced(json.dumps({"name": "get_weather", "arguments": PARIS}, indent=2)),
+        content="",
+        calls=[("get_weather", PARIS)],
+    ),
+    Case(
+        "coder-fenced-call-then-text",
+        HermesParser,
+        "\n" + fenced('{"name": "bash", "arguments": {"command": "echo ```"}}') + "\nDone.",
+        content="Done.",
+        calls=[("bash", {"command": "echo ```"})],
+    ),
+    Case(
+        "coder-fenced-list",
+        HermesParser,
+        fenced(json.dumps([{"name": "bash", "arguments": {"command": "ls"}}, {"name": "search"}])),
+        content="",
+        calls=[("bash", {"command": "ls"}), ("search", {})],
+    ),
+    Case(
+        "coder-fenced-undeclared-tool",  # JSON the user asked for, not a call
+        HermesParser,
+        fenced('{"name": "Ada", "arguments": {"age": 36}}'),
+        content=fenced('{"name": "Ada", "arguments": {"age": 36}}'),
+    ),
+    Case(
+        "coder-fenced-after-prose",  # only the content's first thing can be a fenced call
+        HermesParser,
+        "Call it like this:\n" + fenced('{"name": "bash", "arguments": {"command": "ls"}}'),
+        content="Call it like this:\n" + fenced('{"name": "bash", "arguments": {"command": "ls"}}'),
+    ),
+    Case(
+        "coder-bare-call-then-text",  # the other way Qwen2.5-Coder writes a call
+        HermesParser,
+        '{"name": "get_weather", "arguments": {"location": "Paris, France", "unit": "celsius"}}'
+        "\nI asked for the weather.",
+        content="I asked for the weather.",
+        calls=[("get_weather", PARIS)],
+    ),
+    Case(
+        "coder-bare-object-not-a-call",
+        HermesParser,
+        '{"name": "Ada"} is a JSON object.',
+        content='{"name": "Ada"} is a JSON object.',
+    ),
+    Case(
+        "coder-bare-broken",
+        HermesParser,
+        '{"name": "bash", "arguments": {"command": "ls"',
+        content="",
+        calls=[("bash", {"command": "ls"})],
+    ),
+    Case(
+        "coder-python-fence",
+        HermesParser,
+        fenced('print({"name": "bash"})', "python"),
+        content=fenced('print({"name": "bash"})', "python"),
     ),
 ]
 

@@ -21,6 +21,9 @@ class ToolParser:
     blocks: ClassVar[dict[str, str]] = {}
     # opening tags that belong to the block body (a bare `<function=...>` is its own body)
     keep_opener: ClassVar[frozenset[str]] = frozenset()
+    # openers of a call block honoured only as the first thing the content says (a fenced
+    # JSON call), -> their closing tags; never looked for anywhere else
+    leading_blocks: ClassVar[dict[str, str]] = {}
     tags: ClassVar[tuple[str, ...]] = ()
 
     def __init__(

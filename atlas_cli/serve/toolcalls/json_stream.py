@@ -79,10 +79,11 @@ class JsonCallReader:
     """Reads the JSON calls of one block body from `start`; `read` is called with the text
     as it grows (`limit`: how far it is settled), `calls` grows and its fragments append."""
 
-    def __init__(self, start: int):
+    def __init__(self, start: int, *, one_value: bool = False):
         self.pos = start
         self.calls: list[CallScan] = []
         self.done = False
+        self._one_value = one_value  # stop after the first top-level value (pos: just past it)
         self._state = _TOP
         self._stack: list[_Frame] = []
         self._held = ""  # what goes before the next written value: `, "key": `
@@ -209,6 +210,7 @@ class JsonCallReader:
 
     def _end_value(self) -> None:
         self._state = _AFTER if self._stack else _TOP
+        self.done = self._one_value and not self._stack
 
     def _close_frame(self) -> None:
         frame = self._stack.pop()

@@ -34,6 +34,7 @@ class CallFormat(Protocol):
 
     blocks: dict[str, str]  # opening tag of a call block -> its closing tag
     keep_opener: frozenset[str]  # opening tags that belong to the block body
+    leading_blocks: dict[str, str]  # openers honoured only where the content starts
     tags: tuple[str, ...]  # what the content scan looks for: openers, then stray closers
     new_id: Callable[[], str]
 
@@ -164,8 +165,28 @@ class StreamParser:
             self._state = _CONTENT
         return ended
 
+    def _step_leading(self, final: bool) -> bool | None:
+        """Before any content or call: a leading block's opener as the first non-blank text
+        opens that block (True); None when there is none, False while the text so far may
+        still become one."""
+        rest = self._buf[self._pos :].lstrip()
+        for opener in self._parser.leading_blocks:
+            if rest.startswith(opener):
+                found = len(self._buf) - len(rest)
+                body = found if opener in self._parser.keep_opener else found + len(opener)
+                self._block = _Block(found, body, opener)
+                self._pos, self._state = found + len(opener), _BLOCK
+                return True
+            if not final and opener.startswith(rest):
+                return False
+        return None
+
     def _step_content(self, final: bool, events: list[Event]) -> bool:
         buf, parser = self._buf, self._parser
+        if parser.leading_blocks and not self._content.started and not self._calls:
+            leading = self._step_leading(final)
+            if leading is not None:
+                return leading
         tags = parser.tags
         found, tag = -1, ""
         for candidate in tags:

@@ -12,6 +12,8 @@ FUNCTION_OPEN = "<function="
 FUNCTION_CLOSE = "</function>"
 PARAMETER_OPEN = "<parameter="
 PARAMETER_CLOSE = "</parameter>"
+JSON_FENCE_OPEN = "```json"
+FENCE_CLOSE = "```"
 
 
 def partial_tag(text: str, start: int, tags: Iterable[str]) -> int:
