@@ -11,8 +11,8 @@ tokenizer from the same file; the ids are stored, so later edits of those files 
 
 Every row keeps the top --top-k logits of each engine (ids and float32 values) and the log of
 the sum of the exponentials of the whole row (float64): what a KL divergence over "each of the
-top k, and the rest" needs (tests/test_real_coder_reference.py). A whole row is 151,936 floats;
-2,048 of them would be 1.2 GB.
+top k, and the rest" needs (tests/topk_kl.py). A whole row is 151,936 floats; 2,048 of them
+would be 1.2 GB. `llama_vs_hf_*`: llama.cpp's own KL and top-1 from transformers, measured so.
 """
 
 from __future__ import annotations
@@ -26,12 +26,16 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from tests.topk_kl import judged  # noqa: E402
+
 TEXT_FILES = ("docs/architecture.md", "atlas_cli/backend/layers.py")
 
 
 def top_rows(logits: np.ndarray, k: int) -> dict[str, np.ndarray]:
     logits = logits.astype(np.float64)
-    ids = np.argsort(-logits, axis=-1, kind="stable")[:, :k]
+    ids = np.argpartition(-logits, k, axis=-1)[:, :k]  # a whole-row sort takes minutes
+    ids = np.take_along_axis(ids, np.argsort(-np.take_along_axis(logits, ids, -1), -1), -1)
     peak = logits.max(-1, keepdims=True)
     lse = np.log(np.exp(logits - peak).sum(-1)) + peak[:, 0]
     return {
@@ -47,7 +51,7 @@ def transformers_logits(gguf: Path, ids: list[int]) -> np.ndarray:
 
     torch.set_num_threads(len(os.sched_getaffinity(0)))
     model = AutoModelForCausalLM.from_pretrained(
-        str(gguf.parent), gguf_file=gguf.name, torch_dtype=torch.float32
+        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
     )
     model.eval()
     with torch.no_grad():
@@ -95,6 +99,9 @@ def main() -> int:
         logits = run(args.gguf, ids)
         print(f"{engine}: {logits.shape} in {time.time() - t0:.0f} s", file=sys.stderr)
         arrays |= {f"{engine}_{k}": v for k, v in top_rows(logits, args.top_k).items()}
+        if engine == "llama":  # llama.cpp's own distance from transformers, for comparison
+            for k, v in judged(arrays, "hf", logits).items():
+                arrays[f"llama_vs_hf_{k}"] = np.float64(v)
         del logits
     args.out.parent.mkdir(parents=True, exist_ok=True)
     np.savez_compressed(args.out, **arrays)

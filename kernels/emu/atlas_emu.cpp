@@ -1,4 +1,11 @@
 // The fiber scheduler behind atlas_emu.h. Included once into each emulated module.
+//
+// A fiber starts on its own stack through makecontext/setcontext, once per launch, and runs its
+// thread of every block; after that every switch (a thread waiting at a barrier or a shuffle,
+// ending, being resumed) is a _setjmp/_longjmp pair, which saves no signal mask: swapcontext
+// makes a system call per switch, and a warp shuffle is two switches per lane, which made the
+// emulator's decode GEMV mostly kernel time.
+#include <setjmp.h>
 #include <ucontext.h>
 
 #include <cstdio>
@@ -14,7 +21,9 @@ namespace atlas_emu {
 enum State { RUNNABLE, AT_BLOCK_BARRIER, AT_WARP_BARRIER, DONE };
 
 struct Fiber {
-    ucontext_t ctx;
+    ucontext_t ctx;  // the entry on its stack (used once)
+    jmp_buf resume;  // where it waits
+    bool started = false;
     char* stack = nullptr;
     State state = RUNNABLE;
     atlas_dim3 tid;
@@ -25,7 +34,7 @@ struct Fiber {
 static const size_t kStack = 128 * 1024;
 static std::vector<char*> g_stacks;
 
-static ucontext_t g_sched;
+static jmp_buf g_sched;
 static std::vector<Fiber>* g_fibers = nullptr;
 static int g_current = -1;
 static void (*g_tramp)(void**) = nullptr;
@@ -33,16 +42,26 @@ static void** g_args = nullptr;
 static unsigned char g_exchange[1024][8];  // one slot per thread for warp shuffles
 static int g_error = 0;
 
-static void fiber_main() {
-    g_tramp(g_args);
-    (*g_fibers)[g_current].state = DONE;
-    // returning resumes uc_link (the scheduler)
-}
-
 static void wait(State s) {
     Fiber& f = (*g_fibers)[g_current];
     f.state = s;
-    swapcontext(&f.ctx, &g_sched);
+    if (_setjmp(f.resume) == 0) _longjmp(g_sched, 1);
+}
+
+// A fiber runs its thread in every block of the launch: resumed after DONE, it starts over.
+static void fiber_main() {
+    for (;;) {
+        g_tramp(g_args);
+        wait(DONE);
+    }
+}
+
+// Run fiber i until it waits or ends.
+static void resume(Fiber& f) {
+    if (_setjmp(g_sched) != 0) return;
+    if (f.started) _longjmp(f.resume, 1);
+    f.started = true;
+    setcontext(&f.ctx);
 }
 
 static int linear_tid(const atlas_dim3& t) {
@@ -115,19 +134,19 @@ extern "C" __attribute__((visibility("default"))) int atlas_emu_launch(
     while ((int)g_stacks.size() < n) g_stacks.push_back(new char[kStack]);
     for (int i = 0; i < n; i++) fibers[i].stack = g_stacks[i];
     g_fibers = &fibers;
+    for (int i = 0; i < n; i++) {  // entered once per launch: getcontext is a system call
+        Fiber& f = fibers[i];
+        f.tid = {(unsigned)(i % bx), (unsigned)((i / bx) % by), (unsigned)(i / (bx * by))};
+        getcontext(&f.ctx);
+        f.ctx.uc_stack.ss_sp = f.stack;
+        f.ctx.uc_stack.ss_size = kStack;
+        f.ctx.uc_link = nullptr;
+        makecontext(&f.ctx, (void (*)())fiber_main, 0);
+    }
     for (unsigned z = 0; z < gz; z++)
         for (unsigned y = 0; y < gy; y++)
             for (unsigned x = 0; x < gx; x++) {
-                for (int i = 0; i < n; i++) {
-                    Fiber& f = fibers[i];
-                    f.tid = {(unsigned)(i % bx), (unsigned)((i / bx) % by), (unsigned)(i / (bx * by))};
-                    f.state = RUNNABLE;
-                    getcontext(&f.ctx);
-                    f.ctx.uc_stack.ss_sp = f.stack;
-                    f.ctx.uc_stack.ss_size = kStack;
-                    f.ctx.uc_link = &g_sched;
-                    makecontext(&f.ctx, (void (*)())fiber_main, 0);
-                }
+                for (auto& f : fibers) f.state = RUNNABLE;
                 blockIdx = {x, y, z};
                 for (;;) {
                     bool progressed = false;
@@ -135,7 +154,7 @@ extern "C" __attribute__((visibility("default"))) int atlas_emu_launch(
                         if (fibers[i].state != RUNNABLE) continue;
                         g_current = i;
                         threadIdx = fibers[i].tid;
-                        swapcontext(&g_sched, &fibers[i].ctx);
+                        resume(fibers[i]);
                         progressed = true;
                     }
                     bool live = false;
