@@ -43,8 +43,9 @@ IDS = [quant.GGML_TYPES[t].name for t in TYPES]
 XF = cpu_kernels.XF
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def rng():
+    """A generator per test: its draws do not move when a format joins the lists above it."""
     return np.random.default_rng(11)
 
 
