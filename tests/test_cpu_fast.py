@@ -45,7 +45,7 @@ def random_blocks(type_id: int, rows: int, cols: int, rng: np.random.Generator) 
         return bits.astype(np.uint16).view(np.uint8)
     raw = rng.integers(0, 256, (rows, nb, nbytes), dtype=np.uint8)
     scales = rng.uniform(-0.02, 0.02, (rows, nb))
-    if type_id in (2, 3, 6, 7, 8):  # d first
+    if type_id in (2, 3, 6, 7, 8, 20):  # d first
         raw[:, :, 0:2] = _f16_bytes(scales)
     if type_id in (3, 7):  # Q4_1 and Q5_1 min
         raw[:, :, 2:4] = _f16_bytes(rng.uniform(-0.1, 0.1, (rows, nb)))
