@@ -54,6 +54,8 @@ def random_blocks(type_id: int, rows: int, cols: int, rng: np.random.Generator) 
         raw[:, :, 2:4] = _f16_bytes(rng.uniform(0, 0.001, (rows, nb)))
     if type_id == 11:  # Q3_K: d is last, the scales' codes are signed
         raw[:, :, 108:110] = _f16_bytes(scales / 32)
+    if type_id == 23:  # IQ4_XS: the scales' codes are signed
+        raw[:, :, 0:2] = _f16_bytes(scales / 32)
     if type_id == 14:  # Q6_K: d is last
         raw[:, :, 208:210] = _f16_bytes(scales / 64)
     return raw.reshape(rows, nb * nbytes)

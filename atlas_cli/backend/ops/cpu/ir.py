@@ -28,7 +28,7 @@ F32, F16, BF16 = formats.F32.ggml_type, formats.F16.ggml_type, formats.BF16.ggml
 Q4_0, Q4_1, Q8_0 = formats.Q4_0.ggml_type, formats.Q4_1.ggml_type, formats.Q8_0.ggml_type
 Q5_0, Q5_1, Q3_K = formats.Q5_0.ggml_type, formats.Q5_1.ggml_type, formats.Q3_K.ggml_type
 Q4_K, Q5_K, Q6_K = formats.Q4_K.ggml_type, formats.Q5_K.ggml_type, formats.Q6_K.ggml_type
-IQ4_NL = formats.IQ4_NL.ggml_type
+IQ4_NL, IQ4_XS = formats.IQ4_NL.ggml_type, formats.IQ4_XS.ggml_type
 BLOCKS = {
     tid: (f.block_elems, f.block_bytes) if f.quantized else (16, 16 * f.block_bytes)
     for tid, f in formats.GGML.items()
@@ -57,6 +57,10 @@ def _vi(n: int) -> ir.Constant:
 
 def _vi8(n: int) -> ir.Constant:
     return ir.Constant(ir.VectorType(_I8, 16), [n] * 16)
+
+
+def _c32(n: int) -> ir.Constant:
+    return ir.Constant(_I32, n)
 
 
 def _at(b: ir.IRBuilder, ptr, offset: int):
@@ -246,6 +250,23 @@ def _emit_iq4_nl(b, p):
     return [_Group(_half(b, p, 0), _iq4_pieces(b, p, 2, 0))]  # d * value, as numpy
 
 
+def _iq4_xs_scale(b, p, j: int) -> ir.Value:
+    """The int32 scale of sub-block j of an IQ4_XS block: nibble j % 2 of scales_l[j // 2] (at
+    4) and bits 2j.. of the little-endian uint16 scales_h (at 2), minus 32."""
+    low = b.and_(b.lshr(_byte(b, p, 4 + j // 2), _c32(4 * (j % 2))), _c32(15))
+    high = b.and_(b.lshr(_byte(b, p, 2 + j // 4), _c32(2 * (j % 4))), _c32(3))
+    return b.sub(b.or_(low, b.shl(high, _c32(4))), _c32(32))
+
+
+def _emit_iq4_xs(b, p):
+    d = _half(b, p, 0)
+    groups = []
+    for j in range(8):  # sub-block j: the 16 bytes at 8 + 16j
+        dl = b.fmul(d, b.sitofp(_iq4_xs_scale(b, p, j), _F32))
+        groups.append(_Group(dl, _iq4_pieces(b, p, 8 + 16 * j, 32 * j)))  # (d * scale) * value
+    return groups
+
+
 def _k_scales(b, p):
     """(d * sc, dmin * m) as float32 for the 8 sub-blocks of a Q4_K/Q5_K block (ggml's
     get_scale_min_k4 on the 12 packed bytes at offset 4)."""
@@ -305,10 +326,6 @@ def _q3_k_scale(b, p, j: int) -> ir.Value:
     return b.sub(b.or_(low, b.shl(high, _c32(4))), _c32(32))
 
 
-def _c32(n: int) -> ir.Constant:
-    return ir.Constant(_I32, n)
-
-
 def _emit_q3_k(b, p):
     d = _half(b, p, 108)
     groups = []
@@ -351,6 +368,7 @@ _EMITTERS = {
     Q5_1: _emit_q5_1,
     Q8_0: _emit_q8_0,
     IQ4_NL: _emit_iq4_nl,
+    IQ4_XS: _emit_iq4_xs,
     Q3_K: _emit_q3_k,
     Q4_K: _emit_q4_k,
     Q5_K: _emit_q5_k,
@@ -499,6 +517,7 @@ dot_q5_0, deq_q5_0 = _make_row_dot(Q5_0), _make_row_dequant(Q5_0)
 dot_q5_1, deq_q5_1 = _make_row_dot(Q5_1), _make_row_dequant(Q5_1)
 dot_q8_0, deq_q8_0 = _make_row_dot(Q8_0), _make_row_dequant(Q8_0)
 dot_iq4_nl, deq_iq4_nl = _make_row_dot(IQ4_NL), _make_row_dequant(IQ4_NL)
+dot_iq4_xs, deq_iq4_xs = _make_row_dot(IQ4_XS), _make_row_dequant(IQ4_XS)
 dot_q3_k, deq_q3_k = _make_row_dot(Q3_K), _make_row_dequant(Q3_K)
 dot_q4_k, deq_q4_k = _make_row_dot(Q4_K), _make_row_dequant(Q4_K)
 dot_q5_k, deq_q5_k = _make_row_dot(Q5_K), _make_row_dequant(Q5_K)

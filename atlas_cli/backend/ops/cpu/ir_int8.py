@@ -8,7 +8,7 @@ two put them 1e-4 off, for one more integer multiply-add per 64 elements. Per 32
 kernel gets XF floats, in three planes: d/256 for each group, then d/256 times the sum of
 256 * hi + lo over each group, then over each 16-half (the sums serve the offsets and mins).
 
-A weight block is described as pieces of 32 unsigned (or, for Q8_0 and IQ4_NL, signed) 8-bit
+A weight block is described as pieces of 32 unsigned (or, for Q8_0 and the IQ4s, signed) 8-bit
 codes, a vector of float scales (one per 16 or 32 elements) and offset terms
 `coef * (a sum of x)`: Q4_K's sub-block j is `d*sc_j * q - dmin*m_j`, so its dot with x is
 `d*sc_j * sum(q * x) - dmin*m_j * sum(x)`. Two pieces make one 64-byte step: `_dot4` gives
@@ -36,6 +36,7 @@ from atlas_cli.backend.ops.cpu.ir import (  # noqa: E402
     BLOCKS,
     IQ4_NL,
     IQ4_TABLE,
+    IQ4_XS,
     Q3_K,
     Q4_0,
     Q4_1,
@@ -248,9 +249,28 @@ def _int_q8_0(b, p):
     return _Block([_bytes(b, p, 2, 32)], _vec(b, _half(b, p, 0)), signed=True)
 
 
+def _iq4_codes(b, p, offset: int):
+    """<32 x i8>: the 32 IQ4 codes of the 16 bytes at `offset`, low nibbles first."""
+    return _join(b, *_nibbles(b, _bytes(b, p, offset, 16)))
+
+
 def _int_iq4_nl(b, p):
-    codes = _join(b, *_nibbles(b, _bytes(b, p, 2, 16)))
-    return _Block([codes], _vec(b, _half(b, p, 0)), signed=True, table=IQ4_TABLE)
+    return _Block([_iq4_codes(b, p, 2)], _vec(b, _half(b, p, 0)), signed=True, table=IQ4_TABLE)
+
+
+def _int_iq4_xs(b, p):
+    codes = [_iq4_codes(b, p, 8 + 16 * j) for j in range(8)]
+    # The 8 6-bit scales: nibble j % 2 of the 4 bytes at 4, bits 2j.. of the uint16 at 2 (of
+    # its byte j // 4), minus 32.
+    v8 = ir.VectorType(_I8, 8)
+    low, high = _bytes(b, p, 4, 4), _bytes(b, p, 2, 2)
+    low = b.shuffle_vector(low, low, _mask([j // 2 for j in range(8)]))
+    low = b.and_(b.lshr(low, _const_vec(v8, [0, 4] * 4)), _splat8(8, 15))
+    high = b.shuffle_vector(high, high, _mask([j // 4 for j in range(8)]))
+    high = b.and_(b.lshr(high, _const_vec(v8, [0, 2, 4, 6] * 2)), _splat8(8, 3))
+    sc = b.sub(b.or_(low, b.shl(high, _splat8(8, 4))), _splat8(8, 32))
+    scales = b.fmul(_fsplat(b, _half(b, p, 0), 8), b.sitofp(sc, ir.VectorType(_F32, 8)))
+    return _Block(codes, scales, signed=True, table=IQ4_TABLE)
 
 
 def k_scale_codes(b, p):
@@ -351,6 +371,7 @@ _INT_EMITTERS = {
     Q5_1: _int_q5_1,
     Q8_0: _int_q8_0,
     IQ4_NL: _int_iq4_nl,
+    IQ4_XS: _int_iq4_xs,
     Q3_K: _int_q3_k,
     Q4_K: _int_q4_k,
     Q5_K: _int_q5_k,
@@ -484,6 +505,7 @@ idot_q5_0 = _make_row_dot_int8(Q5_0, ISA)
 idot_q5_1 = _make_row_dot_int8(Q5_1, ISA)
 idot_q8_0 = _make_row_dot_int8(Q8_0, ISA)
 idot_iq4_nl = _make_row_dot_int8(IQ4_NL, ISA)
+idot_iq4_xs = _make_row_dot_int8(IQ4_XS, ISA)
 idot_q3_k = _make_row_dot_int8(Q3_K, ISA)
 idot_q4_k = _make_row_dot_int8(Q4_K, ISA)
 idot_q5_k = _make_row_dot_int8(Q5_K, ISA)

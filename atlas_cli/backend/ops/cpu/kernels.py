@@ -25,6 +25,7 @@ from atlas_cli.backend.ops.cpu.ir import (  # noqa: F401  (BLOCKS, F16, ...: thi
     F32,
     GROUP,
     IQ4_NL,
+    IQ4_XS,
     PREFETCH_BYTES,
     Q3_K,
     Q4_0,
@@ -39,6 +40,7 @@ from atlas_cli.backend.ops.cpu.ir import (  # noqa: F401  (BLOCKS, F16, ...: thi
     deq_f16,
     deq_f32,
     deq_iq4_nl,
+    deq_iq4_xs,
     deq_q3_k,
     deq_q4_0,
     deq_q4_1,
@@ -52,6 +54,7 @@ from atlas_cli.backend.ops.cpu.ir import (  # noqa: F401  (BLOCKS, F16, ...: thi
     dot_f16,
     dot_f32,
     dot_iq4_nl,
+    dot_iq4_xs,
     dot_q3_k,
     dot_q4_0,
     dot_q4_1,
@@ -70,6 +73,7 @@ from atlas_cli.backend.ops.cpu.ir_int8 import (  # noqa: F401  (INT8_TYPES, XF: 
     INT8_TYPES,
     XF,
     idot_iq4_nl,
+    idot_iq4_xs,
     idot_q3_k,
     idot_q4_0,
     idot_q4_1,
@@ -217,6 +221,8 @@ def row_dot(t, w, woff, x, xoff, xs, xsoff, nb):
         return dot_q3_k(w, woff, x, xoff, xs, xsoff, nb)
     if t == IQ4_NL:
         return dot_iq4_nl(w, woff, x, xoff, xs, xsoff, nb)
+    if t == IQ4_XS:
+        return dot_iq4_xs(w, woff, x, xoff, xs, xsoff, nb)
     if t == F16:
         return dot_f16(w, woff, x, xoff, xs, xsoff, nb)
     if t == BF16:
@@ -247,6 +253,8 @@ def row_dot_int8(t, w, woff, xq, xqoff, xf, xfoff, nb):
         return idot_q3_k(w, woff, xq, xqoff, xf, xfoff, nb)
     if t == IQ4_NL:
         return idot_iq4_nl(w, woff, xq, xqoff, xf, xfoff, nb)
+    if t == IQ4_XS:
+        return idot_iq4_xs(w, woff, xq, xqoff, xf, xfoff, nb)
     return idot_q4_0(w, woff, xq, xqoff, xf, xfoff, nb)
 
 
@@ -278,6 +286,8 @@ def row_dequant(t, w, woff, out, ooff, nb):
         deq_q3_k(w, woff, out, ooff, nb)
     elif t == IQ4_NL:
         deq_iq4_nl(w, woff, out, ooff, nb)
+    elif t == IQ4_XS:
+        deq_iq4_xs(w, woff, out, ooff, nb)
     elif t == F16:
         deq_f16(w, woff, out, ooff, nb)
     elif t == BF16:
