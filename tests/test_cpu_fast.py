@@ -52,6 +52,9 @@ def random_blocks(type_id: int, rows: int, cols: int, rng: np.random.Generator) 
     if type_id in (12, 13):  # K-quants: d and dmin are non-negative
         raw[:, :, 0:2] = _f16_bytes(np.abs(scales) / 64)
         raw[:, :, 2:4] = _f16_bytes(rng.uniform(0, 0.001, (rows, nb)))
+    if type_id == 10:  # Q2_K: d and dmin are last and non-negative
+        raw[:, :, 80:82] = _f16_bytes(np.abs(scales) / 16)
+        raw[:, :, 82:84] = _f16_bytes(rng.uniform(0, 0.001, (rows, nb)))
     if type_id == 11:  # Q3_K: d is last, the scales' codes are signed
         raw[:, :, 108:110] = _f16_bytes(scales / 32)
     if type_id == 23:  # IQ4_XS: the scales' codes are signed

@@ -38,7 +38,7 @@ from tests.test_cpu_fast import (
     tiny_model,
 )
 
-TYPES = cpu_kernels.INT8_TYPES  # Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, IQ4_XS, Q3_K, Q4_K, ...
+TYPES = cpu_kernels.INT8_TYPES  # Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, IQ4_XS, Q2_K, Q3_K, ...
 IDS = [quant.GGML_TYPES[t].name for t in TYPES]
 XF = cpu_kernels.XF
 
@@ -121,7 +121,7 @@ def _exact_case(type_id: int, rng) -> tuple[cpu_fast.PackedMatrix, np.ndarray, n
     # odd 32-block counts; 5-bit codes and IQ4's values in fewer blocks, to keep the sums under
     # 2^24 units; the 256-element formats in one or two blocks
     blocks32 = {2: 288, 3: 288, 6: 224, 7: 224, 8: 96, 20: 96}
-    cols = (blocks32 | {11: 256, 12: 512, 13: 256, 14: 256, 23: 256})[type_id]
+    cols = (blocks32 | {10: 256, 11: 256, 12: 512, 13: 256, 14: 256, 23: 256})[type_id]
     rows = 24
     one = np.array([1.0], np.float16).view(np.uint8)
     blocks = random_blocks(type_id, rows, cols, rng)
@@ -140,6 +140,9 @@ def _exact_case(type_id: int, rng) -> tuple[cpu_fast.PackedMatrix, np.ndarray, n
     if type_id in (12, 13):  # d = dmin = 1, each sub-block's scale and min 0 or 1
         b[:, :, 0:2] = b[:, :, 2:4] = one
         b[:, :, 4:16] &= 1
+    if type_id == 10:  # d = dmin = 1, each group's scale and min 0 or 1
+        b[:, :, 80:82] = b[:, :, 82:84] = one
+        b[:, :, 0:16] &= 0x11
     if type_id == 11:  # d = 1, each 6-bit scale 32 or 33 (0 or 1 once 32 is taken off)
         b[:, :, 108:110] = one
         b[:, :, 96:104] &= 0x11

@@ -166,9 +166,8 @@ Q6_K = register(
         device_split=(208, 2),  # d
     )
 )
-# No native kernels (dequantized at load on a GPU); Q3_K and the IQ4s have CPU kernels, Q2_K is
-# dequantized at load there too.
-Q2_K = register(WeightFormat("Q2_K", "q2_k", 10, QK_K, 84, cpu=False, native=False))
+# CPU kernels, no native ones: on a GPU they are dequantized at load.
+Q2_K = register(WeightFormat("Q2_K", "q2_k", 10, QK_K, 84, cpu=True, native=False))
 Q3_K = register(WeightFormat("Q3_K", "q3_k", 11, QK_K, 110, cpu=True, native=False))
 IQ4_NL = register(WeightFormat("IQ4_NL", "iq4_nl", 20, 32, 18, cpu=True, native=False))
 IQ4_XS = register(WeightFormat("IQ4_XS", "iq4_xs", 23, QK_K, 136, cpu=True, native=False))

@@ -27,6 +27,7 @@ from numba.extending import intrinsic  # noqa: E402
 F32, F16, BF16 = formats.F32.ggml_type, formats.F16.ggml_type, formats.BF16.ggml_type
 Q4_0, Q4_1, Q8_0 = formats.Q4_0.ggml_type, formats.Q4_1.ggml_type, formats.Q8_0.ggml_type
 Q5_0, Q5_1, Q3_K = formats.Q5_0.ggml_type, formats.Q5_1.ggml_type, formats.Q3_K.ggml_type
+Q2_K = formats.Q2_K.ggml_type
 Q4_K, Q5_K, Q6_K = formats.Q4_K.ggml_type, formats.Q5_K.ggml_type, formats.Q6_K.ggml_type
 IQ4_NL, IQ4_XS = formats.IQ4_NL.ggml_type, formats.IQ4_XS.ggml_type
 BLOCKS = {
@@ -318,6 +319,24 @@ def _emit_q5_k(b, p):
     return groups
 
 
+def _emit_q2_k(b, p):
+    d, dmin = _half(b, p, 80), _half(b, p, 82)
+    groups = []
+    for h in range(2):  # two 128-element halves
+        for k in range(4):  # element 32k + l: bits 2k.. of qs[32h + l]
+            for lh in range(2):
+                q = b.lshr(_bytes16(b, p, 16 + 32 * h + 16 * lh), _vi(2 * k))
+                q = b.uitofp(b.and_(q, _vi(3)), _VF)
+                s = _byte(b, p, 8 * h + 2 * k + lh)  # scale in the low nibble, min in the high
+                dl = b.fmul(d, b.uitofp(b.and_(s, _c32(15)), _F32))
+                ml = b.fmul(dmin, b.uitofp(b.lshr(s, _c32(4)), _F32))
+                # The min is per 16 elements, the x sums per 32: the values themselves, as
+                # numpy's (d * sc) * q - (dmin * m), rather than an offset term.
+                v = b.fsub(b.fmul(_splat(b, dl), q), _splat(b, ml))
+                groups.append(_Group(None, [(v, 128 * h + 32 * k + 16 * lh)]))
+    return groups
+
+
 def _q3_k_scale(b, p, j: int) -> ir.Value:
     """The int32 scale of 16-element group j of a Q3_K block: a nibble of byte j % 8 of the
     packed scales (at 96) and 2 bits of byte 8 + j % 4, minus 32."""
@@ -369,6 +388,7 @@ _EMITTERS = {
     Q8_0: _emit_q8_0,
     IQ4_NL: _emit_iq4_nl,
     IQ4_XS: _emit_iq4_xs,
+    Q2_K: _emit_q2_k,
     Q3_K: _emit_q3_k,
     Q4_K: _emit_q4_k,
     Q5_K: _emit_q5_k,
@@ -518,6 +538,7 @@ dot_q5_1, deq_q5_1 = _make_row_dot(Q5_1), _make_row_dequant(Q5_1)
 dot_q8_0, deq_q8_0 = _make_row_dot(Q8_0), _make_row_dequant(Q8_0)
 dot_iq4_nl, deq_iq4_nl = _make_row_dot(IQ4_NL), _make_row_dequant(IQ4_NL)
 dot_iq4_xs, deq_iq4_xs = _make_row_dot(IQ4_XS), _make_row_dequant(IQ4_XS)
+dot_q2_k, deq_q2_k = _make_row_dot(Q2_K), _make_row_dequant(Q2_K)
 dot_q3_k, deq_q3_k = _make_row_dot(Q3_K), _make_row_dequant(Q3_K)
 dot_q4_k, deq_q4_k = _make_row_dot(Q4_K), _make_row_dequant(Q4_K)
 dot_q5_k, deq_q5_k = _make_row_dot(Q5_K), _make_row_dequant(Q5_K)

@@ -37,6 +37,7 @@ from atlas_cli.backend.ops.cpu.ir import (  # noqa: E402
     IQ4_NL,
     IQ4_TABLE,
     IQ4_XS,
+    Q2_K,
     Q3_K,
     Q4_0,
     Q4_1,
@@ -325,6 +326,20 @@ def _int_q5_k(b, p):
     return _Block(codes, scales, offsets)
 
 
+def _int_q2_k(b, p):
+    codes = []
+    for h in range(2):  # two 128-element halves
+        qs = _bytes(b, p, 16 + 32 * h, 32)
+        for k in range(4):  # element 32k + l: bits 2k.. of qs[32h + l]
+            codes.append(b.and_(b.lshr(qs, _splat8(32, 2 * k)), _splat8(32, 3)))
+    s = _bytes(b, p, 0, 16)  # per 16 elements: the scale in the low nibble, the min in the high
+    f16 = ir.VectorType(_F32, 16)
+    sc, m = b.uitofp(b.and_(s, _splat8(16, 15)), f16), b.uitofp(b.lshr(s, _splat8(16, 4)), f16)
+    ndmin = b.fsub(ir.Constant(_F32, 0.0), _half(b, p, 82))
+    scales = b.fmul(_fsplat(b, _half(b, p, 80), 16), sc)
+    return _Block(codes, scales, b.fmul(_fsplat(b, ndmin, 16), m), per16=True)
+
+
 def _int_q3_k(b, p):
     codes = []
     hmask = _bytes(b, p, 0, 32)
@@ -372,6 +387,7 @@ _INT_EMITTERS = {
     Q8_0: _int_q8_0,
     IQ4_NL: _int_iq4_nl,
     IQ4_XS: _int_iq4_xs,
+    Q2_K: _int_q2_k,
     Q3_K: _int_q3_k,
     Q4_K: _int_q4_k,
     Q5_K: _int_q5_k,
@@ -506,6 +522,7 @@ idot_q5_1 = _make_row_dot_int8(Q5_1, ISA)
 idot_q8_0 = _make_row_dot_int8(Q8_0, ISA)
 idot_iq4_nl = _make_row_dot_int8(IQ4_NL, ISA)
 idot_iq4_xs = _make_row_dot_int8(IQ4_XS, ISA)
+idot_q2_k = _make_row_dot_int8(Q2_K, ISA)
 idot_q3_k = _make_row_dot_int8(Q3_K, ISA)
 idot_q4_k = _make_row_dot_int8(Q4_K, ISA)
 idot_q5_k = _make_row_dot_int8(Q5_K, ISA)
