@@ -45,15 +45,20 @@ def random_blocks(type_id: int, rows: int, cols: int, rng: np.random.Generator) 
         return bits.astype(np.uint16).view(np.uint8)
     raw = rng.integers(0, 256, (rows, nb, nbytes), dtype=np.uint8)
     scales = rng.uniform(-0.02, 0.02, (rows, nb))
-    if type_id in (2, 3, 6, 7, 8):  # d first
+    if type_id in (2, 3, 6, 7, 8, 20):  # d first
         raw[:, :, 0:2] = _f16_bytes(scales)
     if type_id in (3, 7):  # Q4_1 and Q5_1 min
         raw[:, :, 2:4] = _f16_bytes(rng.uniform(-0.1, 0.1, (rows, nb)))
     if type_id in (12, 13):  # K-quants: d and dmin are non-negative
         raw[:, :, 0:2] = _f16_bytes(np.abs(scales) / 64)
         raw[:, :, 2:4] = _f16_bytes(rng.uniform(0, 0.001, (rows, nb)))
+    if type_id == 10:  # Q2_K: d and dmin are last and non-negative
+        raw[:, :, 80:82] = _f16_bytes(np.abs(scales) / 16)
+        raw[:, :, 82:84] = _f16_bytes(rng.uniform(0, 0.001, (rows, nb)))
     if type_id == 11:  # Q3_K: d is last, the scales' codes are signed
         raw[:, :, 108:110] = _f16_bytes(scales / 32)
+    if type_id == 23:  # IQ4_XS: the scales' codes are signed
+        raw[:, :, 0:2] = _f16_bytes(scales / 32)
     if type_id == 14:  # Q6_K: d is last
         raw[:, :, 208:210] = _f16_bytes(scales / 64)
     return raw.reshape(rows, nb * nbytes)

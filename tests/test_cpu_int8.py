@@ -38,13 +38,14 @@ from tests.test_cpu_fast import (
     tiny_model,
 )
 
-TYPES = cpu_kernels.INT8_TYPES  # Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K
+TYPES = cpu_kernels.INT8_TYPES  # Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, IQ4_XS, Q2_K, Q3_K, ...
 IDS = [quant.GGML_TYPES[t].name for t in TYPES]
 XF = cpu_kernels.XF
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def rng():
+    """A generator per test: its draws do not move when a format joins the lists above it."""
     return np.random.default_rng(11)
 
 
@@ -117,27 +118,41 @@ def _exact_case(type_id: int, rng) -> tuple[cpu_fast.PackedMatrix, np.ndarray, n
     """(matrix, x, exact float64 x @ W^T) with integer weights and x a multiple of 1/256 whose
     per-group maximum is 127: the quantized x equals x, and every partial sum of the kernel
     stays below 2^24 units (sum |w x| is bounded per format below)."""
-    # odd 32-block counts; 5-bit codes in fewer blocks, to keep the sums under 2^24 units
-    cols = {2: 288, 3: 288, 6: 224, 7: 224, 8: 96, 11: 256, 12: 512, 13: 256, 14: 256}[type_id]
+    # odd 32-block counts; 5-bit codes and IQ4's values in fewer blocks, to keep the sums under
+    # 2^24 units; the 256-element formats in one or two blocks
+    blocks32 = {2: 288, 3: 288, 6: 224, 7: 224, 8: 96, 20: 96}
+    cols = (blocks32 | {10: 256, 11: 256, 12: 512, 13: 256, 14: 256, 23: 256})[type_id]
     rows = 24
     one = np.array([1.0], np.float16).view(np.uint8)
     blocks = random_blocks(type_id, rows, cols, rng)
     elems, nbytes = cpu_kernels.BLOCKS[type_id]
     b = blocks.reshape(rows, cols // elems, nbytes)
-    if type_id in (2, 3, 6, 7, 8):
+    if type_id in (2, 3, 6, 7, 8, 20):
         b[:, :, 0:2] = one  # d = 1
     if type_id in (3, 7):  # an integer min in [-3, 3]
         mins = rng.integers(-3, 4, b.shape[:2]).astype(np.float16)
         b[:, :, 2:4] = mins.view(np.uint8).reshape(*b.shape[:2], 2)
     if type_id == 8:  # codes in [-64, 64]
         b[:, :, 2:] = rng.integers(-64, 65, (*b.shape[:2], 32)).astype(np.int8).view(np.uint8)
+    if type_id == 20:  # codes 3..12: the table's values -65..53 (of -127..113)
+        codes = rng.integers(3, 13, (*b.shape[:2], 32)).astype(np.uint8)
+        b[:, :, 2:] = codes[:, :, :16] | codes[:, :, 16:] << 4
     if type_id in (12, 13):  # d = dmin = 1, each sub-block's scale and min 0 or 1
         b[:, :, 0:2] = b[:, :, 2:4] = one
         b[:, :, 4:16] &= 1
+    if type_id == 10:  # d = dmin = 1, each group's scale and min 0 or 1
+        b[:, :, 80:82] = b[:, :, 82:84] = one
+        b[:, :, 0:16] &= 0x11
     if type_id == 11:  # d = 1, each 6-bit scale 32 or 33 (0 or 1 once 32 is taken off)
         b[:, :, 108:110] = one
         b[:, :, 96:104] &= 0x11
         b[:, :, 104:108] = 0xAA  # the high bits of every scale: 2
+    if type_id == 23:  # d = 1, each scale 0 or 1 (as Q3_K's), codes 5..10: the values -35..25
+        b[:, :, 0:2] = one
+        b[:, :, 2:4] = 0xAA  # the high bits of every scale: 2
+        b[:, :, 4:8] &= 0x11
+        codes = rng.integers(5, 11, (*b.shape[:2], 8, 32)).astype(np.uint8)
+        b[:, :, 8:] = (codes[..., :16] | codes[..., 16:] << 4).reshape(*b.shape[:2], 128)
     if type_id == 14:  # d = 1, the int8 scales -1, 0 or 1
         b[:, :, 208:210] = one
         b[:, :, 192:208] = rng.integers(-1, 2, (*b.shape[:2], 16)).astype(np.int8).view(np.uint8)

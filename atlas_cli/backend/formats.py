@@ -166,11 +166,11 @@ Q6_K = register(
         device_split=(208, 2),  # d
     )
 )
-# Q3_K has CPU kernels; Q2_K and the IQ4 formats are dequantized at load on every backend.
-Q2_K = register(WeightFormat("Q2_K", "q2_k", 10, QK_K, 84, cpu=False, native=False))
+# CPU kernels, no native ones: on a GPU they are dequantized at load.
+Q2_K = register(WeightFormat("Q2_K", "q2_k", 10, QK_K, 84, cpu=True, native=False))
 Q3_K = register(WeightFormat("Q3_K", "q3_k", 11, QK_K, 110, cpu=True, native=False))
-IQ4_NL = register(WeightFormat("IQ4_NL", "iq4_nl", 20, 32, 18, cpu=False, native=False))
-IQ4_XS = register(WeightFormat("IQ4_XS", "iq4_xs", 23, QK_K, 136, cpu=False, native=False))
+IQ4_NL = register(WeightFormat("IQ4_NL", "iq4_nl", 20, 32, 18, cpu=True, native=False))
+IQ4_XS = register(WeightFormat("IQ4_XS", "iq4_xs", 23, QK_K, 136, cpu=True, native=False))
 # ModelOpt NVFP4 (safetensors): 16 E2M1 codes in 8 bytes; the block's E4M3 scale lives in a
 # second buffer (one byte per block), times one float32 global scale per tensor. Not the GGUF
 # NVFP4 type (ggml id 40), whose packing differs.

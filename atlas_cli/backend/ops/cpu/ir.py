@@ -12,6 +12,7 @@ dequantizer (no fast-math, bit-exact with loaders/quant.py). cpu/kernels.py disp
 from __future__ import annotations
 
 import atlas_cli.backend.formats as formats
+from atlas_cli.backend.loaders.quant import IQ4_VALUES
 from atlas_cli.backend.ops.cpu import jit
 
 jit.configure()  # before numba loads: TBB, the pool size, the cache stamp
@@ -26,7 +27,9 @@ from numba.extending import intrinsic  # noqa: E402
 F32, F16, BF16 = formats.F32.ggml_type, formats.F16.ggml_type, formats.BF16.ggml_type
 Q4_0, Q4_1, Q8_0 = formats.Q4_0.ggml_type, formats.Q4_1.ggml_type, formats.Q8_0.ggml_type
 Q5_0, Q5_1, Q3_K = formats.Q5_0.ggml_type, formats.Q5_1.ggml_type, formats.Q3_K.ggml_type
+Q2_K = formats.Q2_K.ggml_type
 Q4_K, Q5_K, Q6_K = formats.Q4_K.ggml_type, formats.Q5_K.ggml_type, formats.Q6_K.ggml_type
+IQ4_NL, IQ4_XS = formats.IQ4_NL.ggml_type, formats.IQ4_XS.ggml_type
 BLOCKS = {
     tid: (f.block_elems, f.block_bytes) if f.quantized else (16, 16 * f.block_bytes)
     for tid, f in formats.GGML.items()
@@ -51,6 +54,14 @@ def _i64(n: int) -> ir.Constant:
 
 def _vi(n: int) -> ir.Constant:
     return ir.Constant(_VI32, [n] * 16)
+
+
+def _vi8(n: int) -> ir.Constant:
+    return ir.Constant(ir.VectorType(_I8, 16), [n] * 16)
+
+
+def _c32(n: int) -> ir.Constant:
+    return ir.Constant(_I32, n)
 
 
 def _at(b: ir.IRBuilder, ptr, offset: int):
@@ -208,6 +219,55 @@ def _emit_q8_0(b, p):
     return [_Group(d, [(q0, 0), (q1, 16)])]
 
 
+# IQ4_NL / IQ4_XS: a 4-bit code indexes these non-linear int8 values (ggml's kvalues_iq4nl).
+IQ4_TABLE = [int(v) for v in IQ4_VALUES]
+
+
+def lookup16(b: ir.IRBuilder, table: list[int], codes) -> ir.Value:
+    """table[codes] for a 16-entry int8 table and <n x i8> codes below 16, element by element:
+    LLVM's x86 backend makes that one pshufb (vpermb with AVX-512 VBMI) where the codes are one
+    vector it can see; otherwise it stays n scalar lookups."""
+    vec = ir.Constant(ir.VectorType(_I8, 16), table)
+    out = ir.Constant(codes.type, ir.Undefined)
+    for i in range(codes.type.count):
+        at = ir.Constant(_I32, i)
+        out = b.insert_element(out, b.extract_element(vec, b.extract_element(codes, at)), at)
+    return out
+
+
+def _iq4_pieces(b, p, offset: int, first: int) -> list:
+    """The values of the 32 IQ4 codes in the 16 bytes at `offset` (Q4_0's nibble order: the
+    low nibbles are elements first.., the high ones first + 16..), as two <16 x float> pieces.
+    Looked up on the bytes, before widening: one pshufb, where 16 floats took 16 scalar
+    lookups on AVX2."""
+    q = b.load(b.bitcast(_at(b, p, offset), ir.VectorType(_I8, 16).as_pointer()), align=1)
+    pieces = []
+    for k, nibbles in enumerate((b.and_(q, _vi8(15)), b.lshr(q, _vi8(4)))):
+        pieces.append((b.sitofp(lookup16(b, IQ4_TABLE, nibbles), _VF), first + 16 * k))
+    return pieces
+
+
+def _emit_iq4_nl(b, p):
+    return [_Group(_half(b, p, 0), _iq4_pieces(b, p, 2, 0))]  # d * value, as numpy
+
+
+def _iq4_xs_scale(b, p, j: int) -> ir.Value:
+    """The int32 scale of sub-block j of an IQ4_XS block: nibble j % 2 of scales_l[j // 2] (at
+    4) and bits 2j.. of the little-endian uint16 scales_h (at 2), minus 32."""
+    low = b.and_(b.lshr(_byte(b, p, 4 + j // 2), _c32(4 * (j % 2))), _c32(15))
+    high = b.and_(b.lshr(_byte(b, p, 2 + j // 4), _c32(2 * (j % 4))), _c32(3))
+    return b.sub(b.or_(low, b.shl(high, _c32(4))), _c32(32))
+
+
+def _emit_iq4_xs(b, p):
+    d = _half(b, p, 0)
+    groups = []
+    for j in range(8):  # sub-block j: the 16 bytes at 8 + 16j
+        dl = b.fmul(d, b.sitofp(_iq4_xs_scale(b, p, j), _F32))
+        groups.append(_Group(dl, _iq4_pieces(b, p, 8 + 16 * j, 32 * j)))  # (d * scale) * value
+    return groups
+
+
 def _k_scales(b, p):
     """(d * sc, dmin * m) as float32 for the 8 sub-blocks of a Q4_K/Q5_K block (ggml's
     get_scale_min_k4 on the 12 packed bytes at offset 4)."""
@@ -259,16 +319,30 @@ def _emit_q5_k(b, p):
     return groups
 
 
+def _emit_q2_k(b, p):
+    d, dmin = _half(b, p, 80), _half(b, p, 82)
+    groups = []
+    for h in range(2):  # two 128-element halves
+        for k in range(4):  # element 32k + l: bits 2k.. of qs[32h + l]
+            for lh in range(2):
+                q = b.lshr(_bytes16(b, p, 16 + 32 * h + 16 * lh), _vi(2 * k))
+                q = b.uitofp(b.and_(q, _vi(3)), _VF)
+                s = _byte(b, p, 8 * h + 2 * k + lh)  # scale in the low nibble, min in the high
+                dl = b.fmul(d, b.uitofp(b.and_(s, _c32(15)), _F32))
+                ml = b.fmul(dmin, b.uitofp(b.lshr(s, _c32(4)), _F32))
+                # The min is per 16 elements, the x sums per 32: the values themselves, as
+                # numpy's (d * sc) * q - (dmin * m), rather than an offset term.
+                v = b.fsub(b.fmul(_splat(b, dl), q), _splat(b, ml))
+                groups.append(_Group(None, [(v, 128 * h + 32 * k + 16 * lh)]))
+    return groups
+
+
 def _q3_k_scale(b, p, j: int) -> ir.Value:
     """The int32 scale of 16-element group j of a Q3_K block: a nibble of byte j % 8 of the
     packed scales (at 96) and 2 bits of byte 8 + j % 4, minus 32."""
     low = b.and_(b.lshr(_byte(b, p, 96 + j % 8), ir.Constant(_I32, 4 * (j // 8))), _c32(15))
     high = b.and_(b.lshr(_byte(b, p, 104 + j % 4), ir.Constant(_I32, 2 * (j // 4))), _c32(3))
     return b.sub(b.or_(low, b.shl(high, _c32(4))), _c32(32))
-
-
-def _c32(n: int) -> ir.Constant:
-    return ir.Constant(_I32, n)
 
 
 def _emit_q3_k(b, p):
@@ -312,6 +386,9 @@ _EMITTERS = {
     Q5_0: _emit_q5_0,
     Q5_1: _emit_q5_1,
     Q8_0: _emit_q8_0,
+    IQ4_NL: _emit_iq4_nl,
+    IQ4_XS: _emit_iq4_xs,
+    Q2_K: _emit_q2_k,
     Q3_K: _emit_q3_k,
     Q4_K: _emit_q4_k,
     Q5_K: _emit_q5_k,
@@ -459,6 +536,9 @@ dot_q4_1, deq_q4_1 = _make_row_dot(Q4_1), _make_row_dequant(Q4_1)
 dot_q5_0, deq_q5_0 = _make_row_dot(Q5_0), _make_row_dequant(Q5_0)
 dot_q5_1, deq_q5_1 = _make_row_dot(Q5_1), _make_row_dequant(Q5_1)
 dot_q8_0, deq_q8_0 = _make_row_dot(Q8_0), _make_row_dequant(Q8_0)
+dot_iq4_nl, deq_iq4_nl = _make_row_dot(IQ4_NL), _make_row_dequant(IQ4_NL)
+dot_iq4_xs, deq_iq4_xs = _make_row_dot(IQ4_XS), _make_row_dequant(IQ4_XS)
+dot_q2_k, deq_q2_k = _make_row_dot(Q2_K), _make_row_dequant(Q2_K)
 dot_q3_k, deq_q3_k = _make_row_dot(Q3_K), _make_row_dequant(Q3_K)
 dot_q4_k, deq_q4_k = _make_row_dot(Q4_K), _make_row_dequant(Q4_K)
 dot_q5_k, deq_q5_k = _make_row_dot(Q5_K), _make_row_dequant(Q5_K)

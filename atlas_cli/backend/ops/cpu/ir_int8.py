@@ -8,9 +8,9 @@ two put them 1e-4 off, for one more integer multiply-add per 64 elements. Per 32
 kernel gets XF floats, in three planes: d/256 for each group, then d/256 times the sum of
 256 * hi + lo over each group, then over each 16-half (the sums serve the offsets and mins).
 
-A weight block is described as pieces of 32 unsigned (or, for Q8_0, signed) 8-bit codes, a
-vector of float scales (one per 16 or 32 elements) and offset terms `coef * (a sum of x)`:
-Q4_K's sub-block j is `d*sc_j * q - dmin*m_j`, so its dot with x is
+A weight block is described as pieces of 32 unsigned (or, for Q8_0 and the IQ4s, signed) 8-bit
+codes, a vector of float scales (one per 16 or 32 elements) and offset terms
+`coef * (a sum of x)`: Q4_K's sub-block j is `d*sc_j * q - dmin*m_j`, so its dot with x is
 `d*sc_j * sum(q * x) - dmin*m_j * sum(x)`. Two pieces make one 64-byte step: `_dot4` gives
 <16 x i32>, lane i the sum of four adjacent code * x products: one `vpdpbusd` on AVX-512
 VNNI, `vpmaddubsw` + `vpmaddwd` on AVX2, plain widening multiplies and adds elsewhere
@@ -34,6 +34,10 @@ from numba.extending import intrinsic  # noqa: E402
 
 from atlas_cli.backend.ops.cpu.ir import (  # noqa: E402
     BLOCKS,
+    IQ4_NL,
+    IQ4_TABLE,
+    IQ4_XS,
+    Q2_K,
     Q3_K,
     Q4_0,
     Q4_1,
@@ -48,6 +52,7 @@ from atlas_cli.backend.ops.cpu.ir import (  # noqa: E402
     _i64,
     _mask,
     _ptr,
+    lookup16,
 )
 
 XF = 4  # floats per 32-group of a quantized x: its unit, its sum, the sums of its halves
@@ -162,16 +167,32 @@ class _Block:
     """One block (or, for 32-element formats, two) as integer pieces: `codes`, <32 x i8> each,
     element 32i.. in codes[i] (unsigned unless `signed`); `scales` the float weight scale per
     32 elements (<n/32 x float>) or, with `per16`, per 16; `offsets` None or the coefficients
-    of the offset terms, per 32 (or per 16 with `per16`), times the matching sums of x."""
+    of the offset terms, per 32 (or per 16 with `per16`), times the matching sums of x. With a
+    `table` (16 int8 values), the codes are indices into it, looked up per step (`_lookup`)."""
 
-    def __init__(self, codes, scales, offsets=None, per16=False, signed=False):
+    def __init__(self, codes, scales, offsets=None, per16=False, signed=False, table=None):
         self.codes, self.scales, self.offsets = codes, scales, offsets
-        self.per16, self.signed = per16, signed
+        self.per16, self.signed, self.table = per16, signed, table
 
     def join(self, b, other: _Block) -> _Block:
         off = None if self.offsets is None else _join(b, self.offsets, other.offsets)
         scales = _join(b, self.scales, other.scales)
-        return _Block(self.codes + other.codes, scales, off, self.per16, self.signed)
+        return _Block(self.codes + other.codes, scales, off, self.per16, self.signed, self.table)
+
+
+def _lookup(b, isa: str, table: list[int], codes):
+    """<64 x i8>: table[codes] for a 16-entry int8 table and codes below 16. On x86 one pshufb
+    per register, which looks up within each 16-byte lane (the table is repeated per lane):
+    written element by element, the lookups of a step's joined pieces are no vector LLVM sees
+    as one, and it makes them 64 scalar ones (8x slower)."""
+    if isa == "portable":
+        return lookup16(b, table, codes)
+    if isa == "vnni512":
+        fn = _intrinsic_fn(b, "llvm.x86.avx512.pshuf.b.512", _V64B, [_V64B, _V64B])
+        return b.call(fn, [_const_vec(_V64B, table * 4), codes])
+    fn = _intrinsic_fn(b, "llvm.x86.avx2.pshuf.b", _V32B, [_V32B, _V32B])
+    halves = [b.shuffle_vector(codes, codes, _mask(range(32 * h, 32 * h + 32))) for h in range(2)]
+    return _join(b, *(b.call(fn, [_const_vec(_V32B, table * 2), h]) for h in halves))
 
 
 def _vec(b, *values):
@@ -229,6 +250,30 @@ def _int_q8_0(b, p):
     return _Block([_bytes(b, p, 2, 32)], _vec(b, _half(b, p, 0)), signed=True)
 
 
+def _iq4_codes(b, p, offset: int):
+    """<32 x i8>: the 32 IQ4 codes of the 16 bytes at `offset`, low nibbles first."""
+    return _join(b, *_nibbles(b, _bytes(b, p, offset, 16)))
+
+
+def _int_iq4_nl(b, p):
+    return _Block([_iq4_codes(b, p, 2)], _vec(b, _half(b, p, 0)), signed=True, table=IQ4_TABLE)
+
+
+def _int_iq4_xs(b, p):
+    codes = [_iq4_codes(b, p, 8 + 16 * j) for j in range(8)]
+    # The 8 6-bit scales: nibble j % 2 of the 4 bytes at 4, bits 2j.. of the uint16 at 2 (of
+    # its byte j // 4), minus 32.
+    v8 = ir.VectorType(_I8, 8)
+    low, high = _bytes(b, p, 4, 4), _bytes(b, p, 2, 2)
+    low = b.shuffle_vector(low, low, _mask([j // 2 for j in range(8)]))
+    low = b.and_(b.lshr(low, _const_vec(v8, [0, 4] * 4)), _splat8(8, 15))
+    high = b.shuffle_vector(high, high, _mask([j // 4 for j in range(8)]))
+    high = b.and_(b.lshr(high, _const_vec(v8, [0, 2, 4, 6] * 2)), _splat8(8, 3))
+    sc = b.sub(b.or_(low, b.shl(high, _splat8(8, 4))), _splat8(8, 32))
+    scales = b.fmul(_fsplat(b, _half(b, p, 0), 8), b.sitofp(sc, ir.VectorType(_F32, 8)))
+    return _Block(codes, scales, signed=True, table=IQ4_TABLE)
+
+
 def k_scale_codes(b, p):
     """(sc, m) as <8 x i32>, the 6-bit scales and mins of the 8 sub-blocks of a Q4_K/Q5_K block:
     ggml's get_scale_min_k4 on the 12 packed bytes at offset 4, on all eight at once."""
@@ -281,6 +326,20 @@ def _int_q5_k(b, p):
     return _Block(codes, scales, offsets)
 
 
+def _int_q2_k(b, p):
+    codes = []
+    for h in range(2):  # two 128-element halves
+        qs = _bytes(b, p, 16 + 32 * h, 32)
+        for k in range(4):  # element 32k + l: bits 2k.. of qs[32h + l]
+            codes.append(b.and_(b.lshr(qs, _splat8(32, 2 * k)), _splat8(32, 3)))
+    s = _bytes(b, p, 0, 16)  # per 16 elements: the scale in the low nibble, the min in the high
+    f16 = ir.VectorType(_F32, 16)
+    sc, m = b.uitofp(b.and_(s, _splat8(16, 15)), f16), b.uitofp(b.lshr(s, _splat8(16, 4)), f16)
+    ndmin = b.fsub(ir.Constant(_F32, 0.0), _half(b, p, 82))
+    scales = b.fmul(_fsplat(b, _half(b, p, 80), 16), sc)
+    return _Block(codes, scales, b.fmul(_fsplat(b, ndmin, 16), m), per16=True)
+
+
 def _int_q3_k(b, p):
     codes = []
     hmask = _bytes(b, p, 0, 32)
@@ -326,6 +385,9 @@ _INT_EMITTERS = {
     Q5_0: _int_q5_0,
     Q5_1: _int_q5_1,
     Q8_0: _int_q8_0,
+    IQ4_NL: _int_iq4_nl,
+    IQ4_XS: _int_iq4_xs,
+    Q2_K: _int_q2_k,
     Q3_K: _int_q3_k,
     Q4_K: _int_q4_k,
     Q5_K: _int_q5_k,
@@ -382,7 +444,7 @@ class _Row:
         per_lane = 4 if blk.per16 else 8  # lanes of one scale
         for i in range(0, groups, 2):
             codes = blk.codes[i : i + 2]
-            lanes = self.pair(codes, blk.signed, b.add(base, _i64(32 * i)))
+            lanes = self.pair(codes, blk, b.add(base, _i64(32 * i)))
             first_scale = i * 8 // per_lane
             mask = _mask([first_scale + k // per_lane for k in range(16)])
             if len(codes) == 1:  # upper lanes are zeros: any scale
@@ -391,10 +453,10 @@ class _Row:
             acc = self.accs[(i // 2) % 2]
             b.store(b.fadd(b.load(acc), b.fmul(lanes, spread, flags=_FAST), flags=_FAST), acc)
 
-    def pair(self, codes, signed: bool, xstart):
-        """<16 x float>: the lane sums of one or two 32-code pieces (contiguous in x) with x.
-        x is two planes of int8, x = d/256 * (256 * hi + lo): lanes = (dot(hi) << 8) + dot(lo)
-        (|lane| < 2^23, so its float32 is exact)."""
+    def pair(self, codes, blk: _Block, xstart):
+        """<16 x float>: the lane sums of one or two 32-code pieces of `blk` (contiguous in x)
+        with x. x is two planes of int8, x = d/256 * (256 * hi + lo): lanes = (dot(hi) << 8) +
+        dot(lo) (|lane| < 2^24, so its float32 is exact)."""
         b = self.b
         planes = [b.gep(self.xqrow, [xstart]), b.gep(self.xqrow, [b.add(xstart, self.cols)])]
         if len(codes) == 2:
@@ -406,8 +468,11 @@ class _Row:
             xs = [
                 _join(b, b.load(b.bitcast(p, _V32B.as_pointer()), align=1), zeros) for p in planes
             ]
-        high = b.shl(_dot4(b, self.isa, joined, xs[0], signed), ir.Constant(_V16I, [8] * 16))
-        return b.sitofp(_dot4(b, self.isa, joined, xs[1], signed, acc=high), _V16F)
+        if blk.table is not None:
+            joined = _lookup(b, self.isa, blk.table, joined)
+        high = _dot4(b, self.isa, joined, xs[0], blk.signed)
+        high = b.shl(high, ir.Constant(_V16I, [8] * 16))
+        return b.sitofp(_dot4(b, self.isa, joined, xs[1], blk.signed, acc=high), _V16F)
 
     def total(self):
         b = self.b
@@ -455,6 +520,9 @@ idot_q4_1 = _make_row_dot_int8(Q4_1, ISA)
 idot_q5_0 = _make_row_dot_int8(Q5_0, ISA)
 idot_q5_1 = _make_row_dot_int8(Q5_1, ISA)
 idot_q8_0 = _make_row_dot_int8(Q8_0, ISA)
+idot_iq4_nl = _make_row_dot_int8(IQ4_NL, ISA)
+idot_iq4_xs = _make_row_dot_int8(IQ4_XS, ISA)
+idot_q2_k = _make_row_dot_int8(Q2_K, ISA)
 idot_q3_k = _make_row_dot_int8(Q3_K, ISA)
 idot_q4_k = _make_row_dot_int8(Q4_K, ISA)
 idot_q5_k = _make_row_dot_int8(Q5_K, ISA)

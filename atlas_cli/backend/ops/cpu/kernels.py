@@ -24,7 +24,10 @@ from atlas_cli.backend.ops.cpu.ir import (  # noqa: F401  (BLOCKS, F16, ...: thi
     F16,
     F32,
     GROUP,
+    IQ4_NL,
+    IQ4_XS,
     PREFETCH_BYTES,
+    Q2_K,
     Q3_K,
     Q4_0,
     Q4_1,
@@ -37,6 +40,9 @@ from atlas_cli.backend.ops.cpu.ir import (  # noqa: F401  (BLOCKS, F16, ...: thi
     deq_bf16,
     deq_f16,
     deq_f32,
+    deq_iq4_nl,
+    deq_iq4_xs,
+    deq_q2_k,
     deq_q3_k,
     deq_q4_0,
     deq_q4_1,
@@ -49,6 +55,9 @@ from atlas_cli.backend.ops.cpu.ir import (  # noqa: F401  (BLOCKS, F16, ...: thi
     dot_bf16,
     dot_f16,
     dot_f32,
+    dot_iq4_nl,
+    dot_iq4_xs,
+    dot_q2_k,
     dot_q3_k,
     dot_q4_0,
     dot_q4_1,
@@ -66,6 +75,9 @@ from atlas_cli.backend.ops.cpu.ir import (  # noqa: F401  (BLOCKS, F16, ...: thi
 from atlas_cli.backend.ops.cpu.ir_int8 import (  # noqa: F401  (INT8_TYPES, XF: this path's facts)
     INT8_TYPES,
     XF,
+    idot_iq4_nl,
+    idot_iq4_xs,
+    idot_q2_k,
     idot_q3_k,
     idot_q4_0,
     idot_q4_1,
@@ -211,6 +223,12 @@ def row_dot(t, w, woff, x, xoff, xs, xsoff, nb):
         return dot_q5_1(w, woff, x, xoff, xs, xsoff, nb)
     if t == Q3_K:
         return dot_q3_k(w, woff, x, xoff, xs, xsoff, nb)
+    if t == IQ4_NL:
+        return dot_iq4_nl(w, woff, x, xoff, xs, xsoff, nb)
+    if t == IQ4_XS:
+        return dot_iq4_xs(w, woff, x, xoff, xs, xsoff, nb)
+    if t == Q2_K:
+        return dot_q2_k(w, woff, x, xoff, xs, xsoff, nb)
     if t == F16:
         return dot_f16(w, woff, x, xoff, xs, xsoff, nb)
     if t == BF16:
@@ -239,6 +257,12 @@ def row_dot_int8(t, w, woff, xq, xqoff, xf, xfoff, nb):
         return idot_q5_1(w, woff, xq, xqoff, xf, xfoff, nb)
     if t == Q3_K:
         return idot_q3_k(w, woff, xq, xqoff, xf, xfoff, nb)
+    if t == IQ4_NL:
+        return idot_iq4_nl(w, woff, xq, xqoff, xf, xfoff, nb)
+    if t == IQ4_XS:
+        return idot_iq4_xs(w, woff, xq, xqoff, xf, xfoff, nb)
+    if t == Q2_K:
+        return idot_q2_k(w, woff, xq, xqoff, xf, xfoff, nb)
     return idot_q4_0(w, woff, xq, xqoff, xf, xfoff, nb)
 
 
@@ -268,6 +292,12 @@ def row_dequant(t, w, woff, out, ooff, nb):
         deq_q5_1(w, woff, out, ooff, nb)
     elif t == Q3_K:
         deq_q3_k(w, woff, out, ooff, nb)
+    elif t == IQ4_NL:
+        deq_iq4_nl(w, woff, out, ooff, nb)
+    elif t == IQ4_XS:
+        deq_iq4_xs(w, woff, out, ooff, nb)
+    elif t == Q2_K:
+        deq_q2_k(w, woff, out, ooff, nb)
     elif t == F16:
         deq_f16(w, woff, out, ooff, nb)
     elif t == BF16:
