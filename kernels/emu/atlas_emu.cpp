@@ -2,10 +2,9 @@
 //
 // A fiber starts on its own stack through makecontext/setcontext, once per launch, and runs its
 // thread of every block; after that every switch (a thread waiting at a barrier or a shuffle,
-// ending, being resumed) is a _setjmp/_longjmp pair, which saves no signal mask: swapcontext
-// makes a system call per switch, and a warp shuffle is two switches per lane, which made the
+// ending, being resumed) is a __builtin_setjmp / __builtin_longjmp pair: swapcontext makes a
+// system call per switch, and a warp shuffle is two switches per lane, which made the
 // emulator's decode GEMV mostly kernel time.
-#include <setjmp.h>
 #include <ucontext.h>
 
 #include <cstdio>
@@ -20,9 +19,17 @@ namespace atlas_emu {
 
 enum State { RUNNABLE, AT_BLOCK_BARRIER, AT_WARP_BARRIER, DONE };
 
+// A saved place to go on from: GCC's and clang's own setjmp buffer (frame, stack and resume
+// addresses). The builtins save no signal mask and run no cleanup handlers, unlike _longjmp.
+typedef void* Jump[5];
+
+// The other half of a switch: __builtin_longjmp may not share a function with the
+// __builtin_setjmp whose place it leaves.
+__attribute__((noinline)) static void jump(Jump to) { __builtin_longjmp(to, 1); }
+
 struct Fiber {
     ucontext_t ctx;  // the entry on its stack (used once)
-    jmp_buf resume;  // where it waits
+    Jump resume;  // where it waits
     bool started = false;
     char* stack = nullptr;
     State state = RUNNABLE;
@@ -34,7 +41,7 @@ struct Fiber {
 static const size_t kStack = 128 * 1024;
 static std::vector<char*> g_stacks;
 
-static jmp_buf g_sched;
+static Jump g_sched;
 static std::vector<Fiber>* g_fibers = nullptr;
 static int g_current = -1;
 static void (*g_tramp)(void**) = nullptr;
@@ -45,7 +52,7 @@ static int g_error = 0;
 static void wait(State s) {
     Fiber& f = (*g_fibers)[g_current];
     f.state = s;
-    if (_setjmp(f.resume) == 0) _longjmp(g_sched, 1);
+    if (__builtin_setjmp(f.resume) == 0) jump(g_sched);
 }
 
 // A fiber runs its thread in every block of the launch: resumed after DONE, it starts over.
@@ -58,8 +65,8 @@ static void fiber_main() {
 
 // Run fiber i until it waits or ends.
 static void resume(Fiber& f) {
-    if (_setjmp(g_sched) != 0) return;
-    if (f.started) _longjmp(f.resume, 1);
+    if (__builtin_setjmp(g_sched) != 0) return;
+    if (f.started) jump(f.resume);
     f.started = true;
     setcontext(&f.ctx);
 }
@@ -139,7 +146,9 @@ extern "C" __attribute__((visibility("default"))) int atlas_emu_launch(
         f.tid = {(unsigned)(i % bx), (unsigned)((i / bx) % by), (unsigned)(i / (bx * by))};
         getcontext(&f.ctx);
         f.ctx.uc_stack.ss_sp = f.stack;
-        f.ctx.uc_stack.ss_size = kStack;
+        // Stack tops 128 KB apart share their cache sets: the switches' spills would evict
+        // each other. A different 64-byte line of a page for each fiber keeps them apart.
+        f.ctx.uc_stack.ss_size = kStack - 64 * (i % 64);
         f.ctx.uc_link = nullptr;
         makecontext(&f.ctx, (void (*)())fiber_main, 0);
     }
