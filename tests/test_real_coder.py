@@ -6,6 +6,9 @@ paths: the logits of a 256-token prefill and of 16 cached decode steps."""
 from __future__ import annotations
 
 import json
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -113,3 +116,40 @@ def test_the_coder_calls_a_tool_through_the_server(coder_path, choice):
         name, arguments, finish = streamed_call(chunks)
     assert (name, finish) == ("get_weather", "tool_calls")
     assert json.loads(arguments)["city"] == "Paris"
+
+
+# A call of the model's function on an ISO date, and what a working one gives.
+ISO_CHECK = """
+import inspect as _inspect  # a name the answer's own imports do not shadow
+fn = [f for n, f in list(globals().items()) if _inspect.isfunction(f) and "parse" in n][0]
+for text in ("2023-10-05T14:30:00Z", "2023-10-05T14:30:00", "2023-10-05"):
+    try:
+        got = fn(text)
+    except Exception:
+        continue
+    if got is not None and (got.year, got.month, got.day) == (2023, 10, 5):
+        print("WORKS")
+        break
+"""
+
+
+def test_the_1_5b_writes_working_code(tmp_path):
+    """`atlas run qwen2.5-coder-1.5b "Write a Python function that parses an ISO date"`
+    (greedy): the answer's Python block defines a function that parses one."""
+    from typer.testing import CliRunner
+
+    from atlas_cli.cli import app
+
+    pulled(CODERS[1])
+    prompt = "Write a Python function that parses an ISO date"
+    args = ["run", CODERS[1], prompt, "--temperature", "0", "-n", "200"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    code = re.search(r"```python\n(.*?)```", result.output, re.S)
+    assert code, result.output
+    script = tmp_path / "answer.py"
+    script.write_text(code.group(1) + ISO_CHECK)
+    run = subprocess.run(
+        [sys.executable, "-I", str(script)], capture_output=True, text=True, timeout=60
+    )
+    assert "WORKS" in run.stdout, (code.group(1), run.stdout, run.stderr)
