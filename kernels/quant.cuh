@@ -6,7 +6,9 @@
 // Q4_1, Q8_0 and Q6_K keep each block's f16 scale(s) there too (d; d, m for Q4_1); the rest of
 // the block stays in the row in GGUF's order, but for Q6_K's 16 int8 scales (reordered: see
 // q6k_scale; backend/formats.py split_blocks), so the codes are 16-byte units (16, 16, 32,
-// 208 bytes per block) that the GEMV loads straight from the row. Every format is dequantized
+// 208 bytes per block) that the GEMV loads straight from the row. Q5_0 and Q5_1 keep their
+// scale(s) and qh word there (6, 8 bytes) and 16 code bytes in the row, in Q5_K's device bit
+// layout (q5_codes4). Every format is dequantized
 // with the same float32 operations, in the same order, as the numpy reference (loaders/quant.py for
 // GGUF, loaders' NVFP4 dequantize for NVFP4), so that dequantization is bit-exact.
 // Block layouts: docs/formats.md. Each format's facts are registered in backend/formats.py;
@@ -24,9 +26,12 @@
 #define FMT_Q5_K 7
 #define FMT_Q6_K 8
 #define FMT_NVFP4 9
+#define FMT_Q5_0 10
+#define FMT_Q5_1 11
 
 // Elements and bytes of one block as stored (NVFP4: 16 codes in 8 bytes; the block's E4M3
-// scale is one byte of the second buffer; Q4_0/Q4_1/Q8_0/Q6_K: SCALE_BYTES of them there).
+// scale is one byte of the second buffer; Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q6_K: SCALE_BYTES of them
+// there: the f16 scales, and Q5_0's and Q5_1's qh word).
 // A unit of 32 elements is one Q4_0/Q4_1/Q8_0 block, an eighth of a K-quant block, two NVFP4
 // blocks.
 #define BLOCK_ELEMS_F32 1
@@ -49,9 +54,15 @@
 #define BLOCK_BYTES_Q6_K 210
 #define BLOCK_ELEMS_NVFP4 16
 #define BLOCK_BYTES_NVFP4 8
+#define BLOCK_ELEMS_Q5_0 32
+#define BLOCK_BYTES_Q5_0 22
+#define BLOCK_ELEMS_Q5_1 32
+#define BLOCK_BYTES_Q5_1 24
 #define SCALE_BYTES_Q4_0 2
 #define SCALE_BYTES_Q4_1 4
 #define SCALE_BYTES_Q8_0 2
+#define SCALE_BYTES_Q5_0 6
+#define SCALE_BYTES_Q5_1 8
 #define SCALE_BYTES_Q6_K 2
 #define ROW_BYTES_Q6_K (BLOCK_BYTES_Q6_K - SCALE_BYTES_Q6_K)  // 208: ql, qh, scales
 
@@ -66,7 +77,9 @@
     X(q4_k, FMT_Q4_K)            \
     X(q5_k, FMT_Q5_K)            \
     X(q6_k, FMT_Q6_K)            \
-    X(nvfp4, FMT_NVFP4)
+    X(nvfp4, FMT_NVFP4)          \
+    X(q5_0, FMT_Q5_0)            \
+    X(q5_1, FMT_Q5_1)
 
 ATLAS_DEV u16 ld_u16(const u8* p) { return (u16)(p[0] | (p[1] << 8)); }
 ATLAS_DEV u32 ld_u32(const u8* p) { return (u32)ld_u16(p) | ((u32)ld_u16(p + 2) << 16); }
@@ -86,22 +99,27 @@ ATLAS_DEV void k_scale_min(const u8* s, int j, u32* sc, u32* m) {
 // GEMV lane needs, i and i + 4 (i = 8h + 2k + j, k < 2), are adjacent, at 2 (4h + 2k + j).
 ATLAS_DEV int q6k_scale(int i) { return 2 * (4 * (i >> 3) + (i & 3)) + ((i >> 2) & 1); }
 
-// Elements 4g .. 4g + 3 of sub-block j of a Q5_K block in the device layout
-// (formats.q5_k_device): pair p = j / 2 keeps, per group of 4 elements, one code word (rotated
-// left by 1: bytes of an even sub-block's code / 2 and an odd one's low 4 bits) and, in bits
-// 2p and 2p + 1 of the group's 4 qh bytes, the even code's lowest bit and the odd code's fifth
-// bit (the latter one byte further on, so that the decode's bit selects line up: gemv.cuh).
-ATLAS_DEV void q5k_codes4(const u8* b, int j, int g, u32* q) {
-    int p = j >> 1;
-    const u8* cw = b + 48 + 32 * p + 4 * g;
-    const u8* qh = b + 16 + 4 * g;
-    u32 w = rotr32(ld_u32(cw), 1), h = ld_u32(qh);
+// Four 5-bit codes of half A (odd = 0) or B (odd = 1) from a code word of the device layout of
+// Q5_K, Q5_0 and Q5_1 (formats._q5_words): the word holds, rotated left by 1, the bytes (A >> 1)
+// | (B & 15) << 4 of 4 elements, and bits p, p + 1 of the 4 bytes of `h` hold A's lowest bit
+// and B's fifth bit (the latter one byte further on, so that the decode's bit selects line up:
+// gemv.cuh gv_q5_word).
+ATLAS_DEV void q5_codes4(u32 word, u32 h, int p, int odd, u32* q) {
+    u32 w = rotr32(word, 1);
 #pragma unroll
     for (int jj = 0; jj < 4; jj++) {
         u32 byte = w >> (8 * jj);
-        if ((j & 1) == 0) q[jj] = ((byte & 15u) << 1) | ((h >> (8 * jj + 2 * p)) & 1u);
-        else q[jj] = ((byte >> 4) & 15u) | (((h >> (8 * ((jj + 1) & 3) + 2 * p + 1)) & 1u) << 4);
+        if (!odd) q[jj] = ((byte & 15u) << 1) | ((h >> (8 * jj + p)) & 1u);
+        else q[jj] = ((byte >> 4) & 15u) | (((h >> (8 * ((jj + 1) & 3) + p + 1)) & 1u) << 4);
     }
+}
+
+// Elements 4g .. 4g + 3 of sub-block j of a Q5_K block in the device layout
+// (formats.q5_k_device): pair p = j / 2 keeps one code word per group of 4 elements, its extra
+// bits in bits 2p and 2p + 1 of the group's 4 qh bytes.
+ATLAS_DEV void q5k_codes4(const u8* b, int j, int g, u32* q) {
+    int p = j >> 1;
+    q5_codes4(ld_u32(b + 48 + 32 * p + 4 * g), ld_u32(b + 16 + 4 * g), 2 * p, j & 1, q);
 }
 
 // Elements [32u, 32u+32) of one row into v[0..31].
@@ -137,6 +155,28 @@ ATLAS_DEV void deq32(const u8* __restrict__ row, const u8* __restrict__ srow, fl
         for (int j = 0; j < 16; j++) {
             v[j] = add_rn(mul_rn(d, (float)(qs[j] & 15)), m);
             v[j + 16] = add_rn(mul_rn(d, (float)(qs[j] >> 4)), m);
+        }
+    } else if (F == FMT_Q5_0 || F == FMT_Q5_1) {
+        // the device layout (formats.q5_0_device): group k's 4 code words in word k of the
+        // unit's 16 bytes, their extra bits in bits 2k, 2k + 1 of the qh word
+        const u8* sc = srow + (F == FMT_Q5_0 ? SCALE_BYTES_Q5_0 : SCALE_BYTES_Q5_1) * u;
+        float d = f16_to_f32(ld_u16(sc));
+        float m = F == FMT_Q5_1 ? f16_to_f32(ld_u16(sc + 2)) : 0.0f;
+        u32 h = ld_u32(sc + (F == FMT_Q5_0 ? 2 : 4));
+        const u8* qs = row + 16 * u;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+#pragma unroll
+            for (int odd = 0; odd < 2; odd++) {
+                u32 q[4];
+                q5_codes4(ld_u32(qs + 4 * k), h, 2 * k, odd, q);
+#pragma unroll
+                for (int jj = 0; jj < 4; jj++) {
+                    float* o = &v[16 * odd + 4 * k + jj];
+                    if (F == FMT_Q5_0) *o = mul_rn(d, (float)((int)q[jj] - 16));
+                    else *o = add_rn(mul_rn(d, (float)q[jj]), m);
+                }
+            }
         }
     } else if (F == FMT_Q8_0) {
         float d = f16_to_f32(ld_u16(srow + SCALE_BYTES_Q8_0 * u));

@@ -67,7 +67,8 @@ def split_blocks(fmt: WeightFormat, rows: np.ndarray) -> tuple[np.ndarray, np.nd
     the GEMV reads with 16-byte loads straight from the row (kernels/gemv.cuh); Q6_K's 16 int8
     scales are reordered so that the two a GEMV lane multiplies by are adjacent
     (kernels/quant.cuh q6k_scale). Q5_K blocks keep their size and get a new bit layout
-    (q5_k_device)."""
+    (q5_k_device); Q5_0 and Q5_1 blocks get that bit layout (q5_0_device), then their scale(s)
+    and qh word go to the second buffer, leaving 16 code bytes."""
     n = rows.shape[0]
     blocks = rows.reshape(n, -1, fmt.block_bytes)
     if fmt.device_repack is not None:
@@ -103,47 +104,119 @@ BF16 = register(WeightFormat("BF16", "bf16", 30, 1, 2, cpu=True, native=True))
 Q4_0 = register(WeightFormat("Q4_0", "q4_0", 2, 32, 18, cpu=True, native=True, device_split=(0, 2)))
 Q4_1 = register(WeightFormat("Q4_1", "q4_1", 3, 32, 20, cpu=True, native=True, device_split=(0, 4)))
 Q8_0 = register(WeightFormat("Q8_0", "q8_0", 8, 32, 34, cpu=True, native=True, device_split=(0, 2)))
+
+
+def _in_steps(repack: Callable[[np.ndarray], np.ndarray]) -> Callable[[np.ndarray], np.ndarray]:
+    """A device_repack done a few thousand blocks at a time: its temporaries are ~6x the
+    blocks."""
+
+    def run(blocks: np.ndarray) -> np.ndarray:
+        out = np.empty_like(blocks)
+        step = max(1, 8192 // max(1, blocks.shape[1]))
+        for r in range(0, blocks.shape[0], step):
+            out[r : r + step] = repack(blocks[r : r + step])
+        return out
+
+    run.__doc__ = repack.__doc__
+    return run
+
+
+def _q5_words(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The 5-bit codes of two halves A, B (..., groups, 4) -> per group of 4 elements the
+    device's code word (..., groups) uint32, rotated left by 1, of the 4 bytes (A >> 1) |
+    (B & 15) << 4, and per byte j the two extra bits (..., groups, 4): A's lowest (element j)
+    and B's fifth (element j - 1 mod 4) as bits 0 and 1, which the decode ORs in one byte
+    further on (kernels/gemv.cuh gv_q5_word, kernels/quant.cuh q5_codes4)."""
+    word = ((a >> 1) | ((b & 15) << 4)).astype(np.uint32)
+    word = word[..., 0] | word[..., 1] << 8 | word[..., 2] << 16 | word[..., 3] << 24
+    word = (word << 1 | word >> 31) & 0xFFFFFFFF
+    extra = (a & 1) | (b[..., [3, 0, 1, 2]] >> 4) << 1
+    return word, extra
+
+
+def _word_bytes(word: np.ndarray) -> np.ndarray:
+    """uint32 words (..., n) -> their little-endian bytes (..., 4 n)."""
+    return word.astype("<u4").view(np.uint8).reshape(*word.shape[:-1], -1)
+
+
+def _q5_0_device(blocks: np.ndarray) -> np.ndarray:
+    """Q5_0 / Q5_1 blocks (rows, blocks, 22 or 24) -> the kernels' layout, same size: the
+    scale(s) as stored, then the qh word and the 16 code bytes in Q5_K's device bit layout
+    (q5_k_device), with the 4 elements j of group k in code word k and their extra bits in
+    bits 2k, 2k + 1 of qh byte j. A GEMV lane then decodes its 32 elements as a Q5_K lane
+    does its two sub-blocks' 32, from one 16-byte load and one qh word."""
+    lead, at = blocks.shape[:-1], blocks.shape[-1] - 20  # the qh word's offset: 2 or 4
+    qh = np.unpackbits(blocks[..., at : at + 4], axis=-1, bitorder="little")
+    qs = blocks[..., at + 4 :]
+    a = ((qs & 15) | qh[..., :16] << 4).reshape(*lead, 4, 4)  # elements 0..15: group, byte
+    b = ((qs >> 4) | qh[..., 16:] << 4).reshape(*lead, 4, 4)  # 16..31
+    word, extra = _q5_words(a, b)
+    shifts = 2 * np.arange(4, dtype=np.uint8)[:, None]
+    out = blocks.copy()
+    out[..., at : at + 4] = (extra << shifts).sum(axis=-2, dtype=np.uint8)
+    out[..., at + 4 :] = _word_bytes(word)
+    return out
+
+
+q5_0_device = _in_steps(_q5_0_device)
 # Q5_0 / Q5_1: Q4_0 / Q4_1 with each element's fifth bit in a 32-bit word after the scale(s).
-# No native kernels: on a GPU they are dequantized at load.
-Q5_0 = register(WeightFormat("Q5_0", "q5_0", 6, 32, 22, cpu=True, native=False))
-Q5_1 = register(WeightFormat("Q5_1", "q5_1", 7, 32, 24, cpu=True, native=False))
+# On the device the codes get Q5_K's bit layout (q5_0_device) and the scale(s) and the qh word
+# go to the second buffer (6 and 8 bytes per block), so that the row is 16-byte code units.
+Q5_0 = register(
+    WeightFormat(
+        "Q5_0",
+        "q5_0",
+        6,
+        32,
+        22,
+        cpu=True,
+        native=True,
+        device_split=(0, 6),
+        device_repack=q5_0_device,
+    )
+)
+Q5_1 = register(
+    WeightFormat(
+        "Q5_1",
+        "q5_1",
+        7,
+        32,
+        24,
+        cpu=True,
+        native=True,
+        device_split=(0, 8),
+        device_repack=q5_0_device,
+    )
+)
 Q4_K = register(WeightFormat("Q4_K", "q4_k", 12, QK_K, 144, cpu=True, native=True))
 
 
-def q5_k_device(blocks: np.ndarray) -> np.ndarray:
+def _q5_k_device(blocks: np.ndarray) -> np.ndarray:
     """Q5_K blocks (rows, blocks, 176) -> the GEMV's layout, same size, header unchanged.
 
     A GEMV lane multiplies 16 elements of sub-blocks 2p (A) and 2p + 1 (B), 4 of each per code
     word. Here each of its 32-bit code words holds, rotated left by 1, 4 bytes of (A code >> 1)
     | (B code & 15) << 4, and bits 2p, 2p + 1 of the group's 4 qh bytes hold A's lowest bit
-    (byte j: element j) and B's fifth bit (byte j: element j - 1 mod 4). The decode then
-    builds f16 halves of two 5-bit fields each (A at bits 0-4, B at 5-9) from a code word and
-    its qh word with two bit selects and two rotates (kernels/gemv.cuh, kernels/quant.cuh
-    q5k_codes4). Done a few thousand blocks at a time: the temporaries are ~6x the blocks."""
-    out = np.empty_like(blocks)
-    step = max(1, 8192 // max(1, blocks.shape[1]))
-    for r in range(0, blocks.shape[0], step):
-        out[r : r + step] = _q5_k_device(blocks[r : r + step])
-    return out
-
-
-def _q5_k_device(blocks: np.ndarray) -> np.ndarray:
+    (byte j: element j) and B's fifth bit (byte j: element j - 1 mod 4) (_q5_words). The
+    decode then builds f16 halves of two 5-bit fields each (A at bits 0-4, B at 5-9) from a
+    code word and its qh word with two bit selects and two rotates (kernels/gemv.cuh,
+    kernels/quant.cuh q5_codes4)."""
     lead = blocks.shape[:-1]
     qh = blocks[..., 16:48]
     qs = blocks[..., 48:176].reshape(*lead, 4, 32)  # pair p, element
     bits = (qh[..., None, :] >> np.arange(8, dtype=np.uint8)[:, None]) & 1  # sub-block, element
     a = (qs & 15) | (bits[..., 0::2, :] << 4)  # the 5-bit codes of sub-blocks 2p
     b = (qs >> 4) | (bits[..., 1::2, :] << 4)  # and 2p + 1
-    word = ((a >> 1) | ((b & 15) << 4)).reshape(*lead, 4, 8, 4).astype(np.uint32)
-    word = word[..., 0] | word[..., 1] << 8 | word[..., 2] << 16 | word[..., 3] << 24
-    word = (word << 1 | word >> 31) & 0xFFFFFFFF
-    b_prev = b.reshape(*lead, 4, 8, 4)[..., [3, 0, 1, 2]].reshape(*lead, 4, 32)
+    word, extra = _q5_words(a.reshape(*lead, 4, 8, 4), b.reshape(*lead, 4, 8, 4))
     shifts = 2 * np.arange(4, dtype=np.uint8)[:, None]
-    new_qh = ((a & 1) << shifts | (b_prev >> 4) << (shifts + 1)).sum(axis=-2, dtype=np.uint8)
+    new_qh = (extra.reshape(*lead, 4, 32) << shifts).sum(axis=-2, dtype=np.uint8)
     out = blocks.copy()
     out[..., 16:48] = new_qh
-    out[..., 48:176] = word.astype("<u4").view(np.uint8).reshape(*lead, 128)
+    out[..., 48:176] = _word_bytes(word).reshape(*lead, 128)
     return out
+
+
+q5_k_device = _in_steps(_q5_k_device)
 
 
 Q5_K = register(
