@@ -172,7 +172,7 @@ ATLAS_DEV bool gm_unit_vec(const u8* __restrict__ row, const u8* __restrict__ sr
         }
         return true;
     }
-    return false;  // Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (16-byte code units too), Q4_K, Q5_K: deq32
+    return false;  // Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (16-byte code units too), Q3_K, Q4_K, Q5_K: deq32
 }
 
 struct GmArgs {

@@ -8,9 +8,11 @@
 // q6k_scale; backend/formats.py split_blocks), so the codes are 16-byte units (16, 16, 32,
 // 208 bytes per block) that the GEMV loads straight from the row. Q5_0 and Q5_1 keep their
 // scale(s) and qh word there (6, 8 bytes) and 16 code bytes in the row, in Q5_K's device bit
-// layout (q5_codes4). Every format is dequantized
-// with the same float32 operations, in the same order, as the numpy reference (loaders/quant.py for
-// GGUF, loaders' NVFP4 dequantize for NVFP4), so that dequantization is bit-exact.
+// layout (q5_codes4). Q3_K keeps its 12 scale bytes and d there (14 bytes), its 96 bytes of
+// low bits and hmask in the row in a bit layout of its own (formats.q3_k_device). Every format
+// is dequantized with the same float32 operations, in the same order, as the numpy reference
+// (loaders/quant.py for GGUF, loaders' NVFP4 dequantize for NVFP4), so that dequantization is
+// bit-exact.
 // Block layouts: docs/formats.md. Each format's facts are registered in backend/formats.py;
 // tests/test_formats.py checks that the FMT_ list and the BLOCK_ sizes below agree with it.
 #pragma once
@@ -28,10 +30,11 @@
 #define FMT_NVFP4 9
 #define FMT_Q5_0 10
 #define FMT_Q5_1 11
+#define FMT_Q3_K 12
 
 // Elements and bytes of one block as stored (NVFP4: 16 codes in 8 bytes; the block's E4M3
-// scale is one byte of the second buffer; Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q6_K: SCALE_BYTES of them
-// there: the f16 scales, and Q5_0's and Q5_1's qh word).
+// scale is one byte of the second buffer; Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q3_K/Q6_K: SCALE_BYTES of
+// them there: the f16 scales, Q5_0's and Q5_1's qh word, Q3_K's 6-bit scales).
 // A unit of 32 elements is one Q4_0/Q4_1/Q8_0 block, an eighth of a K-quant block, two NVFP4
 // blocks.
 #define BLOCK_ELEMS_F32 1
@@ -58,13 +61,17 @@
 #define BLOCK_BYTES_Q5_0 22
 #define BLOCK_ELEMS_Q5_1 32
 #define BLOCK_BYTES_Q5_1 24
+#define BLOCK_ELEMS_Q3_K 256
+#define BLOCK_BYTES_Q3_K 110
 #define SCALE_BYTES_Q4_0 2
 #define SCALE_BYTES_Q4_1 4
 #define SCALE_BYTES_Q8_0 2
 #define SCALE_BYTES_Q5_0 6
 #define SCALE_BYTES_Q5_1 8
 #define SCALE_BYTES_Q6_K 2
+#define SCALE_BYTES_Q3_K 14
 #define ROW_BYTES_Q6_K (BLOCK_BYTES_Q6_K - SCALE_BYTES_Q6_K)  // 208: ql, qh, scales
+#define ROW_BYTES_Q3_K (BLOCK_BYTES_Q3_K - SCALE_BYTES_Q3_K)  // 96: low bits, hmask
 
 // X(name, FMT_ID) for every format: used to stamp out one extern "C" entry point per format.
 #define ATLAS_FOR_EACH_FORMAT(X) \
@@ -79,7 +86,8 @@
     X(q6_k, FMT_Q6_K)            \
     X(nvfp4, FMT_NVFP4)          \
     X(q5_0, FMT_Q5_0)            \
-    X(q5_1, FMT_Q5_1)
+    X(q5_1, FMT_Q5_1)            \
+    X(q3_k, FMT_Q3_K)
 
 ATLAS_DEV u16 ld_u16(const u8* p) { return (u16)(p[0] | (p[1] << 8)); }
 ATLAS_DEV u32 ld_u32(const u8* p) { return (u32)ld_u16(p) | ((u32)ld_u16(p + 2) << 16); }
@@ -121,6 +129,21 @@ ATLAS_DEV void q5k_codes4(const u8* b, int j, int g, u32* q) {
     int p = j >> 1;
     q5_codes4(ld_u32(b + 48 + 32 * p + 4 * g), ld_u32(b + 16 + 4 * g), 2 * p, j & 1, q);
 }
+
+// The 6-bit scales (minus 32) of Q3_K sub-blocks 2s and 2s + 1 (16 elements each; GGUF order)
+// from the block's 12 scale bytes: their low nibbles are nibble s / 4 of bytes 2 (s % 4) and
+// 2 (s % 4) + 1 (`lo`, those two bytes), their high 2 bits bits 2 (s / 2) of bytes 8 + 2 (s % 2)
+// and 9 + 2 (s % 2) (`hi`).
+ATLAS_DEV void q3k_scales(u32 lo, u32 hi, int s, int* a, int* b) {
+    u32 sc = ((lo >> (4 * (s >> 2))) & 0x0F0Fu) | (((hi >> (2 * (s >> 1))) & 0x0303u) << 4);
+    *a = (int)(sc & 0xffu) - 32;
+    *b = (int)((sc >> 8) & 0xffu) - 32;
+}
+
+// Where the scale bytes of q3k_scales are among the 14 of a Q3_K block's second buffer (12
+// scale bytes, d), as u16 indices: lo, hi.
+ATLAS_DEV int q3k_lo(int s) { return s & 3; }
+ATLAS_DEV int q3k_hi(int s) { return 4 + (s & 1); }
 
 // Elements [32u, 32u+32) of one row into v[0..31].
 template <int F>
@@ -175,6 +198,30 @@ ATLAS_DEV void deq32(const u8* __restrict__ row, const u8* __restrict__ srow, fl
                     float* o = &v[16 * odd + 4 * k + jj];
                     if (F == FMT_Q5_0) *o = mul_rn(d, (float)((int)q[jj] - 16));
                     else *o = add_rn(mul_rn(d, (float)q[jj]), m);
+                }
+            }
+        }
+    } else if (F == FMT_Q3_K) {
+        // the device layout (formats.q3_k_device): the unit is lane s of the block's 8
+        int s = u & 7, e = s & 1, r = (s >> 1) & 1;
+        const u8* b = row + ROW_BYTES_Q3_K * (u >> 3);
+        const u8* sc = srow + SCALE_BYTES_Q3_K * (u >> 3);
+        float d = f16_to_f32(ld_u16(sc + 12));
+        int a, bb;
+        q3k_scales(ld_u16(sc + 2 * q3k_lo(s)), ld_u16(sc + 2 * q3k_hi(s)), s, &a, &bb);
+        float dsc[2] = {mul_rn(d, (float)a), mul_rn(d, (float)bb)};
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            u32 c = rotr32(ld_u32(b + 16 * (s >> 1) + 4 * k), r);
+            u32 h = rotr32(ld_u32(b + 64 + 16 * (s >> 2) + 4 * k), r);
+#pragma unroll
+            for (int half = 0; half < 2; half++) {
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    int f = 2 * e + 4 * half;  // the 2-bit field's bit in byte j
+                    u32 lo = (c >> (8 * j + f)) & 3u;
+                    u32 hb = (h >> ((f + 2 + 16 * (j >> 1) + 8 * (j & 1)) & 31)) & 1u;
+                    v[16 * half + 4 * k + j] = mul_rn(dsc[half], (float)((int)(lo | hb << 2) - 4));
                 }
             }
         }

@@ -68,7 +68,8 @@ def split_blocks(fmt: WeightFormat, rows: np.ndarray) -> tuple[np.ndarray, np.nd
     scales are reordered so that the two a GEMV lane multiplies by are adjacent
     (kernels/quant.cuh q6k_scale). Q5_K blocks keep their size and get a new bit layout
     (q5_k_device); Q5_0 and Q5_1 blocks get that bit layout (q5_0_device), then their scale(s)
-    and qh word go to the second buffer, leaving 16 code bytes."""
+    and qh word go to the second buffer, leaving 16 code bytes; Q3_K blocks get a bit layout of
+    their own (q3_k_device), then their scales and d go to the second buffer, leaving 96."""
     n = rows.shape[0]
     blocks = rows.reshape(n, -1, fmt.block_bytes)
     if fmt.device_repack is not None:
@@ -239,9 +240,62 @@ Q6_K = register(
         device_split=(208, 2),  # d
     )
 )
-# Q3_K has CPU kernels; Q2_K and the IQ4 formats are dequantized at load on every backend.
+# Q2_K is dequantized at load on every backend.
 Q2_K = register(WeightFormat("Q2_K", "q2_k", 10, QK_K, 84, cpu=False, native=False))
-Q3_K = register(WeightFormat("Q3_K", "q3_k", 11, QK_K, 110, cpu=True, native=False))
+
+
+def _q3_k_device(blocks: np.ndarray) -> np.ndarray:
+    """Q3_K blocks (rows, blocks, 110) -> the kernels' layout, same size, scales and d as stored.
+
+    GEMV lane s (0..7) multiplies elements 32 s .. 32 s + 31 of the block: A the first 16, B
+    the next 16, 4 of each per 32-bit word k (elements 4k + j, j the byte). Its low 2 bits go
+    to the 16-byte unit s / 2 of the first 64 bytes, word k, byte j: A's at bits 2e, B's at 4 +
+    2e (e = s % 2, the lane of the pair), the word then rotated left by r = s / 2 % 2. Its high
+    (hmask) bits go to the 16-byte unit s / 4 of the next 32, word k, at bit r + 2e + 2 + 4 h
+    + 16 (j / 2) + 8 (j % 2) mod 32 (h: 0 for A, 1 for B): the bit right above the field of
+    the same element once the decode has rotated, for odd j, the bit select's result by 8
+    (kernels/gemv.cuh gv_q3k_word). So each lane decodes 8 elements from a code word and an
+    hmask word with two bit selects and one rotate; the 4 lanes that share an hmask unit use
+    disjoint bits of it."""
+    lead = blocks.shape[:-1]
+    shifts = np.arange(0, 8, 2, dtype=np.uint8)[:, None]
+    qs = blocks[..., 32:96].reshape(*lead, 2, 1, 32)
+    low = ((qs >> shifts) & 3).reshape(*lead, 8, 2, 4, 4)  # lane s, half h, word k, byte j
+    hmask = blocks[..., None, :32]
+    high = ((hmask >> np.arange(8, dtype=np.uint8)[:, None]) & 1).reshape(*lead, 8, 2, 4, 4)
+    e = np.arange(8, dtype=np.uint8)[:, None, None] & 1  # (s, k, j)
+    code = low[..., 0, :, :] << 2 * e | low[..., 1, :, :] << 4 + 2 * e
+    code = code.reshape(*lead, 4, 2, 4, 4).sum(axis=-3, dtype=np.uint8)  # the pair's bytes
+    code = code.view("<u4")[..., 0].astype(np.uint32)  # (pair, word)
+    r = np.arange(4, dtype=np.uint32)[:, None] & 1
+    code = (code << r | code >> (32 - r) % 32) & 0xFFFFFFFF
+    s, h, j = np.ix_(range(8), range(2), range(4))
+    bit = ((s >> 1 & 1) + 2 * (s & 1) + 2 + 4 * h + 16 * (j >> 1) + 8 * (j & 1)) % 32
+    words = high.astype(np.uint32) << bit[:, :, None, :].astype(np.uint32)  # (s, h, k, j)
+    words = words.reshape(*lead, 2, 4, 2, 4, 4).sum(axis=(-4, -3, -1), dtype=np.uint32)
+    out = blocks.copy()
+    out[..., :64] = _word_bytes(code.reshape(*lead, 16))
+    out[..., 64:96] = _word_bytes(words.reshape(*lead, 8))
+    return out
+
+
+q3_k_device = _in_steps(_q3_k_device)
+# Q3_K on the device: the codes in the bit layout of q3_k_device (96 bytes, 16-byte units in the
+# row); the 12 bytes of 6-bit scales and d in the second buffer (14 bytes per block).
+Q3_K = register(
+    WeightFormat(
+        "Q3_K",
+        "q3_k",
+        11,
+        QK_K,
+        110,
+        cpu=True,
+        native=True,
+        device_split=(96, 14),
+        device_repack=q3_k_device,
+    )
+)
+# The IQ4 formats are dequantized at load on every backend.
 IQ4_NL = register(WeightFormat("IQ4_NL", "iq4_nl", 20, 32, 18, cpu=False, native=False))
 IQ4_XS = register(WeightFormat("IQ4_XS", "iq4_xs", 23, QK_K, 136, cpu=False, native=False))
 # ModelOpt NVFP4 (safetensors): 16 E2M1 codes in 8 bytes; the block's E4M3 scale lives in a
