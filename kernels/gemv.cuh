@@ -8,8 +8,8 @@
 //     dA * sum(vA * xA) + dB * sum(vB * xB) - mA * sum(xA) - mB * sum(xB)
 // with v the decoded codes (integers times a power of two, exact) and the scales and the
 // offset/min applied once per half. Which 32 weights a lane takes:
-//   plain, NVFP4, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0: unit (unit0 + lane); A its elements 0..15, B
-//     16..31.
+//   plain, NVFP4, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, IQ4_XS: unit (unit0 + lane); A its
+//     elements 0..15, B 16..31.
 //   Q4_K, Q5_K: lane l reads bytes 16 * (l & 7) of the 128 code bytes of block (l >> 3) of the
 //     tile: low nibbles are 16 elements of sub-block 2i, high nibbles the same 16 of sub-block
 //     2i + 1 (i = (l & 7) >> 1), so every code byte the lane loads is used.
@@ -31,7 +31,8 @@
 // device layout (formats.q5_k_device), which Q5_0 and Q5_1 share, lets two bit selects and two
 // rotates build four halves of two 5-bit codes each, Q3_K's (formats.q3_k_device) two bit
 // selects and one rotate four halves of two 3-bit codes each; Q8_0 flips the sign bit (q + 128,
-// unsigned) and folds the 128 into the offset.
+// unsigned) and folds the 128 into the offset; IQ4_NL and IQ4_XS look value + 128 up with byte
+// permutes (gv_iq4_word) and fold the 128 in the same way.
 #pragma once
 #include "quant.cuh"
 
@@ -43,7 +44,8 @@
 template <int F>
 struct GvFmt {
     enum {
-        kquant = F == FMT_Q4_K || F == FMT_Q5_K || F == FMT_Q6_K || F == FMT_Q3_K,
+        kquant = F == FMT_Q4_K || F == FMT_Q5_K || F == FMT_Q6_K || F == FMT_Q3_K ||
+                 F == FMT_IQ4_XS,
         scaled = F != FMT_F32 && F != FMT_F16 && F != FMT_BF16,  // the halves have multipliers
         sums = scaled && F != FMT_NVFP4,  // offsets / mins: the halves' sums of x are read
     };
@@ -56,8 +58,8 @@ ATLAS_DEV bool gemv_aligned(const u8* W, const u8* S, long long row_bytes, long 
     unsigned long long m = (unsigned long long)W | (unsigned long long)row_bytes;
     unsigned long long s = (unsigned long long)S | (unsigned long long)srow_bytes;
     bool u16_scales = f == FMT_NVFP4 || f == FMT_Q4_0 || f == FMT_Q8_0 || f == FMT_Q6_K ||
-                      f == FMT_Q5_0 || f == FMT_Q3_K;
-    bool u32_scales = f == FMT_Q4_1 || f == FMT_Q5_1;
+                      f == FMT_Q5_0 || f == FMT_Q3_K || f == FMT_IQ4_NL;
+    bool u32_scales = f == FMT_Q4_1 || f == FMT_Q5_1 || f == FMT_IQ4_XS;
     unsigned long long smask = u32_scales ? 3ull : u16_scales ? 1ull : 0ull;
     return (m & 15ull) == 0 && (s & smask) == 0;
 }
@@ -107,7 +109,7 @@ ATLAS_DEV bool gv_have(int unit0, int lane, int units) {
 // What a lane loads from global memory for one tile, before the barrier.
 struct GvRaw {
     atlas_u4 q[8];
-    u32 sc, sh;  // block scales; Q5_0 and Q5_1: the qh word; Q3_K: d
+    u32 sc, sh;  // block scales; Q5_0 and Q5_1: the qh word; Q3_K: d; IQ4_XS: scales_l
 };
 
 // How a loop iteration treats the row's end:
@@ -149,6 +151,13 @@ ATLAS_DEV void gv_fetch(const u8* __restrict__ row, const u8* __restrict__ srow,
         const u16* sc = (const u16*)(srow + (long long)SCALE_BYTES_Q3_K * blk);
         g.sc = ld_u16_readonly(sc + q3k_lo(s)) | (ld_u16_readonly(sc + q3k_hi(s)) << 16);
         g.sh = ld_u16_readonly(sc + 6);  // d
+    } else if (F == FMT_IQ4_NL) {
+        g.q[0] = ld_u4_readonly((const atlas_u4*)row + u);
+        g.sc = ld_u16_readonly((const u16*)srow + u);
+    } else if (F == FMT_IQ4_XS) {  // sub-block u % 8 of block u / 8
+        g.q[0] = ld_u4_readonly((const atlas_u4*)row + u);
+        g.sc = ld_u32_readonly((const u32*)srow + 2 * (u >> 3));      // d, scales_h
+        g.sh = ld_u32_readonly((const u32*)srow + 2 * (u >> 3) + 1);  // scales_l
     } else if (F == FMT_Q8_0) {
         g.q[0] = ld_u4_readonly((const atlas_u4*)row + 2 * u);
         g.q[1] = ld_u4_readonly((const atlas_u4*)row + 2 * u + 1);
@@ -242,6 +251,44 @@ ATLAS_DEV void gv_q3k_word(u32 c, u32 h, int t, u32 cm, float* vA, float* vB) {
     h2_to_f32(z13 & ma, &vA[1], &vA[3]);
     h2_to_f32(z02 & mb, &vB[0], &vB[2]);
     h2_to_f32(z13 & mb, &vB[1], &vB[3]);
+}
+
+// Byte permute (PTX prmt, default mode): byte n of the result is byte (s >> 4n) & 7 of the 8
+// bytes (a, b), or, where bit 3 of that nibble is set, its sign bit copied to all 8 bits.
+ATLAS_DEV u32 gv_prmt(u32 a, u32 b, u32 s) {
+#if defined(ATLAS_CUDA) && !defined(ATLAS_PORTABLE)
+    u32 d;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(s));
+    return d;
+#else
+    unsigned long long x = (unsigned long long)b << 32 | a;
+    u32 d = 0;
+#pragma unroll
+    for (int n = 0; n < 4; n++) {
+        u32 sel = (s >> (4 * n)) & 15u, byte = (u32)(x >> (8 * (sel & 7u))) & 0xffu;
+        if (sel & 8u) byte = byte & 0x80u ? 0xffu : 0u;
+        d |= byte << (8 * n);
+    }
+    return d;
+#endif
+}
+
+// Four elements of A (vA[0..3]) and of B (vB[0..3]) from an IQ4 code word in the device order
+// (formats._iq4_codes: A's 4 codes in the low 16 bits, B's in the high), as f16 halves of
+// value + 128 (quant.cuh IQ4_LO0..): table lookups by byte permutes. A half's 4 codes look up
+// the first 8 values (`lo`: a code >= 8 gets the sign of one of them, 0) and, with bit 3 of
+// every code flipped, the last 8 (`hi`); a third permute picks each value from lo or hi by its
+// code's bit 3 and puts a zero byte (the sign of lo's first byte) above it.
+ATLAS_DEV void gv_iq4_word(u32 w, float* vA, float* vB) {
+    u32 wh = w ^ 0x88888888u;
+    u32 i02 = ((w >> 1) & 0x04040404u) | 0x82808280u;  // bytes 0, 2 of lo (hi where bit 3)
+    u32 i13 = ((w >> 5) & 0x04040404u) | 0x83818381u;  // bytes 1, 3
+    u32 loA = gv_prmt(IQ4_LO0, IQ4_LO1, w), hiA = gv_prmt(IQ4_HI0, IQ4_HI1, wh);
+    u32 loB = gv_prmt(IQ4_LO0, IQ4_LO1, w >> 16), hiB = gv_prmt(IQ4_HI0, IQ4_HI1, wh >> 16);
+    h2_to_f32(gv_prmt(loA, hiA, i02), &vA[0], &vA[2]);
+    h2_to_f32(gv_prmt(loA, hiA, i13), &vA[1], &vA[3]);
+    h2_to_f32(gv_prmt(loB, hiB, i02 >> 16), &vB[0], &vB[2]);
+    h2_to_f32(gv_prmt(loB, hiB, i13 >> 16), &vB[1], &vB[3]);
 }
 
 // The signed byte p (0..3) of w as a float.
@@ -356,6 +403,15 @@ ATLAS_DEV void gv_decode(const GvRaw& g, int lane, GvUnit& o) {
         float d4 = mul_rn(d, 4.0f);
         o.mA = mul_rn(d4, (float)a);
         o.mB = mul_rn(d4, (float)b);
+    } else if (F == FMT_IQ4_NL || F == FMT_IQ4_XS) {
+        u32 c[4] = {g.q[0].x, g.q[0].y, g.q[0].z, g.q[0].w};
+#pragma unroll
+        for (int k = 0; k < 4; k++) gv_iq4_word(c[k], o.v + 4 * k, o.v + 16 + 4 * k);
+        float d;
+        h2_to_f32(g.sc, &d, &dummy);
+        if (F == FMT_IQ4_XS) d = mul_rn(d, (float)iq4xs_scale(g.sc >> 16, g.sh, lane & 7));
+        o.dA = o.dB = mul_rn(d, GV_2P24);  // the halves: (value + 128) * 2^-24
+        o.mA = o.mB = mul_rn(d, 128.0f);
     } else if (F == FMT_Q6_K) {
         // lane (hh, kk, h16) = bits (2, 1, 0) of lane & 7: half hh of the block, sub-blocks
         // kk (low nibbles, A) and kk + 2 (high, B) of it, their elements 16 h16 .. + 15

@@ -9,10 +9,11 @@
 // 208 bytes per block) that the GEMV loads straight from the row. Q5_0 and Q5_1 keep their
 // scale(s) and qh word there (6, 8 bytes) and 16 code bytes in the row, in Q5_K's device bit
 // layout (q5_codes4). Q3_K keeps its 12 scale bytes and d there (14 bytes), its 96 bytes of
-// low bits and hmask in the row in a bit layout of its own (formats.q3_k_device). Every format
-// is dequantized with the same float32 operations, in the same order, as the numpy reference
-// (loaders/quant.py for GGUF, loaders' NVFP4 dequantize for NVFP4), so that dequantization is
-// bit-exact.
+// low bits and hmask in the row in a bit layout of its own (formats.q3_k_device). IQ4_NL and
+// IQ4_XS keep d (and IQ4_XS's scales: 8 bytes) there, 16 reordered code bytes per 32 elements
+// in the row (formats._iq4_codes). Every format is dequantized with the same float32
+// operations, in the same order, as the numpy reference (loaders/quant.py for GGUF, loaders'
+// NVFP4 dequantize for NVFP4), so that dequantization is bit-exact.
 // Block layouts: docs/formats.md. Each format's facts are registered in backend/formats.py;
 // tests/test_formats.py checks that the FMT_ list and the BLOCK_ sizes below agree with it.
 #pragma once
@@ -31,10 +32,12 @@
 #define FMT_Q5_0 10
 #define FMT_Q5_1 11
 #define FMT_Q3_K 12
+#define FMT_IQ4_NL 13
+#define FMT_IQ4_XS 14
 
 // Elements and bytes of one block as stored (NVFP4: 16 codes in 8 bytes; the block's E4M3
-// scale is one byte of the second buffer; Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q3_K/Q6_K: SCALE_BYTES of
-// them there: the f16 scales, Q5_0's and Q5_1's qh word, Q3_K's 6-bit scales).
+// scale is one byte of the second buffer; the GGUF formats with a SCALE_BYTES: that many of
+// them there: the f16 scales, Q5_0's and Q5_1's qh word, Q3_K's and IQ4_XS's 6-bit scales).
 // A unit of 32 elements is one Q4_0/Q4_1/Q8_0 block, an eighth of a K-quant block, two NVFP4
 // blocks.
 #define BLOCK_ELEMS_F32 1
@@ -63,6 +66,10 @@
 #define BLOCK_BYTES_Q5_1 24
 #define BLOCK_ELEMS_Q3_K 256
 #define BLOCK_BYTES_Q3_K 110
+#define BLOCK_ELEMS_IQ4_NL 32
+#define BLOCK_BYTES_IQ4_NL 18
+#define BLOCK_ELEMS_IQ4_XS 256
+#define BLOCK_BYTES_IQ4_XS 136
 #define SCALE_BYTES_Q4_0 2
 #define SCALE_BYTES_Q4_1 4
 #define SCALE_BYTES_Q8_0 2
@@ -70,6 +77,8 @@
 #define SCALE_BYTES_Q5_1 8
 #define SCALE_BYTES_Q6_K 2
 #define SCALE_BYTES_Q3_K 14
+#define SCALE_BYTES_IQ4_NL 2
+#define SCALE_BYTES_IQ4_XS 8
 #define ROW_BYTES_Q6_K (BLOCK_BYTES_Q6_K - SCALE_BYTES_Q6_K)  // 208: ql, qh, scales
 #define ROW_BYTES_Q3_K (BLOCK_BYTES_Q3_K - SCALE_BYTES_Q3_K)  // 96: low bits, hmask
 
@@ -87,7 +96,9 @@
     X(nvfp4, FMT_NVFP4)          \
     X(q5_0, FMT_Q5_0)            \
     X(q5_1, FMT_Q5_1)            \
-    X(q3_k, FMT_Q3_K)
+    X(q3_k, FMT_Q3_K)            \
+    X(iq4_nl, FMT_IQ4_NL)        \
+    X(iq4_xs, FMT_IQ4_XS)
 
 ATLAS_DEV u16 ld_u16(const u8* p) { return (u16)(p[0] | (p[1] << 8)); }
 ATLAS_DEV u32 ld_u32(const u8* p) { return (u32)ld_u16(p) | ((u32)ld_u16(p + 2) << 16); }
@@ -144,6 +155,26 @@ ATLAS_DEV void q3k_scales(u32 lo, u32 hi, int s, int* a, int* b) {
 // scale bytes, d), as u16 indices: lo, hi.
 ATLAS_DEV int q3k_lo(int s) { return s & 3; }
 ATLAS_DEV int q3k_hi(int s) { return 4 + (s & 1); }
+
+// IQ4_NL / IQ4_XS: a 4-bit code q stands for ggml's kvalues_iq4nl[q], int8 -127..113; here
+// those plus 128 (1..241) as bytes, q = 0..3, 4..7, 8..11, 12..15: IQ4_LO0, IQ4_LO1, IQ4_HI0,
+// IQ4_HI1. The first 8 are below 128, which the GEMV's byte permutes rely on (gv_iq4_word).
+#define IQ4_LO0 0x3F2D1801u
+#define IQ4_LO1 0x766A5D4Fu
+#define IQ4_HI0 0xA6998D81u
+#define IQ4_HI1 0xF1D9C5B5u
+
+// The IQ4 value of code q (0..15), exactly.
+ATLAS_DEV float iq4_value(u32 q) {
+    u32 w = q & 8u ? (q & 4u ? IQ4_HI1 : IQ4_HI0) : (q & 4u ? IQ4_LO1 : IQ4_LO0);
+    return (float)((int)((w >> (8 * (q & 3u))) & 0xffu) - 128);
+}
+
+// The 6-bit scale (minus 32) of IQ4_XS sub-block j from the block's scales_h (u16) and
+// scales_l (4 bytes, as a u32): nibble j of scales_l, bits 2j, 2j + 1 of scales_h.
+ATLAS_DEV int iq4xs_scale(u32 sh, u32 sl, int j) {
+    return (int)(((sl >> (4 * j)) & 15u) | (((sh >> (2 * j)) & 3u) << 4)) - 32;
+}
 
 // Elements [32u, 32u+32) of one row into v[0..31].
 template <int F>
@@ -224,6 +255,25 @@ ATLAS_DEV void deq32(const u8* __restrict__ row, const u8* __restrict__ srow, fl
                     v[16 * half + 4 * k + j] = mul_rn(dsc[half], (float)((int)(lo | hb << 2) - 4));
                 }
             }
+        }
+    } else if (F == FMT_IQ4_NL || F == FMT_IQ4_XS) {
+        // the device order (formats._iq4_codes): word k's nibbles 0..3 are elements 4k.., its
+        // nibbles 4..7 elements 16 + 4k..; y = d * value (IQ4_XS: (d * scale) * value)
+        float d;
+        if (F == FMT_IQ4_NL) {
+            d = f16_to_f32(ld_u16(srow + SCALE_BYTES_IQ4_NL * u));
+        } else {
+            const u8* sc = srow + SCALE_BYTES_IQ4_XS * (u >> 3);
+            int scale = iq4xs_scale(ld_u16(sc + 2), ld_u32(sc + 4), u & 7);
+            d = mul_rn(f16_to_f32(ld_u16(sc)), (float)scale);
+        }
+        const u8* qs = row + 16 * u;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            u32 w = ld_u32(qs + 4 * k);
+#pragma unroll
+            for (int n = 0; n < 8; n++)
+                v[16 * (n >> 2) + 4 * k + (n & 3)] = mul_rn(d, iq4_value((w >> (4 * n)) & 15u));
         }
     } else if (F == FMT_Q8_0) {
         float d = f16_to_f32(ld_u16(srow + SCALE_BYTES_Q8_0 * u));

@@ -69,7 +69,9 @@ def split_blocks(fmt: WeightFormat, rows: np.ndarray) -> tuple[np.ndarray, np.nd
     (kernels/quant.cuh q6k_scale). Q5_K blocks keep their size and get a new bit layout
     (q5_k_device); Q5_0 and Q5_1 blocks get that bit layout (q5_0_device), then their scale(s)
     and qh word go to the second buffer, leaving 16 code bytes; Q3_K blocks get a bit layout of
-    their own (q3_k_device), then their scales and d go to the second buffer, leaving 96."""
+    their own (q3_k_device), then their scales and d go to the second buffer, leaving 96;
+    IQ4_NL and IQ4_XS codes are reordered (_iq4_codes) and their scales split off, leaving 16
+    and 128."""
     n = rows.shape[0]
     blocks = rows.reshape(n, -1, fmt.block_bytes)
     if fmt.device_repack is not None:
@@ -295,9 +297,64 @@ Q3_K = register(
         device_repack=q3_k_device,
     )
 )
-# The IQ4 formats are dequantized at load on every backend.
-IQ4_NL = register(WeightFormat("IQ4_NL", "iq4_nl", 20, 32, 18, cpu=False, native=False))
-IQ4_XS = register(WeightFormat("IQ4_XS", "iq4_xs", 23, QK_K, 136, cpu=False, native=False))
+
+
+def _iq4_codes(qs: np.ndarray) -> np.ndarray:
+    """16 code bytes of 32 IQ4 elements (..., 16), element j's code the low nibble of byte j
+    and element 16 + j's the high one -> the device order: nibbles n = 0..3 of word k (bits 4n
+    ..) elements 4k + n, nibbles 4..7 elements 16 + 4k + n - 4. Each half of a word is then
+    the 4 selectors of one byte-permute table lookup (kernels/gemv.cuh gv_iq4_word)."""
+    lead = qs.shape[:-1]
+    a = (qs & 15).reshape(*lead, 4, 2, 2)  # word k, byte, nibble
+    b = (qs >> 4).reshape(*lead, 4, 2, 2)
+    pack = np.concatenate([a[..., 0] | a[..., 1] << 4, b[..., 0] | b[..., 1] << 4], axis=-1)
+    return pack.reshape(*lead, 16)
+
+
+def iq4_nl_device(blocks: np.ndarray) -> np.ndarray:
+    """IQ4_NL blocks (rows, blocks, 18) -> the kernels' layout: d, then _iq4_codes."""
+    out = blocks.copy()
+    out[..., 2:] = _iq4_codes(blocks[..., 2:])
+    return out
+
+
+def iq4_xs_device(blocks: np.ndarray) -> np.ndarray:
+    """IQ4_XS blocks (rows, blocks, 136) -> the kernels' layout: d, the scales, then each
+    sub-block's 16 code bytes in _iq4_codes' order."""
+    out = blocks.copy()
+    qs = blocks[..., 8:].reshape(*blocks.shape[:-1], 8, 16)
+    out[..., 8:] = _iq4_codes(qs).reshape(*blocks.shape[:-1], 128)
+    return out
+
+
+# IQ4_NL / IQ4_XS on the device: the codes reordered (_iq4_codes), d (IQ4_XS: d and the 6-bit
+# scales) in the second buffer, so that the row is 16 code bytes per 32 elements.
+IQ4_NL = register(
+    WeightFormat(
+        "IQ4_NL",
+        "iq4_nl",
+        20,
+        32,
+        18,
+        cpu=False,
+        native=True,
+        device_split=(0, 2),
+        device_repack=iq4_nl_device,
+    )
+)
+IQ4_XS = register(
+    WeightFormat(
+        "IQ4_XS",
+        "iq4_xs",
+        23,
+        QK_K,
+        136,
+        cpu=False,
+        native=True,
+        device_split=(0, 8),
+        device_repack=iq4_xs_device,
+    )
+)
 # ModelOpt NVFP4 (safetensors): 16 E2M1 codes in 8 bytes; the block's E4M3 scale lives in a
 # second buffer (one byte per block), times one float32 global scale per tensor. Not the GGUF
 # NVFP4 type (ggml id 40), whose packing differs.

@@ -74,7 +74,7 @@ class GGUFWeight(QuantizedTensor):
 
 # f16 fields inside each block type: byte offsets that must hold finite scales
 _F16_FIELDS = {2: (0,), 3: (0, 2), 6: (0,), 7: (0, 2), 8: (0,), 11: (108,), 12: (0, 2)}
-_F16_FIELDS |= {13: (0, 2), 14: (208,)}
+_F16_FIELDS |= {13: (0, 2), 14: (208,), 20: (0,), 23: (0,)}
 GGUF_IDS = {f.kernel: f.ggml_type for f in formats.GGML.values() if f.native and f.quantized}
 
 
@@ -116,7 +116,7 @@ def rel_err(got, want) -> float:
 
 FORMATS = (
     *("f32", "f16", "bf16", "q4_0", "q4_1", "q8_0", "q4_k", "q5_k", "q6_k", "nvfp4"),
-    *("q5_0", "q5_1", "q3_k"),
+    *("q5_0", "q5_1", "q3_k", "iq4_nl", "iq4_xs"),
 )
 assert set(FORMATS) == {f.kernel for f in formats.FORMATS.values() if f.native}
 PLAIN = ("f32", "f16", "bf16")  # one element per block: rows of any length (a partial unit)
