@@ -9,8 +9,9 @@
 // x = x0 + x1 + x2 exactly (8 + 8 + 8 of float32's 24 significant bits), and every weight
 // value into as many parts as its dequantized values need: one for bf16 and for NVFP4 (E2M1 x
 // E4M3 has at most 6 significant bits; the float32 global scale is applied in the epilogue),
-// two for f16 (11 bits) and Q4_0 (f16 scale x 4-bit code, 14 bits), three for the rest
-// (f32; Q8_0's 18 bits; Q4_1 and the K-quants, whose scale x code - min is a rounded float32).
+// two for f16 (11 bits), Q4_0 and Q5_0 (f16 scale x code - 8 or - 16: 14, 15 bits), three for
+// the rest (f32; Q8_0's 18 bits; Q4_1, Q5_1 and the K-quants, whose scale x code - min is a
+// rounded float32).
 // Every product x_i w_j with i + j <= 2 is accumulated in float32, the smallest first: 3, 5
 // or 6 MMAs per tile. What is left out (i + j >= 3) is below 2^-24 of |x w|, so the GEMM is
 // float32 GEMM up to summation order and matches numpy_ref.linear like the float32 kernels.
@@ -45,7 +46,8 @@
 // The bf16 parts a format's dequantized weights need to be exact (see the top).
 template <int F>
 ATLAS_DEV constexpr int gm_wparts() {
-    return F == FMT_BF16 || F == FMT_NVFP4 ? 1 : F == FMT_F16 || F == FMT_Q4_0 ? 2 : 3;
+    if (F == FMT_BF16 || F == FMT_NVFP4) return 1;
+    return F == FMT_F16 || F == FMT_Q4_0 || F == FMT_Q5_0 ? 2 : 3;
 }
 
 // A tile row is 64 bf16 = 128 bytes = eight 16-byte chunks, unpadded: 3 x parts and up to 3
@@ -170,7 +172,7 @@ ATLAS_DEV bool gm_unit_vec(const u8* __restrict__ row, const u8* __restrict__ sr
         }
         return true;
     }
-    return false;  // Q4_0, Q4_1, Q8_0 (16-byte code units too), Q4_K, Q5_K: deq32
+    return false;  // Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (16-byte code units too), Q3_K, Q4_K, Q5_K: deq32
 }
 
 struct GmArgs {

@@ -8,24 +8,31 @@
 //     dA * sum(vA * xA) + dB * sum(vB * xB) - mA * sum(xA) - mB * sum(xB)
 // with v the decoded codes (integers times a power of two, exact) and the scales and the
 // offset/min applied once per half. Which 32 weights a lane takes:
-//   plain, NVFP4, Q4_0, Q4_1, Q8_0: unit (unit0 + lane); A its elements 0..15, B 16..31.
+//   plain, NVFP4, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, IQ4_XS: unit (unit0 + lane); A its
+//     elements 0..15, B 16..31.
 //   Q4_K, Q5_K: lane l reads bytes 16 * (l & 7) of the 128 code bytes of block (l >> 3) of the
 //     tile: low nibbles are 16 elements of sub-block 2i, high nibbles the same 16 of sub-block
 //     2i + 1 (i = (l & 7) >> 1), so every code byte the lane loads is used.
 //   Q6_K: lane l: 16 of the ql bytes of block (l >> 3), low nibbles sub-block k, high k + 2.
+//   Q3_K: unit (unit0 + lane), lane l & 7 of its block in the device layout
+//     (formats.q3_k_device): 16 bytes of low bits it shares with one lane and 16 of high bits
+//     it shares with three.
 // Every row is a sequence of 16-byte units (Q4_K and Q5_K blocks are 144 and 176 bytes; Q4_0,
-// Q4_1, Q8_0 and Q6_K keep their scales in the second buffer, quant.cuh), so each lane loads
-// its codes (and a K-quant's header, Q5_K's high bits, Q6_K's) with 16-byte loads straight
-// from the row and its block scales with 2- or 4-byte loads; only a weight buffer that is not
-// 16-byte aligned takes deq32 (quant.cuh), with byte loads.
+// Q4_1, Q5_0, Q5_1, Q8_0, Q3_K and Q6_K keep their scales in the second buffer, quant.cuh), so
+// each lane loads its codes (and a K-quant's header, Q5_K's high bits, Q6_K's and Q3_K's) with
+// 16-byte loads straight from the row and its block scales (and Q5_0's, Q5_1's high bits) with
+// 2- or 4-byte loads; only a weight buffer that is not 16-byte aligned takes deq32 (quant.cuh),
+// with byte loads.
 //
 // Decode: 4-bit codes are masked straight into f16 halves (0x000F000F: two codes 16 bits
 // apart; 0x00F000F0: the two high nibbles, 16 times larger), which are f16 subnormals equal to
 // q * 2^-24 (or 16 q * 2^-24) exactly, converted to float32 by one HADD2.F32 each; the 2^24 and
 // 2^20 go into the half's multiplier. Q6_K ORs its high bits into the same halves; Q5_K's
-// device layout (formats.q5_k_device) lets two bit selects and two rotates build four halves
-// of two 5-bit codes each; Q8_0 flips the sign bit (q + 128, unsigned) and folds the 128 into the
-// offset.
+// device layout (formats.q5_k_device), which Q5_0 and Q5_1 share, lets two bit selects and two
+// rotates build four halves of two 5-bit codes each, Q3_K's (formats.q3_k_device) two bit
+// selects and one rotate four halves of two 3-bit codes each; Q8_0 flips the sign bit (q + 128,
+// unsigned) and folds the 128 into the offset; IQ4_NL and IQ4_XS look value + 128 up with byte
+// permutes (gv_iq4_word) and fold the 128 in the same way.
 #pragma once
 #include "quant.cuh"
 
@@ -37,9 +44,10 @@
 template <int F>
 struct GvFmt {
     enum {
-        kquant = F == FMT_Q4_K || F == FMT_Q5_K || F == FMT_Q6_K,
-        sums = F >= FMT_Q4_0 && F <= FMT_Q6_K,  // offsets / mins: the halves' sums of x are read
-        scaled = F >= FMT_Q4_0,                 // the halves have multipliers
+        kquant = F == FMT_Q4_K || F == FMT_Q5_K || F == FMT_Q6_K || F == FMT_Q3_K ||
+                 F == FMT_IQ4_XS,
+        scaled = F != FMT_F32 && F != FMT_F16 && F != FMT_BF16,  // the halves have multipliers
+        sums = scaled && F != FMT_NVFP4,  // offsets / mins: the halves' sums of x are read
     };
 };
 
@@ -49,8 +57,10 @@ ATLAS_DEV bool gemv_aligned(const u8* W, const u8* S, long long row_bytes, long 
                             int f) {
     unsigned long long m = (unsigned long long)W | (unsigned long long)row_bytes;
     unsigned long long s = (unsigned long long)S | (unsigned long long)srow_bytes;
-    bool u16_scales = f == FMT_NVFP4 || f == FMT_Q4_0 || f == FMT_Q8_0 || f == FMT_Q6_K;
-    unsigned long long smask = f == FMT_Q4_1 ? 3ull : u16_scales ? 1ull : 0ull;
+    bool u16_scales = f == FMT_NVFP4 || f == FMT_Q4_0 || f == FMT_Q8_0 || f == FMT_Q6_K ||
+                      f == FMT_Q5_0 || f == FMT_Q3_K || f == FMT_IQ4_NL;
+    bool u32_scales = f == FMT_Q4_1 || f == FMT_Q5_1 || f == FMT_IQ4_XS;
+    unsigned long long smask = u32_scales ? 3ull : u16_scales ? 1ull : 0ull;
     return (m & 15ull) == 0 && (s & smask) == 0;
 }
 
@@ -99,7 +109,7 @@ ATLAS_DEV bool gv_have(int unit0, int lane, int units) {
 // What a lane loads from global memory for one tile, before the barrier.
 struct GvRaw {
     atlas_u4 q[8];
-    u32 sc;
+    u32 sc, sh;  // block scales; Q5_0 and Q5_1: the qh word; Q3_K: d; IQ4_XS: scales_l
 };
 
 // How a loop iteration treats the row's end:
@@ -124,6 +134,30 @@ ATLAS_DEV void gv_fetch(const u8* __restrict__ row, const u8* __restrict__ srow,
         g.q[0] = ld_u4_readonly((const atlas_u4*)row + u);  // qs[16]
         g.sc = F == FMT_Q4_1 ? ld_u32_readonly((const u32*)srow + u)  // d, m
                              : ld_u16_readonly((const u16*)srow + u);  // d
+    } else if (F == FMT_Q5_0) {  // d, qh: 6 bytes a block, so three 2-byte loads
+        g.q[0] = ld_u4_readonly((const atlas_u4*)row + u);
+        const u16* sc = (const u16*)srow + 3 * u;
+        g.sc = ld_u16_readonly(sc);
+        g.sh = ld_u16_readonly(sc + 1) | (ld_u16_readonly(sc + 2) << 16);
+    } else if (F == FMT_Q5_1) {
+        g.q[0] = ld_u4_readonly((const atlas_u4*)row + u);
+        g.sc = ld_u32_readonly((const u32*)srow + 2 * u);      // d, m
+        g.sh = ld_u32_readonly((const u32*)srow + 2 * u + 1);  // qh
+    } else if (F == FMT_Q3_K) {  // lane s of the block (formats.q3_k_device)
+        int s = lane & 7;
+        const atlas_u4* b = (const atlas_u4*)(row + (long long)ROW_BYTES_Q3_K * blk);
+        g.q[0] = ld_u4_readonly(b + (s >> 1));      // low bits: the lane pair's unit
+        g.q[1] = ld_u4_readonly(b + 4 + (s >> 2));  // hmask: the 4 lanes' unit
+        const u16* sc = (const u16*)(srow + (long long)SCALE_BYTES_Q3_K * blk);
+        g.sc = ld_u16_readonly(sc + q3k_lo(s)) | (ld_u16_readonly(sc + q3k_hi(s)) << 16);
+        g.sh = ld_u16_readonly(sc + 6);  // d
+    } else if (F == FMT_IQ4_NL) {
+        g.q[0] = ld_u4_readonly((const atlas_u4*)row + u);
+        g.sc = ld_u16_readonly((const u16*)srow + u);
+    } else if (F == FMT_IQ4_XS) {  // sub-block u % 8 of block u / 8
+        g.q[0] = ld_u4_readonly((const atlas_u4*)row + u);
+        g.sc = ld_u32_readonly((const u32*)srow + 2 * (u >> 3));      // d, scales_h
+        g.sh = ld_u32_readonly((const u32*)srow + 2 * (u >> 3) + 1);  // scales_l
     } else if (F == FMT_Q8_0) {
         g.q[0] = ld_u4_readonly((const atlas_u4*)row + 2 * u);
         g.q[1] = ld_u4_readonly((const atlas_u4*)row + 2 * u + 1);
@@ -190,6 +224,73 @@ ATLAS_DEV void gv_kscales(u32 h1, u32 h2, u32 h3, int i, float* sc, float* mn) {
 // halves (bits 1-8 and 17-24; the rest, rotated by 8, fill the second halves' fields)
 #define Q5K_CODE_BITS 0x01FE01FEu
 
+// Four elements of A (vA[0..3]) and of B (vB[0..3]) from a code word `c` of the device layout of
+// Q5_K, Q5_0 and Q5_1 (formats._q5_words) and `b`, whose bits 0 and 1 of each byte are the
+// extra bits: f16 halves of two 5-bit fields each, A's code at bits 0-4 (q * 2^-24), B's at
+// 5-9 (32 q * 2^-24).
+ATLAS_DEV void gv_q5_word(u32 c, u32 b, float* vA, float* vB) {
+    u32 z02 = bitsel<Q5K_CODE_BITS>(c, b);
+    u32 z13 = rotr32(bitsel<Q5K_CODE_BITS>(b, c), 8);
+    h2_to_f32(z02 & 0x001F001Fu, &vA[0], &vA[2]);
+    h2_to_f32(z13 & 0x001F001Fu, &vA[1], &vA[3]);
+    h2_to_f32(z02 & 0x03E003E0u, &vB[0], &vB[2]);
+    h2_to_f32(z13 & 0x03E003E0u, &vB[1], &vB[3]);
+}
+
+// Four elements of A (vA[0..3]) and of B (vB[0..3]) of a Q3_K lane (formats.q3_k_device) from
+// its low-bits word `c` and its hmask word `h`: two bit selects put each element's high bit
+// above its 2-bit field, so A's halves hold q * 2^(t - 24) and B's q * 2^(t - 20) (q: the 3-bit
+// code, 0..7; t = 2e + r, the lane's field offset). `cm` = 0x00330033 << t: the fields of
+// elements 0 and 2 in `c`; rotated by 8, those of 1 and 3.
+ATLAS_DEV void gv_q3k_word(u32 c, u32 h, int t, u32 cm, float* vA, float* vB) {
+    u32 cm13 = rotr32(cm, 24);
+    u32 z02 = (c & cm) | (h & ~cm);
+    u32 z13 = rotr32((c & cm13) | (h & ~cm13), 8);
+    u32 ma = 0x00070007u << t, mb = ma << 4;
+    h2_to_f32(z02 & ma, &vA[0], &vA[2]);
+    h2_to_f32(z13 & ma, &vA[1], &vA[3]);
+    h2_to_f32(z02 & mb, &vB[0], &vB[2]);
+    h2_to_f32(z13 & mb, &vB[1], &vB[3]);
+}
+
+// Byte permute (PTX prmt, default mode): byte n of the result is byte (s >> 4n) & 7 of the 8
+// bytes (a, b), or, where bit 3 of that nibble is set, its sign bit copied to all 8 bits.
+ATLAS_DEV u32 gv_prmt(u32 a, u32 b, u32 s) {
+#if defined(ATLAS_CUDA) && !defined(ATLAS_PORTABLE)
+    u32 d;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(s));
+    return d;
+#else
+    unsigned long long x = (unsigned long long)b << 32 | a;
+    u32 d = 0;
+#pragma unroll
+    for (int n = 0; n < 4; n++) {
+        u32 sel = (s >> (4 * n)) & 15u, byte = (u32)(x >> (8 * (sel & 7u))) & 0xffu;
+        if (sel & 8u) byte = byte & 0x80u ? 0xffu : 0u;
+        d |= byte << (8 * n);
+    }
+    return d;
+#endif
+}
+
+// Four elements of A (vA[0..3]) and of B (vB[0..3]) from an IQ4 code word in the device order
+// (formats._iq4_codes: A's 4 codes in the low 16 bits, B's in the high), as f16 halves of
+// value + 128 (quant.cuh IQ4_LO0..): table lookups by byte permutes. A half's 4 codes look up
+// the first 8 values (`lo`: a code >= 8 gets the sign of one of them, 0) and, with bit 3 of
+// every code flipped, the last 8 (`hi`); a third permute picks each value from lo or hi by its
+// code's bit 3 and puts a zero byte (the sign of lo's first byte) above it.
+ATLAS_DEV void gv_iq4_word(u32 w, float* vA, float* vB) {
+    u32 wh = w ^ 0x88888888u;
+    u32 i02 = ((w >> 1) & 0x04040404u) | 0x82808280u;  // bytes 0, 2 of lo (hi where bit 3)
+    u32 i13 = ((w >> 5) & 0x04040404u) | 0x83818381u;  // bytes 1, 3
+    u32 loA = gv_prmt(IQ4_LO0, IQ4_LO1, w), hiA = gv_prmt(IQ4_HI0, IQ4_HI1, wh);
+    u32 loB = gv_prmt(IQ4_LO0, IQ4_LO1, w >> 16), hiB = gv_prmt(IQ4_HI0, IQ4_HI1, wh >> 16);
+    h2_to_f32(gv_prmt(loA, hiA, i02), &vA[0], &vA[2]);
+    h2_to_f32(gv_prmt(loA, hiA, i13), &vA[1], &vA[3]);
+    h2_to_f32(gv_prmt(loB, hiB, i02 >> 16), &vB[0], &vB[2]);
+    h2_to_f32(gv_prmt(loB, hiB, i13 >> 16), &vB[1], &vB[3]);
+}
+
 // The signed byte p (0..3) of w as a float.
 ATLAS_DEV float gv_i8(u32 w, int p) { return (float)((int)(w << (24 - 8 * p)) >> 24); }
 
@@ -240,13 +341,8 @@ ATLAS_DEV void gv_decode(const GvRaw& g, int lane, GvUnit& o) {
             if (F == FMT_Q4_K) {
                 gv_nib8(c[k], 0, 0, 0, 0, o.v + 4 * k, o.v + 16 + 4 * k);
             } else {  // the device layout (formats.q5_k_device): two 5-bit fields per half
-                u32 b = rotr32(h[k], 2 * i);  // the lane's extra bits: bits 0 and 1 of each byte
-                u32 z02 = bitsel<Q5K_CODE_BITS>(c[k], b);
-                u32 z13 = rotr32(bitsel<Q5K_CODE_BITS>(b, c[k]), 8);
-                h2_to_f32(z02 & 0x001F001Fu, &o.v[4 * k], &o.v[4 * k + 2]);
-                h2_to_f32(z13 & 0x001F001Fu, &o.v[4 * k + 1], &o.v[4 * k + 3]);
-                h2_to_f32(z02 & 0x03E003E0u, &o.v[16 + 4 * k], &o.v[16 + 4 * k + 2]);
-                h2_to_f32(z13 & 0x03E003E0u, &o.v[16 + 4 * k + 1], &o.v[16 + 4 * k + 3]);
+                // the lane's extra bits: bits 0 and 1 of each byte
+                gv_q5_word(c[k], rotr32(h[k], 2 * i), o.v + 4 * k, o.v + 16 + 4 * k);
             }
         }
         // A: q * 2^-24 (Q4_K, Q5_K); B: 16 q * 2^-24 (Q4_K), 32 q * 2^-24 (Q5_K); exact scalings
@@ -277,6 +373,45 @@ ATLAS_DEV void gv_decode(const GvRaw& g, int lane, GvUnit& o) {
             o.dB = mul_rn(d, GV_2P20);
             o.mA = o.mB = F == FMT_Q4_0 ? mul_rn(d, 8.0f) : -m;
         }
+    } else if (F == FMT_Q5_0 || F == FMT_Q5_1) {
+        // Q5_K's decode (formats.q5_0_device): word k's extra bits are bits 2k, 2k + 1 of qh
+        float d, m;
+        h2_to_f32(g.sc, &d, &m);  // Q5_0: the high half is 0
+        u32 c[4] = {g.q[0].x, g.q[0].y, g.q[0].z, g.q[0].w};
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            gv_q5_word(c[k], rotr32(g.sh, 2 * k), o.v + 4 * k, o.v + 16 + 4 * k);
+        o.dA = mul_rn(d, GV_2P24);
+        o.dB = mul_rn(d, GV_2P24 / 32.0f);
+        o.mA = o.mB = F == FMT_Q5_0 ? mul_rn(d, 16.0f) : -m;
+    } else if (F == FMT_Q3_K) {
+        int s = lane & 7, t = 2 * (s & 1) + ((s >> 1) & 1);
+        u32 cm = 0x00330033u << t;
+        u32 c[4] = {g.q[0].x, g.q[0].y, g.q[0].z, g.q[0].w};
+        u32 h[4] = {g.q[1].x, g.q[1].y, g.q[1].z, g.q[1].w};
+#pragma unroll
+        for (int k = 0; k < 4; k++) gv_q3k_word(c[k], h[k], t, cm, o.v + 4 * k, o.v + 16 + 4 * k);
+        int a, b;
+        q3k_scales(g.sc & 0xffffu, g.sc >> 16, s, &a, &b);
+        float d;
+        h2_to_f32(g.sh, &d, &dummy);
+        // value = d sc (q - 4), every product exact: the halves hold q * 2^(t - 24) (A) and
+        // 16 q * 2^(t - 24) (B)
+        float da = mul_rn(d, __uint_as_float((u32)(127 + 24 - t) << 23));  // d * 2^(24 - t)
+        o.dA = mul_rn(da, (float)a);
+        o.dB = mul_rn(mul_rn(da, 0.0625f), (float)b);
+        float d4 = mul_rn(d, 4.0f);
+        o.mA = mul_rn(d4, (float)a);
+        o.mB = mul_rn(d4, (float)b);
+    } else if (F == FMT_IQ4_NL || F == FMT_IQ4_XS) {
+        u32 c[4] = {g.q[0].x, g.q[0].y, g.q[0].z, g.q[0].w};
+#pragma unroll
+        for (int k = 0; k < 4; k++) gv_iq4_word(c[k], o.v + 4 * k, o.v + 16 + 4 * k);
+        float d;
+        h2_to_f32(g.sc, &d, &dummy);
+        if (F == FMT_IQ4_XS) d = mul_rn(d, (float)iq4xs_scale(g.sc >> 16, g.sh, lane & 7));
+        o.dA = o.dB = mul_rn(d, GV_2P24);  // the halves: (value + 128) * 2^-24
+        o.mA = o.mB = mul_rn(d, 128.0f);
     } else if (F == FMT_Q6_K) {
         // lane (hh, kk, h16) = bits (2, 1, 0) of lane & 7: half hh of the block, sub-blocks
         // kk (low nibbles, A) and kk + 2 (high, B) of it, their elements 16 h16 .. + 15

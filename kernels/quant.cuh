@@ -6,9 +6,14 @@
 // Q4_1, Q8_0 and Q6_K keep each block's f16 scale(s) there too (d; d, m for Q4_1); the rest of
 // the block stays in the row in GGUF's order, but for Q6_K's 16 int8 scales (reordered: see
 // q6k_scale; backend/formats.py split_blocks), so the codes are 16-byte units (16, 16, 32,
-// 208 bytes per block) that the GEMV loads straight from the row. Every format is dequantized
-// with the same float32 operations, in the same order, as the numpy reference (loaders/quant.py for
-// GGUF, loaders' NVFP4 dequantize for NVFP4), so that dequantization is bit-exact.
+// 208 bytes per block) that the GEMV loads straight from the row. Q5_0 and Q5_1 keep their
+// scale(s) and qh word there (6, 8 bytes) and 16 code bytes in the row, in Q5_K's device bit
+// layout (q5_codes4). Q3_K keeps its 12 scale bytes and d there (14 bytes), its 96 bytes of
+// low bits and hmask in the row in a bit layout of its own (formats.q3_k_device). IQ4_NL and
+// IQ4_XS keep d (and IQ4_XS's scales: 8 bytes) there, 16 reordered code bytes per 32 elements
+// in the row (formats._iq4_codes). Every format is dequantized with the same float32
+// operations, in the same order, as the numpy reference (loaders/quant.py for GGUF, loaders'
+// NVFP4 dequantize for NVFP4), so that dequantization is bit-exact.
 // Block layouts: docs/formats.md. Each format's facts are registered in backend/formats.py;
 // tests/test_formats.py checks that the FMT_ list and the BLOCK_ sizes below agree with it.
 #pragma once
@@ -24,9 +29,15 @@
 #define FMT_Q5_K 7
 #define FMT_Q6_K 8
 #define FMT_NVFP4 9
+#define FMT_Q5_0 10
+#define FMT_Q5_1 11
+#define FMT_Q3_K 12
+#define FMT_IQ4_NL 13
+#define FMT_IQ4_XS 14
 
 // Elements and bytes of one block as stored (NVFP4: 16 codes in 8 bytes; the block's E4M3
-// scale is one byte of the second buffer; Q4_0/Q4_1/Q8_0/Q6_K: SCALE_BYTES of them there).
+// scale is one byte of the second buffer; the GGUF formats with a SCALE_BYTES: that many of
+// them there: the f16 scales, Q5_0's and Q5_1's qh word, Q3_K's and IQ4_XS's 6-bit scales).
 // A unit of 32 elements is one Q4_0/Q4_1/Q8_0 block, an eighth of a K-quant block, two NVFP4
 // blocks.
 #define BLOCK_ELEMS_F32 1
@@ -49,11 +60,27 @@
 #define BLOCK_BYTES_Q6_K 210
 #define BLOCK_ELEMS_NVFP4 16
 #define BLOCK_BYTES_NVFP4 8
+#define BLOCK_ELEMS_Q5_0 32
+#define BLOCK_BYTES_Q5_0 22
+#define BLOCK_ELEMS_Q5_1 32
+#define BLOCK_BYTES_Q5_1 24
+#define BLOCK_ELEMS_Q3_K 256
+#define BLOCK_BYTES_Q3_K 110
+#define BLOCK_ELEMS_IQ4_NL 32
+#define BLOCK_BYTES_IQ4_NL 18
+#define BLOCK_ELEMS_IQ4_XS 256
+#define BLOCK_BYTES_IQ4_XS 136
 #define SCALE_BYTES_Q4_0 2
 #define SCALE_BYTES_Q4_1 4
 #define SCALE_BYTES_Q8_0 2
+#define SCALE_BYTES_Q5_0 6
+#define SCALE_BYTES_Q5_1 8
 #define SCALE_BYTES_Q6_K 2
+#define SCALE_BYTES_Q3_K 14
+#define SCALE_BYTES_IQ4_NL 2
+#define SCALE_BYTES_IQ4_XS 8
 #define ROW_BYTES_Q6_K (BLOCK_BYTES_Q6_K - SCALE_BYTES_Q6_K)  // 208: ql, qh, scales
+#define ROW_BYTES_Q3_K (BLOCK_BYTES_Q3_K - SCALE_BYTES_Q3_K)  // 96: low bits, hmask
 
 // X(name, FMT_ID) for every format: used to stamp out one extern "C" entry point per format.
 #define ATLAS_FOR_EACH_FORMAT(X) \
@@ -66,7 +93,12 @@
     X(q4_k, FMT_Q4_K)            \
     X(q5_k, FMT_Q5_K)            \
     X(q6_k, FMT_Q6_K)            \
-    X(nvfp4, FMT_NVFP4)
+    X(nvfp4, FMT_NVFP4)          \
+    X(q5_0, FMT_Q5_0)            \
+    X(q5_1, FMT_Q5_1)            \
+    X(q3_k, FMT_Q3_K)            \
+    X(iq4_nl, FMT_IQ4_NL)        \
+    X(iq4_xs, FMT_IQ4_XS)
 
 ATLAS_DEV u16 ld_u16(const u8* p) { return (u16)(p[0] | (p[1] << 8)); }
 ATLAS_DEV u32 ld_u32(const u8* p) { return (u32)ld_u16(p) | ((u32)ld_u16(p + 2) << 16); }
@@ -86,22 +118,62 @@ ATLAS_DEV void k_scale_min(const u8* s, int j, u32* sc, u32* m) {
 // GEMV lane needs, i and i + 4 (i = 8h + 2k + j, k < 2), are adjacent, at 2 (4h + 2k + j).
 ATLAS_DEV int q6k_scale(int i) { return 2 * (4 * (i >> 3) + (i & 3)) + ((i >> 2) & 1); }
 
-// Elements 4g .. 4g + 3 of sub-block j of a Q5_K block in the device layout
-// (formats.q5_k_device): pair p = j / 2 keeps, per group of 4 elements, one code word (rotated
-// left by 1: bytes of an even sub-block's code / 2 and an odd one's low 4 bits) and, in bits
-// 2p and 2p + 1 of the group's 4 qh bytes, the even code's lowest bit and the odd code's fifth
-// bit (the latter one byte further on, so that the decode's bit selects line up: gemv.cuh).
-ATLAS_DEV void q5k_codes4(const u8* b, int j, int g, u32* q) {
-    int p = j >> 1;
-    const u8* cw = b + 48 + 32 * p + 4 * g;
-    const u8* qh = b + 16 + 4 * g;
-    u32 w = rotr32(ld_u32(cw), 1), h = ld_u32(qh);
+// Four 5-bit codes of half A (odd = 0) or B (odd = 1) from a code word of the device layout of
+// Q5_K, Q5_0 and Q5_1 (formats._q5_words): the word holds, rotated left by 1, the bytes (A >> 1)
+// | (B & 15) << 4 of 4 elements, and bits p, p + 1 of the 4 bytes of `h` hold A's lowest bit
+// and B's fifth bit (the latter one byte further on, so that the decode's bit selects line up:
+// gemv.cuh gv_q5_word).
+ATLAS_DEV void q5_codes4(u32 word, u32 h, int p, int odd, u32* q) {
+    u32 w = rotr32(word, 1);
 #pragma unroll
     for (int jj = 0; jj < 4; jj++) {
         u32 byte = w >> (8 * jj);
-        if ((j & 1) == 0) q[jj] = ((byte & 15u) << 1) | ((h >> (8 * jj + 2 * p)) & 1u);
-        else q[jj] = ((byte >> 4) & 15u) | (((h >> (8 * ((jj + 1) & 3) + 2 * p + 1)) & 1u) << 4);
+        if (!odd) q[jj] = ((byte & 15u) << 1) | ((h >> (8 * jj + p)) & 1u);
+        else q[jj] = ((byte >> 4) & 15u) | (((h >> (8 * ((jj + 1) & 3) + p + 1)) & 1u) << 4);
     }
+}
+
+// Elements 4g .. 4g + 3 of sub-block j of a Q5_K block in the device layout
+// (formats.q5_k_device): pair p = j / 2 keeps one code word per group of 4 elements, its extra
+// bits in bits 2p and 2p + 1 of the group's 4 qh bytes.
+ATLAS_DEV void q5k_codes4(const u8* b, int j, int g, u32* q) {
+    int p = j >> 1;
+    q5_codes4(ld_u32(b + 48 + 32 * p + 4 * g), ld_u32(b + 16 + 4 * g), 2 * p, j & 1, q);
+}
+
+// The 6-bit scales (minus 32) of Q3_K sub-blocks 2s and 2s + 1 (16 elements each; GGUF order)
+// from the block's 12 scale bytes: their low nibbles are nibble s / 4 of bytes 2 (s % 4) and
+// 2 (s % 4) + 1 (`lo`, those two bytes), their high 2 bits bits 2 (s / 2) of bytes 8 + 2 (s % 2)
+// and 9 + 2 (s % 2) (`hi`).
+ATLAS_DEV void q3k_scales(u32 lo, u32 hi, int s, int* a, int* b) {
+    u32 sc = ((lo >> (4 * (s >> 2))) & 0x0F0Fu) | (((hi >> (2 * (s >> 1))) & 0x0303u) << 4);
+    *a = (int)(sc & 0xffu) - 32;
+    *b = (int)((sc >> 8) & 0xffu) - 32;
+}
+
+// Where the scale bytes of q3k_scales are among the 14 of a Q3_K block's second buffer (12
+// scale bytes, d), as u16 indices: lo, hi.
+ATLAS_DEV int q3k_lo(int s) { return s & 3; }
+ATLAS_DEV int q3k_hi(int s) { return 4 + (s & 1); }
+
+// IQ4_NL / IQ4_XS: a 4-bit code q stands for ggml's kvalues_iq4nl[q], int8 -127..113; here
+// those plus 128 (1..241) as bytes, q = 0..3, 4..7, 8..11, 12..15: IQ4_LO0, IQ4_LO1, IQ4_HI0,
+// IQ4_HI1. The first 8 are below 128, which the GEMV's byte permutes rely on (gv_iq4_word).
+#define IQ4_LO0 0x3F2D1801u
+#define IQ4_LO1 0x766A5D4Fu
+#define IQ4_HI0 0xA6998D81u
+#define IQ4_HI1 0xF1D9C5B5u
+
+// The IQ4 value of code q (0..15), exactly.
+ATLAS_DEV float iq4_value(u32 q) {
+    u32 w = q & 8u ? (q & 4u ? IQ4_HI1 : IQ4_HI0) : (q & 4u ? IQ4_LO1 : IQ4_LO0);
+    return (float)((int)((w >> (8 * (q & 3u))) & 0xffu) - 128);
+}
+
+// The 6-bit scale (minus 32) of IQ4_XS sub-block j from the block's scales_h (u16) and
+// scales_l (4 bytes, as a u32): nibble j of scales_l, bits 2j, 2j + 1 of scales_h.
+ATLAS_DEV int iq4xs_scale(u32 sh, u32 sl, int j) {
+    return (int)(((sl >> (4 * j)) & 15u) | (((sh >> (2 * j)) & 3u) << 4)) - 32;
 }
 
 // Elements [32u, 32u+32) of one row into v[0..31].
@@ -137,6 +209,71 @@ ATLAS_DEV void deq32(const u8* __restrict__ row, const u8* __restrict__ srow, fl
         for (int j = 0; j < 16; j++) {
             v[j] = add_rn(mul_rn(d, (float)(qs[j] & 15)), m);
             v[j + 16] = add_rn(mul_rn(d, (float)(qs[j] >> 4)), m);
+        }
+    } else if (F == FMT_Q5_0 || F == FMT_Q5_1) {
+        // the device layout (formats.q5_0_device): group k's 4 code words in word k of the
+        // unit's 16 bytes, their extra bits in bits 2k, 2k + 1 of the qh word
+        const u8* sc = srow + (F == FMT_Q5_0 ? SCALE_BYTES_Q5_0 : SCALE_BYTES_Q5_1) * u;
+        float d = f16_to_f32(ld_u16(sc));
+        float m = F == FMT_Q5_1 ? f16_to_f32(ld_u16(sc + 2)) : 0.0f;
+        u32 h = ld_u32(sc + (F == FMT_Q5_0 ? 2 : 4));
+        const u8* qs = row + 16 * u;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+#pragma unroll
+            for (int odd = 0; odd < 2; odd++) {
+                u32 q[4];
+                q5_codes4(ld_u32(qs + 4 * k), h, 2 * k, odd, q);
+#pragma unroll
+                for (int jj = 0; jj < 4; jj++) {
+                    float* o = &v[16 * odd + 4 * k + jj];
+                    if (F == FMT_Q5_0) *o = mul_rn(d, (float)((int)q[jj] - 16));
+                    else *o = add_rn(mul_rn(d, (float)q[jj]), m);
+                }
+            }
+        }
+    } else if (F == FMT_Q3_K) {
+        // the device layout (formats.q3_k_device): the unit is lane s of the block's 8
+        int s = u & 7, e = s & 1, r = (s >> 1) & 1;
+        const u8* b = row + ROW_BYTES_Q3_K * (u >> 3);
+        const u8* sc = srow + SCALE_BYTES_Q3_K * (u >> 3);
+        float d = f16_to_f32(ld_u16(sc + 12));
+        int a, bb;
+        q3k_scales(ld_u16(sc + 2 * q3k_lo(s)), ld_u16(sc + 2 * q3k_hi(s)), s, &a, &bb);
+        float dsc[2] = {mul_rn(d, (float)a), mul_rn(d, (float)bb)};
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            u32 c = rotr32(ld_u32(b + 16 * (s >> 1) + 4 * k), r);
+            u32 h = rotr32(ld_u32(b + 64 + 16 * (s >> 2) + 4 * k), r);
+#pragma unroll
+            for (int half = 0; half < 2; half++) {
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    int f = 2 * e + 4 * half;  // the 2-bit field's bit in byte j
+                    u32 lo = (c >> (8 * j + f)) & 3u;
+                    u32 hb = (h >> ((f + 2 + 16 * (j >> 1) + 8 * (j & 1)) & 31)) & 1u;
+                    v[16 * half + 4 * k + j] = mul_rn(dsc[half], (float)((int)(lo | hb << 2) - 4));
+                }
+            }
+        }
+    } else if (F == FMT_IQ4_NL || F == FMT_IQ4_XS) {
+        // the device order (formats._iq4_codes): word k's nibbles 0..3 are elements 4k.., its
+        // nibbles 4..7 elements 16 + 4k..; y = d * value (IQ4_XS: (d * scale) * value)
+        float d;
+        if (F == FMT_IQ4_NL) {
+            d = f16_to_f32(ld_u16(srow + SCALE_BYTES_IQ4_NL * u));
+        } else {
+            const u8* sc = srow + SCALE_BYTES_IQ4_XS * (u >> 3);
+            int scale = iq4xs_scale(ld_u16(sc + 2), ld_u32(sc + 4), u & 7);
+            d = mul_rn(f16_to_f32(ld_u16(sc)), (float)scale);
+        }
+        const u8* qs = row + 16 * u;
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            u32 w = ld_u32(qs + 4 * k);
+#pragma unroll
+            for (int n = 0; n < 8; n++)
+                v[16 * (n >> 2) + 4 * k + (n & 3)] = mul_rn(d, iq4_value((w >> (4 * n)) & 15u));
         }
     } else if (F == FMT_Q8_0) {
         float d = f16_to_f32(ld_u16(srow + SCALE_BYTES_Q8_0 * u));

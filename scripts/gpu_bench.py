@@ -43,7 +43,7 @@ from atlas_cli.backend.ops.native import device as native  # noqa: E402
 from atlas_cli.backend.ops.native.placement import to_device  # noqa: E402
 from tests.gpu import checks  # noqa: E402
 
-FORMATS = "bf16,q4_0,q4_1,q8_0,q4_k,q5_k,q6_k,nvfp4"
+FORMATS = "bf16,q4_0,q4_1,q5_0,q5_1,q8_0,q3_k,q4_k,q5_k,q6_k,iq4_nl,iq4_xs,nvfp4"
 
 QWEN27B = dict(  # Qwen3.6-27B's text config (docs/formats.md, "Qwen3.5")
     model_type="qwen3_5",

@@ -15,12 +15,12 @@ import pytest
 
 from atlas_cli.backend.ops import numpy_ref as ref
 from atlas_cli.backend.ops.native import gemm_check, runtime_emu
-from tests.gpu.checks import E2M1, E4M3, FORMATS, PLAIN, random_weight, rel_err
+from tests.gpu.checks import E2M1, E4M3, FORMATS, PLAIN, col_step, random_weight, rel_err
 from tests.test_gemm_sass import WEIGHT_PARTS
 
 
 def _cols(fmt: str, base: int) -> int:
-    step = 256 if fmt in ("q4_k", "q5_k", "q6_k") else 32
+    step = col_step(fmt)
     return max(step, -(-base // step) * step)
 
 
@@ -120,7 +120,8 @@ def _split(v: np.ndarray) -> list[np.ndarray]:
 def test_the_weight_parts_are_exact_for_every_value_of_their_format():
     """gemm.cu multiplies 1 or 2 bf16 parts of these formats' weights: exhaustively, every
     value they dequantize to is that many parts exactly (NVFP4 without its global scale, which
-    the epilogue applies; Q4_0 as f16 scale x (code - 8)); and any float32 is three."""
+    the epilogue applies; Q4_0 and Q5_0 as f16 scale x (code - 8 or - 16)); and any float32 is
+    three."""
     f16 = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
     f16 = f16[np.isfinite(f16)]
     values = {
@@ -128,6 +129,7 @@ def test_the_weight_parts_are_exact_for_every_value_of_their_format():
         "nvfp4": (E2M1[:, None] * E4M3[None, :]).ravel(),
         "f16": f16,
         "q4_0": (f16[:, None] * np.arange(-8, 8, dtype=np.float32)[None, :]).ravel(),
+        "q5_0": (f16[:, None] * np.arange(-16, 16, dtype=np.float32)[None, :]).ravel(),
     }
     assert set(values) == set(WEIGHT_PARTS)
     for fmt, v in values.items():

@@ -15,11 +15,12 @@ import pytest
 from atlas_cli.backend.ops.native import nvrtc
 from atlas_cli.backend.ops.native import runtime as rt
 from tests import machine_code
+from tests.gpu.checks import FORMATS
 
-GEMM_FORMATS = ("f32", "f16", "bf16", "q4_0", "q4_1", "q8_0", "q4_k", "q5_k", "q6_k", "nvfp4")
+GEMM_FORMATS = FORMATS
 # bf16 parts of the dequantized weight (gemm.cu gm_wparts): exact in one for bf16 and NVFP4
-# (E2M1 x E4M3), in two for f16 and Q4_0
-WEIGHT_PARTS = {"bf16": 1, "nvfp4": 1, "f16": 2, "q4_0": 2}
+# (E2M1 x E4M3), in two for f16, Q4_0 and Q5_0
+WEIGHT_PARTS = {"bf16": 1, "nvfp4": 1, "f16": 2, "q4_0": 2, "q5_0": 2}
 # products x_i w_j with i + j <= 2, x in three parts: 3, 5 or 6 per output tile and k16 slice
 PRODUCTS = {1: 3, 2: 5, 3: 6}
 

@@ -18,6 +18,7 @@ import pytest
 
 from atlas_cli.backend.ops.native import runtime_emu
 from tests import machine_code
+from tests.gpu.checks import col_step
 
 
 @pytest.fixture(scope="module")
@@ -61,9 +62,19 @@ def _decode_loop(fns, name: str) -> tuple[collections.Counter, int]:
 # 5.33, 2.77, 1.98. With Q4_0/Q4_1/Q8_0/Q6_K blocks copied whole through shared memory (their
 # scales in the row, one unit per lane): 6.06, 6.16, 7.53, 7.84; with deq32's byte loads for
 # every GGUF format: NVFP4 5.69, Q4_0 7.7, Q4_1 9.6, Q8_0 6.4, Q4_K 10.8, Q5_K 14.8, Q6_K 14.0,
-# bf16/f16 3.47, f32 2.5. The bounds leave ~2% for compiler drift and never exceed
-# MAX_PER_WEIGHT.
+# bf16/f16 3.47, f32 2.5. Q5_0 4.16 and Q5_1 4.09 (Q4_0's decode plus Q5_K's two bit selects
+# and rotates per 8 weights, and Q5_0's three 2-byte loads of d and qh). Q3_K 4.58 (4.80 with
+# the hmask word rotated per lane in the loop rather than the code word at upload). The bounds
+# leave ~2% for compiler drift and never exceed MAX_PER_WEIGHT.
 MAX_PER_WEIGHT = 5.0
+# IQ4_NL and IQ4_XS codes index a table of 16 non-linear values, which no mask turns into f16
+# halves: every 4 weights take three byte permutes (a lookup in each half of the table, then a
+# pick by each code's top bit that also puts the zero byte above each value) and ~2 more
+# instructions for their selectors, ~1.1 per weight above Q4_0's decode. Measured 5.88 and
+# 6.28 (IQ4_XS: its 6-bit scale per lane unit), of which ~0.45 are moves of the table's
+# register operands into each permute (ptxas keeps the constants in uniform registers).
+TABLE_FORMATS = {"iq4_nl", "iq4_xs"}
+MAX_PER_WEIGHT_TABLE = 6.5
 FAST_PATHS = [
     ("nvfp4", 4, 4.63),
     ("q4_k", 4, 4.48),
@@ -72,17 +83,30 @@ FAST_PATHS = [
     ("q4_1", 4, 3.75),
     ("q8_0", 4, 4.43),
     ("q6_k", 4, 4.91),
+    ("q5_0", 4, 4.24),
+    ("q5_1", 4, 4.18),
+    ("q3_k", 4, 4.67),
+    ("iq4_nl", 4, 6.00),
+    ("iq4_xs", 4, 6.41),
     ("bf16", 4, 2.66),
     ("f16", 4, 2.66),
     ("f32", 2, 1.85),
 ]
-assert all(bound <= MAX_PER_WEIGHT for _, _, bound in FAST_PATHS)
+assert all(
+    bound <= (MAX_PER_WEIGHT_TABLE if fmt in TABLE_FORMATS else MAX_PER_WEIGHT)
+    for fmt, _, bound in FAST_PATHS
+)
 # 16-byte weight loads per 32 weights, straight from the row (Q6_K: ql and qh; its scales: below)
 ROW_LOADS = {"nvfp4": 1, "q4_0": 1, "q4_1": 1, "q8_0": 2, "q4_k": 2, "q5_k": 3, "q6_k": 2}
-ROW_LOADS |= {"bf16": 4, "f16": 4, "f32": 8}
-# 2-byte loads of block scales per 32 weights (Q4_1's d and m: one 4-byte load; Q6_K: the
-# lane's two int8 scales and d)
-SCALE_LOADS = {"nvfp4": 1, "q4_0": 1, "q8_0": 1, "q6_k": 2}
+ROW_LOADS |= {"bf16": 4, "f16": 4, "f32": 8, "q5_0": 1, "q5_1": 1, "q3_k": 2}
+ROW_LOADS |= {"iq4_nl": 1, "iq4_xs": 1}
+# 2-byte loads of block scales per 32 weights (Q6_K: the lane's two int8 scales and d; Q5_0:
+# d and the two halves of qh, 6 bytes a block; Q3_K: the two bytes of each of the lane's two
+# scales' low and high bits, d)
+SCALE_LOADS = {"nvfp4": 1, "q4_0": 1, "q8_0": 1, "q6_k": 2, "q5_0": 3, "q3_k": 3, "iq4_nl": 1}
+# 4-byte loads of them (Q4_1's d and m; Q5_1's d and m, and qh; IQ4_XS's d and scales_h, and
+# scales_l)
+WORD_LOADS = {"q4_1": 1, "q5_1": 2, "iq4_xs": 2}
 
 
 @pytest.mark.parametrize("fmt,units,bound", FAST_PATHS)
@@ -93,7 +117,7 @@ def test_sm90_decode_loop_uses_128_bit_loads(sass, fmt, units, bound):
     x_loads = units  # one 16-byte load of x per staged tile
     assert c["LDG.E.128.CONSTANT"] == units * ROW_LOADS[fmt] + x_loads, c
     assert c["LDG.E.U16.CONSTANT"] == units * SCALE_LOADS.get(fmt, 0), c
-    assert c["LDG.E.CONSTANT"] == (units if fmt == "q4_1" else 0), c
+    assert c["LDG.E.CONSTANT"] == units * WORD_LOADS.get(fmt, 0), c
     # one FFMA per weight, plus the halves' multipliers and offsets/mins once per 16 weights
     per_unit = 0 if fmt in ("bf16", "f16", "f32") else 2 if fmt == "nvfp4" else 4
     assert c["FFMA"] <= weights + units * per_unit + 2, c
@@ -107,7 +131,10 @@ def test_sm90_nvfp4_decode_has_no_compare_select(sass):
     assert c["HADD2.F32"] == weights + weights // 16, c  # codes + block scales, exact from f16
 
 
-@pytest.mark.parametrize("fmt", ["q4_0", "q4_1", "q8_0", "q4_k", "q5_k", "q6_k"])
+@pytest.mark.parametrize(
+    "fmt",
+    ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_nl", "iq4_xs"],
+)
 def test_sm90_gguf_decode_is_branch_free(sass, fmt):
     """The nibbles are masked into f16 halves: no int-to-float conversion per weight, no
     compare/select; the block scales are the only integers converted."""
@@ -151,11 +178,20 @@ DG_MEASURED = {
     "q4_1": (3.29, 3.26),
     "q8_0": (3.93, 3.90),
     "q6_k": (4.55, 4.65),
+    "q5_0": (3.74, 3.70),
+    "q5_1": (3.68, 3.64),
+    "q3_k": (4.36, 4.53),
+    "iq4_nl": (5.49, 5.46),
+    "iq4_xs": (5.87, 5.81),
     "bf16": (2.41, 2.27),
     "f16": (2.41, 2.32),
     "f32": (1.77, 1.55),
 }
-assert all(m * 1.02 <= MAX_PER_WEIGHT for ms in DG_MEASURED.values() for m in ms)
+assert all(
+    m * 1.02 <= (MAX_PER_WEIGHT_TABLE if fmt in TABLE_FORMATS else MAX_PER_WEIGHT)
+    for fmt, ms in DG_MEASURED.items()
+    for m in ms
+)
 
 
 @pytest.mark.parametrize("fmt", [f for f, _, _ in FAST_PATHS])
@@ -179,7 +215,8 @@ def test_sm90_dgemv_bodies(decode_sass, fmt):
         pair = c["LDS.128"] == 8 * bodies["pair"][1]  # its one tile; the others' two
         units = bodies["pair" if pair else "none"][0]
         assert not any(op.startswith(("LDG.E.U8", "LDG.E.S8", "LD.E")) for op in c), c
-        assert not c["LDG.E"] and c["LDG.E.U16.CONSTANT"] == units * SCALE_LOADS.get(fmt, 0), c
+        assert c["LDG.E"] == 0 and c["LDG.E.CONSTANT"] == units * WORD_LOADS.get(fmt, 0), c
+        assert c["LDG.E.U16.CONSTANT"] == units * SCALE_LOADS.get(fmt, 0), c
         per_weight = sum(c.values()) / (32 * units)
         bound = DG_MEASURED[fmt][pair] * 1.02
         assert per_weight <= bound, f"dgemv_{fmt}: {per_weight:.2f} per weight, bound {bound:.2f}"
@@ -291,15 +328,15 @@ def test_misaligned_rows_take_the_fallback(emu_ops, t):
 
 # Wide enough for the T == 1 loop over whole tiles (4 tiles of 32 units: 4,096 columns) and
 # then the last, partial tiles; K-quants: whole 256-element blocks
-_EMU_COLS = {"q4_k": 4608, "q5_k": 4608, "q6_k": 4608}
+_EMU_COLS = {f: 4608 for f, _, _ in FAST_PATHS if col_step(f) == 256}
 
 
 @pytest.mark.parametrize("fmt", [f for f, _, _ in FAST_PATHS])
 def test_every_format_matches_numpy(emu_ops, fmt):
     """The 16-byte path (its loop over whole tiles and the last tiles), and the deq32 fallback
     (the codes shifted off 16-byte alignment, or
-    the scales off the alignment of their loads: 2 bytes for Q4_1's 4-byte loads, 1 for the
-    2-byte ones), match x @ W^T of numpy's dequantization for T = 1, 2, 5, 8."""
+    the scales off the alignment of their loads: 2 bytes for Q4_1's and Q5_1's 4-byte loads, 1
+    for the 2-byte ones), match x @ W^T of numpy's dequantization for T = 1, 2, 5, 8."""
     from atlas_cli.backend.ops.native.device import NativeOps
     from tests.gpu.checks import random_weight
 
@@ -315,7 +352,7 @@ def test_every_format_matches_numpy(emu_ops, fmt):
     if dw.srow_bytes:
         sraw = np.empty(dw.rows * dw.srow_bytes, np.uint8)
         emu_ops.rt.d2h(sraw, dw.scales)
-        for shift in (1, 2) if fmt == "q4_1" else (1,):
+        for shift in (1, 2) if fmt in WORD_LOADS else (1,):
             moved.append(type(dw)(**{**vars(dw), "scales": _shifted(emu_ops, sraw, shift)}))
     for t in (1, 2, 5, 8):
         x = rng.standard_normal((t, cols)).astype(np.float32)

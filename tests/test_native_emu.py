@@ -202,6 +202,31 @@ def test_atlas_imports_without_gpu_packages():
     assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr
 
 
+@pytest.mark.parametrize("fmt", sorted(checks.GGUF_IDS))
+def test_dequant_and_embedding_are_bit_exact_with_gguf(emu_ops, fmt):
+    """Every native GGUF block format in its device layout (formats.split_blocks) through
+    dequant_<fmt> and embedding_<fmt>, against gguf-py's own dequantizer: blocks gguf quantizes
+    from normal values where it can (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), else random bytes with
+    finite f16 scales (checks.random_weight), which reach every code and bit pattern."""
+    import gguf as gguf_package
+
+    from atlas_cli.backend.loaders.gguf import QuantizedTensor
+
+    rng = np.random.default_rng(sorted(checks.GGUF_IDS).index(fmt))
+    rows, cols = 9, 4 * checks.col_step(fmt)
+    qtype = gguf_package.GGMLQuantizationType(checks.GGUF_IDS[fmt])
+    try:
+        values = rng.standard_normal((rows, cols)).astype(np.float32)
+        blocks = gguf_package.quants.quantize(values, qtype)
+    except NotImplementedError:
+        blocks = checks.random_weight(fmt, rows, cols, rng, reference=False)[0].blocks
+    want = gguf_package.quants.dequantize(blocks, qtype)
+    w = emu_ops.prepare_weight(QuantizedTensor(int(qtype), (rows, cols), blocks))
+    np.testing.assert_array_equal(emu_ops.dequantize(w).numpy(), want)
+    ids = np.array([4, 0, 8, 4])
+    np.testing.assert_array_equal(emu_ops.embedding(w, ids).numpy(), want[ids])
+
+
 def test_real_gguf_weights_on_device_layout(emu_ops, smollm2_path):
     """The default model's own Q4_1 and Q8_0 blocks, laid out as the native loader lays them
     out (load_model's `_to_device`): kernels dequantize, embed and multiply them exactly as the

@@ -67,7 +67,11 @@ def split_blocks(fmt: WeightFormat, rows: np.ndarray) -> tuple[np.ndarray, np.nd
     the GEMV reads with 16-byte loads straight from the row (kernels/gemv.cuh); Q6_K's 16 int8
     scales are reordered so that the two a GEMV lane multiplies by are adjacent
     (kernels/quant.cuh q6k_scale). Q5_K blocks keep their size and get a new bit layout
-    (q5_k_device)."""
+    (q5_k_device); Q5_0 and Q5_1 blocks get that bit layout (q5_0_device), then their scale(s)
+    and qh word go to the second buffer, leaving 16 code bytes; Q3_K blocks get a bit layout of
+    their own (q3_k_device), then their scales and d go to the second buffer, leaving 96;
+    IQ4_NL and IQ4_XS codes are reordered (_iq4_codes) and their scales split off, leaving 16
+    and 128."""
     n = rows.shape[0]
     blocks = rows.reshape(n, -1, fmt.block_bytes)
     if fmt.device_repack is not None:
@@ -103,47 +107,119 @@ BF16 = register(WeightFormat("BF16", "bf16", 30, 1, 2, cpu=True, native=True))
 Q4_0 = register(WeightFormat("Q4_0", "q4_0", 2, 32, 18, cpu=True, native=True, device_split=(0, 2)))
 Q4_1 = register(WeightFormat("Q4_1", "q4_1", 3, 32, 20, cpu=True, native=True, device_split=(0, 4)))
 Q8_0 = register(WeightFormat("Q8_0", "q8_0", 8, 32, 34, cpu=True, native=True, device_split=(0, 2)))
+
+
+def _in_steps(repack: Callable[[np.ndarray], np.ndarray]) -> Callable[[np.ndarray], np.ndarray]:
+    """A device_repack done a few thousand blocks at a time: its temporaries are ~6x the
+    blocks."""
+
+    def run(blocks: np.ndarray) -> np.ndarray:
+        out = np.empty_like(blocks)
+        step = max(1, 8192 // max(1, blocks.shape[1]))
+        for r in range(0, blocks.shape[0], step):
+            out[r : r + step] = repack(blocks[r : r + step])
+        return out
+
+    run.__doc__ = repack.__doc__
+    return run
+
+
+def _q5_words(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The 5-bit codes of two halves A, B (..., groups, 4) -> per group of 4 elements the
+    device's code word (..., groups) uint32, rotated left by 1, of the 4 bytes (A >> 1) |
+    (B & 15) << 4, and per byte j the two extra bits (..., groups, 4): A's lowest (element j)
+    and B's fifth (element j - 1 mod 4) as bits 0 and 1, which the decode ORs in one byte
+    further on (kernels/gemv.cuh gv_q5_word, kernels/quant.cuh q5_codes4)."""
+    word = ((a >> 1) | ((b & 15) << 4)).astype(np.uint32)
+    word = word[..., 0] | word[..., 1] << 8 | word[..., 2] << 16 | word[..., 3] << 24
+    word = (word << 1 | word >> 31) & 0xFFFFFFFF
+    extra = (a & 1) | (b[..., [3, 0, 1, 2]] >> 4) << 1
+    return word, extra
+
+
+def _word_bytes(word: np.ndarray) -> np.ndarray:
+    """uint32 words (..., n) -> their little-endian bytes (..., 4 n)."""
+    return word.astype("<u4").view(np.uint8).reshape(*word.shape[:-1], -1)
+
+
+def _q5_0_device(blocks: np.ndarray) -> np.ndarray:
+    """Q5_0 / Q5_1 blocks (rows, blocks, 22 or 24) -> the kernels' layout, same size: the
+    scale(s) as stored, then the qh word and the 16 code bytes in Q5_K's device bit layout
+    (q5_k_device), with the 4 elements j of group k in code word k and their extra bits in
+    bits 2k, 2k + 1 of qh byte j. A GEMV lane then decodes its 32 elements as a Q5_K lane
+    does its two sub-blocks' 32, from one 16-byte load and one qh word."""
+    lead, at = blocks.shape[:-1], blocks.shape[-1] - 20  # the qh word's offset: 2 or 4
+    qh = np.unpackbits(blocks[..., at : at + 4], axis=-1, bitorder="little")
+    qs = blocks[..., at + 4 :]
+    a = ((qs & 15) | qh[..., :16] << 4).reshape(*lead, 4, 4)  # elements 0..15: group, byte
+    b = ((qs >> 4) | qh[..., 16:] << 4).reshape(*lead, 4, 4)  # 16..31
+    word, extra = _q5_words(a, b)
+    shifts = 2 * np.arange(4, dtype=np.uint8)[:, None]
+    out = blocks.copy()
+    out[..., at : at + 4] = (extra << shifts).sum(axis=-2, dtype=np.uint8)
+    out[..., at + 4 :] = _word_bytes(word)
+    return out
+
+
+q5_0_device = _in_steps(_q5_0_device)
 # Q5_0 / Q5_1: Q4_0 / Q4_1 with each element's fifth bit in a 32-bit word after the scale(s).
-# No native kernels: on a GPU they are dequantized at load.
-Q5_0 = register(WeightFormat("Q5_0", "q5_0", 6, 32, 22, cpu=True, native=False))
-Q5_1 = register(WeightFormat("Q5_1", "q5_1", 7, 32, 24, cpu=True, native=False))
+# On the device the codes get Q5_K's bit layout (q5_0_device) and the scale(s) and the qh word
+# go to the second buffer (6 and 8 bytes per block), so that the row is 16-byte code units.
+Q5_0 = register(
+    WeightFormat(
+        "Q5_0",
+        "q5_0",
+        6,
+        32,
+        22,
+        cpu=True,
+        native=True,
+        device_split=(0, 6),
+        device_repack=q5_0_device,
+    )
+)
+Q5_1 = register(
+    WeightFormat(
+        "Q5_1",
+        "q5_1",
+        7,
+        32,
+        24,
+        cpu=True,
+        native=True,
+        device_split=(0, 8),
+        device_repack=q5_0_device,
+    )
+)
 Q4_K = register(WeightFormat("Q4_K", "q4_k", 12, QK_K, 144, cpu=True, native=True))
 
 
-def q5_k_device(blocks: np.ndarray) -> np.ndarray:
+def _q5_k_device(blocks: np.ndarray) -> np.ndarray:
     """Q5_K blocks (rows, blocks, 176) -> the GEMV's layout, same size, header unchanged.
 
     A GEMV lane multiplies 16 elements of sub-blocks 2p (A) and 2p + 1 (B), 4 of each per code
     word. Here each of its 32-bit code words holds, rotated left by 1, 4 bytes of (A code >> 1)
     | (B code & 15) << 4, and bits 2p, 2p + 1 of the group's 4 qh bytes hold A's lowest bit
-    (byte j: element j) and B's fifth bit (byte j: element j - 1 mod 4). The decode then
-    builds f16 halves of two 5-bit fields each (A at bits 0-4, B at 5-9) from a code word and
-    its qh word with two bit selects and two rotates (kernels/gemv.cuh, kernels/quant.cuh
-    q5k_codes4). Done a few thousand blocks at a time: the temporaries are ~6x the blocks."""
-    out = np.empty_like(blocks)
-    step = max(1, 8192 // max(1, blocks.shape[1]))
-    for r in range(0, blocks.shape[0], step):
-        out[r : r + step] = _q5_k_device(blocks[r : r + step])
-    return out
-
-
-def _q5_k_device(blocks: np.ndarray) -> np.ndarray:
+    (byte j: element j) and B's fifth bit (byte j: element j - 1 mod 4) (_q5_words). The
+    decode then builds f16 halves of two 5-bit fields each (A at bits 0-4, B at 5-9) from a
+    code word and its qh word with two bit selects and two rotates (kernels/gemv.cuh,
+    kernels/quant.cuh q5_codes4)."""
     lead = blocks.shape[:-1]
     qh = blocks[..., 16:48]
     qs = blocks[..., 48:176].reshape(*lead, 4, 32)  # pair p, element
     bits = (qh[..., None, :] >> np.arange(8, dtype=np.uint8)[:, None]) & 1  # sub-block, element
     a = (qs & 15) | (bits[..., 0::2, :] << 4)  # the 5-bit codes of sub-blocks 2p
     b = (qs >> 4) | (bits[..., 1::2, :] << 4)  # and 2p + 1
-    word = ((a >> 1) | ((b & 15) << 4)).reshape(*lead, 4, 8, 4).astype(np.uint32)
-    word = word[..., 0] | word[..., 1] << 8 | word[..., 2] << 16 | word[..., 3] << 24
-    word = (word << 1 | word >> 31) & 0xFFFFFFFF
-    b_prev = b.reshape(*lead, 4, 8, 4)[..., [3, 0, 1, 2]].reshape(*lead, 4, 32)
+    word, extra = _q5_words(a.reshape(*lead, 4, 8, 4), b.reshape(*lead, 4, 8, 4))
     shifts = 2 * np.arange(4, dtype=np.uint8)[:, None]
-    new_qh = ((a & 1) << shifts | (b_prev >> 4) << (shifts + 1)).sum(axis=-2, dtype=np.uint8)
+    new_qh = (extra.reshape(*lead, 4, 32) << shifts).sum(axis=-2, dtype=np.uint8)
     out = blocks.copy()
     out[..., 16:48] = new_qh
-    out[..., 48:176] = word.astype("<u4").view(np.uint8).reshape(*lead, 128)
+    out[..., 48:176] = _word_bytes(word).reshape(*lead, 128)
     return out
+
+
+q5_k_device = _in_steps(_q5_k_device)
 
 
 Q5_K = register(
@@ -166,11 +242,119 @@ Q6_K = register(
         device_split=(208, 2),  # d
     )
 )
-# CPU kernels, no native ones: on a GPU they are dequantized at load.
+# Q2_K: CPU kernels, no native ones (on a GPU it is dequantized at load).
 Q2_K = register(WeightFormat("Q2_K", "q2_k", 10, QK_K, 84, cpu=True, native=False))
-Q3_K = register(WeightFormat("Q3_K", "q3_k", 11, QK_K, 110, cpu=True, native=False))
-IQ4_NL = register(WeightFormat("IQ4_NL", "iq4_nl", 20, 32, 18, cpu=True, native=False))
-IQ4_XS = register(WeightFormat("IQ4_XS", "iq4_xs", 23, QK_K, 136, cpu=True, native=False))
+
+
+def _q3_k_device(blocks: np.ndarray) -> np.ndarray:
+    """Q3_K blocks (rows, blocks, 110) -> the kernels' layout, same size, scales and d as stored.
+
+    GEMV lane s (0..7) multiplies elements 32 s .. 32 s + 31 of the block: A the first 16, B
+    the next 16, 4 of each per 32-bit word k (elements 4k + j, j the byte). Its low 2 bits go
+    to the 16-byte unit s / 2 of the first 64 bytes, word k, byte j: A's at bits 2e, B's at 4 +
+    2e (e = s % 2, the lane of the pair), the word then rotated left by r = s / 2 % 2. Its high
+    (hmask) bits go to the 16-byte unit s / 4 of the next 32, word k, at bit r + 2e + 2 + 4 h
+    + 16 (j / 2) + 8 (j % 2) mod 32 (h: 0 for A, 1 for B): the bit right above the field of
+    the same element once the decode has rotated, for odd j, the bit select's result by 8
+    (kernels/gemv.cuh gv_q3k_word). So each lane decodes 8 elements from a code word and an
+    hmask word with two bit selects and one rotate; the 4 lanes that share an hmask unit use
+    disjoint bits of it."""
+    lead = blocks.shape[:-1]
+    shifts = np.arange(0, 8, 2, dtype=np.uint8)[:, None]
+    qs = blocks[..., 32:96].reshape(*lead, 2, 1, 32)
+    low = ((qs >> shifts) & 3).reshape(*lead, 8, 2, 4, 4)  # lane s, half h, word k, byte j
+    hmask = blocks[..., None, :32]
+    high = ((hmask >> np.arange(8, dtype=np.uint8)[:, None]) & 1).reshape(*lead, 8, 2, 4, 4)
+    e = np.arange(8, dtype=np.uint8)[:, None, None] & 1  # (s, k, j)
+    code = low[..., 0, :, :] << 2 * e | low[..., 1, :, :] << 4 + 2 * e
+    code = code.reshape(*lead, 4, 2, 4, 4).sum(axis=-3, dtype=np.uint8)  # the pair's bytes
+    code = code.view("<u4")[..., 0].astype(np.uint32)  # (pair, word)
+    r = np.arange(4, dtype=np.uint32)[:, None] & 1
+    code = (code << r | code >> (32 - r) % 32) & 0xFFFFFFFF
+    s, h, j = np.ix_(range(8), range(2), range(4))
+    bit = ((s >> 1 & 1) + 2 * (s & 1) + 2 + 4 * h + 16 * (j >> 1) + 8 * (j & 1)) % 32
+    words = high.astype(np.uint32) << bit[:, :, None, :].astype(np.uint32)  # (s, h, k, j)
+    words = words.reshape(*lead, 2, 4, 2, 4, 4).sum(axis=(-4, -3, -1), dtype=np.uint32)
+    out = blocks.copy()
+    out[..., :64] = _word_bytes(code.reshape(*lead, 16))
+    out[..., 64:96] = _word_bytes(words.reshape(*lead, 8))
+    return out
+
+
+q3_k_device = _in_steps(_q3_k_device)
+# Q3_K on the device: the codes in the bit layout of q3_k_device (96 bytes, 16-byte units in the
+# row); the 12 bytes of 6-bit scales and d in the second buffer (14 bytes per block).
+Q3_K = register(
+    WeightFormat(
+        "Q3_K",
+        "q3_k",
+        11,
+        QK_K,
+        110,
+        cpu=True,
+        native=True,
+        device_split=(96, 14),
+        device_repack=q3_k_device,
+    )
+)
+
+
+def _iq4_codes(qs: np.ndarray) -> np.ndarray:
+    """16 code bytes of 32 IQ4 elements (..., 16), element j's code the low nibble of byte j
+    and element 16 + j's the high one -> the device order: nibbles n = 0..3 of word k (bits 4n
+    ..) elements 4k + n, nibbles 4..7 elements 16 + 4k + n - 4. Each half of a word is then
+    the 4 selectors of one byte-permute table lookup (kernels/gemv.cuh gv_iq4_word)."""
+    lead = qs.shape[:-1]
+    a = (qs & 15).reshape(*lead, 4, 2, 2)  # word k, byte, nibble
+    b = (qs >> 4).reshape(*lead, 4, 2, 2)
+    pack = np.concatenate([a[..., 0] | a[..., 1] << 4, b[..., 0] | b[..., 1] << 4], axis=-1)
+    return pack.reshape(*lead, 16)
+
+
+def iq4_nl_device(blocks: np.ndarray) -> np.ndarray:
+    """IQ4_NL blocks (rows, blocks, 18) -> the kernels' layout: d, then _iq4_codes."""
+    out = blocks.copy()
+    out[..., 2:] = _iq4_codes(blocks[..., 2:])
+    return out
+
+
+def iq4_xs_device(blocks: np.ndarray) -> np.ndarray:
+    """IQ4_XS blocks (rows, blocks, 136) -> the kernels' layout: d, the scales, then each
+    sub-block's 16 code bytes in _iq4_codes' order."""
+    out = blocks.copy()
+    qs = blocks[..., 8:].reshape(*blocks.shape[:-1], 8, 16)
+    out[..., 8:] = _iq4_codes(qs).reshape(*blocks.shape[:-1], 128)
+    return out
+
+
+# IQ4_NL / IQ4_XS on the device: the codes reordered (_iq4_codes), d (IQ4_XS: d and the 6-bit
+# scales) in the second buffer, so that the row is 16 code bytes per 32 elements.
+IQ4_NL = register(
+    WeightFormat(
+        "IQ4_NL",
+        "iq4_nl",
+        20,
+        32,
+        18,
+        cpu=True,
+        native=True,
+        device_split=(0, 2),
+        device_repack=iq4_nl_device,
+    )
+)
+IQ4_XS = register(
+    WeightFormat(
+        "IQ4_XS",
+        "iq4_xs",
+        23,
+        QK_K,
+        136,
+        cpu=True,
+        native=True,
+        device_split=(0, 8),
+        device_repack=iq4_xs_device,
+    )
+)
 # ModelOpt NVFP4 (safetensors): 16 E2M1 codes in 8 bytes; the block's E4M3 scale lives in a
 # second buffer (one byte per block), times one float32 global scale per tensor. Not the GGUF
 # NVFP4 type (ggml id 40), whose packing differs.

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from atlas_cli.backend import formats
 from atlas_cli.backend import sample as host_sample
 from atlas_cli.backend.loaders import quant
 from atlas_cli.backend.loaders.gguf import QuantizedTensor
@@ -72,8 +73,9 @@ class GGUFWeight(QuantizedTensor):
 
 
 # f16 fields inside each block type: byte offsets that must hold finite scales
-_F16_FIELDS = {2: (0,), 3: (0, 2), 8: (0,), 12: (0, 2), 13: (0, 2), 14: (208,)}
-GGUF_IDS = {"q4_0": 2, "q4_1": 3, "q8_0": 8, "q4_k": 12, "q5_k": 13, "q6_k": 14}
+_F16_FIELDS = {2: (0,), 3: (0, 2), 6: (0,), 7: (0, 2), 8: (0,), 11: (108,), 12: (0, 2)}
+_F16_FIELDS |= {13: (0, 2), 14: (208,), 20: (0,), 23: (0,)}
+GGUF_IDS = {f.kernel: f.ggml_type for f in formats.GGML.values() if f.native and f.quantized}
 
 
 def random_weight(fmt: str, rows: int, cols: int, rng: np.random.Generator, reference=True):
@@ -112,19 +114,28 @@ def rel_err(got, want) -> float:
     return float(np.abs(got - want).max() / (np.abs(want).max() + 1e-30))
 
 
-FORMATS = ("f32", "f16", "bf16", "q4_0", "q4_1", "q8_0", "q4_k", "q5_k", "q6_k", "nvfp4")
+FORMATS = (
+    *("f32", "f16", "bf16", "q4_0", "q4_1", "q8_0", "q4_k", "q5_k", "q6_k", "nvfp4"),
+    *("q5_0", "q5_1", "q3_k", "iq4_nl", "iq4_xs"),
+)
+assert set(FORMATS) == {f.kernel for f in formats.FORMATS.values() if f.native}
 PLAIN = ("f32", "f16", "bf16")  # one element per block: rows of any length (a partial unit)
 ODD_COLS = (8, 16, 48)  # tiny models' hidden sizes, not multiples of 32
 # Rows wider than one chunk of x (dgemv stages 8,192 columns at a time, decode.cu
 # DG_CHUNK_TILES): two chunks, the second with a partial last iteration (2 x 32 units per
 # iteration of a single-row body, 32 units of the SwiGLU pair's); gemv.cu's T == 1 loop runs
 # its whole tiles and then a partial one. K-quants: whole 256-element blocks.
-CHUNKED_COLS = {"q4_k": 9472, "q5_k": 9472, "q6_k": 9472}
+CHUNKED_COLS = {f: 9472 for f in FORMATS if formats.FORMATS[f].block_elems == formats.QK_K}
 CHUNKED_DEFAULT_COLS = 8192 + 1024 + 96
 
 
+def col_step(fmt: str) -> int:
+    """What a row's length is a multiple of: 32 (a unit), a K-quant's 256."""
+    return max(32, formats.FORMATS[fmt].block_elems)
+
+
 def _cols(fmt: str, base: int) -> int:
-    step = 256 if fmt in ("q4_k", "q5_k", "q6_k") else 32
+    step = col_step(fmt)
     return max(step, base // step * step)
 
 

@@ -199,8 +199,8 @@ class DeviceWeight:
     cols: int
     data: Any  # runtime buffer: rows x row_bytes
     row_bytes: int
-    scales: Any  # NVFP4: rows x cols/16 E4M3 codes; Q4_0/Q4_1/Q8_0/Q6_K: the blocks' f16 scales
-    # (formats.split_blocks); else a 1-byte dummy
+    scales: Any  # NVFP4: rows x cols/16 E4M3 codes; GGUF blocks with device_split: the blocks'
+    # scales (and Q5_0's, Q5_1's qh word: formats.split_blocks); else a 1-byte dummy
     srow_bytes: int
     gscale: float
 

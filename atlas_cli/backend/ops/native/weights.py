@@ -32,7 +32,7 @@ class WeightLaunchers(DeviceOpsBase):
 
     def prepare_weight(self, w) -> DeviceWeight:
         """A loader's weight -> DeviceWeight: formats the kernels decode as they are stored
-        (GGUF blocks, the Q4_0/Q4_1/Q8_0/Q6_K ones with their scales split off by
+        (GGUF blocks, most with their scales split off and some with their codes reordered by
         formats.split_blocks; NVFP4 codes + E4M3 scales + global scale) as they are; a float
         array in the narrowest float format that holds it exactly (the loaders widen bf16 and
         f16 to float32 losslessly, so this is the checkpoint's own format), or rounded to bf16 /
