@@ -33,6 +33,8 @@ app = typer.Typer(
     # plain help, as git and ollama print it: a switch shows no `<bool>`, and at 80 columns a
     # description gets ~48 characters instead of the rich table's ~22
     rich_markup_mode=None,
+    # `-h` as well as `--help`, as ollama and llama.cpp take it; subcommands inherit it
+    context_settings={"help_option_names": list(HELP_FLAGS)},
 )
 
 

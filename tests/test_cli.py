@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -11,6 +12,7 @@ from typer.testing import CliRunner
 
 from atlas_cli import __version__
 from atlas_cli.cli import app
+from atlas_cli.commands import run as run_cmd
 
 runner = CliRunner()
 
@@ -80,6 +82,47 @@ def test_run_prompt_from_stdin_and_verbose(smollm2_path):
     assert result.stdout.startswith("The capital of")
     for line in ("load duration:", "prompt eval rate:", "eval count:", "time to first token:"):
         assert line in result.stderr
+
+
+def test_piped_text_goes_before_the_prompt(smollm2_path):
+    """`cat notes.txt | atlas run "When is the meeting?"`: both reach the model, the piped
+    text first (as ollama joins them); a prompt alone is unchanged."""
+    args = ("run", "--raw", "-n", "1", "--json", "When is the meeting?")
+    alone = json.loads(atlas(*args).stdout)["prompt_tokens"]
+    notes = "Notes: the meeting moved to Thursday at 10:00, room 4.\n"
+    both = json.loads(atlas(*args, input=notes).stdout)["prompt_tokens"]
+    assert both > alone + 10
+    assert run_cmd.with_piped_text(notes, "When?") == notes.rstrip() + "\n\nWhen?"
+    assert run_cmd.with_piped_text(" \n", "When?") == "When?"
+    assert run_cmd.with_piped_text(notes, None) == notes
+
+
+def test_a_pipe_nobody_writes_to_does_not_hold_a_run(monkeypatch):
+    """A parent that keeps stdin open without writing: with a prompt argument the run goes on
+    after PIPE_WAIT_S instead of waiting for an end of input that never comes."""
+    read_end, write_end = os.pipe()
+    monkeypatch.setattr(run_cmd, "PIPE_WAIT_S", 0.05)
+    with os.fdopen(read_end) as silent:
+        monkeypatch.setattr(sys, "stdin", silent)
+        assert run_cmd.read_piped(have_prompt=True) == ""
+    os.close(write_end)
+
+
+def test_run_model_alone_at_a_terminal_opens_a_chat(monkeypatch):
+    from atlas_cli.commands import chat
+
+    opened = {}
+    monkeypatch.setattr(chat, "chat", lambda **kw: opened.update(kw))
+    monkeypatch.setattr(run_cmd, "stdin_is_a_terminal", lambda: True)
+    result = atlas("run", "smollm2-135m", "--temperature", "0.2")
+    assert result.exit_code == 0, result.output
+    assert opened["model"] == "smollm2-135m" and opened["temperature"] == 0.2
+
+
+@pytest.mark.parametrize("words", [["-h"], ["run", "-h"], ["bench", "-h"], ["serve", "-h"]])
+def test_dash_h_is_help_everywhere(words):
+    result = atlas(*words)
+    assert result.exit_code == 0 and result.stdout.startswith("Usage: atlas"), result.output
 
 
 def test_run_raw_and_system(smollm2_path):

@@ -7,6 +7,7 @@ are `atlas_cli.run_service`'s, which the worker calls too.
 from __future__ import annotations
 
 import json
+import select
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -15,6 +16,7 @@ from typing import Annotated, Any
 
 import typer
 
+from atlas_cli.commands import chat
 from atlas_cli.commands.options import (
     CtxSize,
     Device,
@@ -44,7 +46,10 @@ from atlas_cli.run_service import LoadSpec, RunRequest, reply
 from atlas_cli.store.embedded import DEFAULT_MODEL
 from atlas_cli.store.paths import existing_path
 
-Prompt = Annotated[str | None, typer.Argument(help="The prompt; read from stdin if piped.")]
+Prompt = Annotated[
+    str | None,
+    typer.Argument(help="The prompt; piped text is read too, and goes before the prompt."),
+]
 Raw = Annotated[
     bool, typer.Option("--raw", help="Send the prompt as is, without the chat template.")
 ]
@@ -75,13 +80,23 @@ def run(
     think: Think = "on",
     keep_alive: KeepAlive = None,
 ):
-    """Generate a reply to one prompt, streamed as it is produced.
+    """Generate a reply to one prompt, streamed as it is produced (no prompt at a terminal:
+    a chat).
 
     The model stays loaded for --keep-alive (default 5m) in a background process, so the next
     run with the same model and options starts at once (`atlas ps`, `atlas stop`)."""
     model_name, prompt_text = split_model_and_prompt(model, prompt)
-    if prompt_text is None and not sys.stdin.isatty():
-        prompt_text = sys.stdin.read()
+    at_terminal = stdin_is_a_terminal()
+    if prompt_text is None and at_terminal and not (raw or json_output):
+        # `atlas run MODEL` at a terminal, no prompt: a chat, as `ollama run MODEL` opens one
+        return chat.chat(
+            model=model_name, system=system, temperature=temperature, top_k=top_k, top_p=top_p,
+            min_p=min_p, repeat_penalty=repeat_penalty, seed=seed, max_tokens=max_tokens,
+            stop=stop, verbose=verbose, device=device, threads=threads, ctx_size=ctx_size,
+            kv_type=kv_type, offline=offline, think=think,
+        )  # fmt: skip
+    if not at_terminal:
+        prompt_text = with_piped_text(read_piped(prompt_text is not None), prompt_text)
     if not prompt_text or not prompt_text.strip():
         raise typer.BadParameter("give a prompt as an argument or on stdin")
     if think not in ("on", "off"):
@@ -112,6 +127,37 @@ def run(
         typer.echo(json.dumps(result.as_json(), ensure_ascii=False))
     elif verbose:
         typer.echo(result.stats_block(), err=True)
+
+
+def stdin_is_a_terminal() -> bool:
+    return sys.stdin.isatty()
+
+
+PIPE_WAIT_S = 1.0  # with a prompt argument, how long a silent stdin may keep a run waiting
+
+
+def read_piped(have_prompt: bool) -> str:
+    """What stdin (not a terminal) holds. With a prompt argument, a stdin that stays silent for
+    PIPE_WAIT_S is left unread: a parent that keeps an idle pipe open (a service manager, a
+    subprocess call without stdin) must not hang the run, as it hangs ollama."""
+    if have_prompt:
+        try:
+            ready, _, _ = select.select([sys.stdin], [], [], PIPE_WAIT_S)
+        except (OSError, ValueError):  # no file descriptor (a test's stdin): just read it
+            ready = True
+        if not ready:
+            return ""
+    return sys.stdin.read()
+
+
+def with_piped_text(piped: str, prompt: str | None) -> str | None:
+    """Piped text and a prompt argument combined as ollama combines them: the piped text
+    first, then the prompt (`cat notes.txt | atlas run "When is the meeting?"`)."""
+    if not piped.strip():
+        return prompt
+    if prompt is None:
+        return piped
+    return f"{piped.rstrip()}\n\n{prompt}"
 
 
 def write_out(text: str) -> None:
