@@ -110,7 +110,7 @@ def test_footer():
     )
     s.ttft_s, s.finish_reason = 0.25, "stop"
     assert footer(s) == (
-        "prompt 40 tok, 30 cached · 20.0 tok/s · answer 11 tok · 10.0 tok/s · TTFT 0.25s · stop"
+        "prompt 10 tok + 30 cached · 20.0 tok/s · answer 11 tok · 10.0 tok/s · TTFT 0.25s · stop"
     )
 
 

@@ -119,6 +119,22 @@ def test_run_model_alone_at_a_terminal_opens_a_chat(monkeypatch):
     assert opened["model"] == "smollm2-135m" and opened["temperature"] == 0.2
 
 
+def test_prompt_figures_count_the_evaluated_tokens_and_the_cached_apart():
+    """37 prompt tokens of which 30 came from the cache, evaluated in 0.5 s: 7 tokens at 14/s,
+    30 cached (the count and the rate describe the same tokens, as llama.cpp prints them)."""
+    from atlas_cli.backend.engine import GenerationStats
+
+    stats = GenerationStats(prompt_tokens=37, cached_tokens=30, completion_tokens=5, prompt_s=0.5)
+    result = run_cmd.RunResult("m", stats, 0.1, 1.0)
+    block = result.stats_block()
+    assert "prompt eval count:    7 token(s)" in block
+    assert "prompt cached:        30 token(s)" in block
+    assert "prompt eval rate:     14.00 tokens/s" in block
+    data = result.as_json()
+    assert (data["prompt_tokens"], data["cached_tokens"]) == (37, 30)
+    assert data["timings"]["prompt_tokens_per_s"] == 14.0
+
+
 @pytest.mark.parametrize("words", [["-h"], ["run", "-h"], ["bench", "-h"], ["serve", "-h"]])
 def test_dash_h_is_help_everywhere(words):
     result = atlas(*words)

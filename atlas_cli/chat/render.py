@@ -202,9 +202,11 @@ class TurnPrinter:
 
 def footer(stats: GenerationStats) -> str:
     """The one-line stats of a turn (verbose mode)."""
-    cached = f", {stats.cached_tokens} cached" if stats.cached_tokens else ""
+    # the count the rate is of (the tokens evaluated), the cached ones apart
+    cached = f" + {stats.cached_tokens} cached" if stats.cached_tokens else ""
+    evaluated = stats.prompt_tokens - stats.cached_tokens
     return (
-        f"prompt {stats.prompt_tokens} tok{cached} · {stats.prompt_rate:.1f} tok/s · "
+        f"prompt {evaluated} tok{cached} · {stats.prompt_rate:.1f} tok/s · "
         f"answer {stats.completion_tokens} tok · {stats.eval_rate:.1f} tok/s · "
         f"TTFT {stats.ttft_s:.2f}s · {stats.finish_reason}"
     )

@@ -239,6 +239,7 @@ class RunResult:
             "text": s.text,
             "finish_reason": s.finish_reason,
             "prompt_tokens": s.prompt_tokens,
+            "cached_tokens": s.cached_tokens,  # of prompt_tokens: not evaluated, from the cache
             "completion_tokens": s.completion_tokens,
             "timings": {
                 "load_s": round(self.load_s, 4),
@@ -267,7 +268,9 @@ class RunResult:
         rows = [
             ("total duration", _dur(self.total_s)),
             ("load duration", _dur(self.load_s)),
-            ("prompt eval count", f"{s.prompt_tokens} token(s)"),
+            # as llama.cpp and ollama count it: the tokens evaluated, the cached ones apart
+            ("prompt eval count", f"{s.prompt_tokens - s.cached_tokens} token(s)"),
+            ("prompt cached", f"{s.cached_tokens} token(s)"),
             ("prompt eval duration", _dur(s.prompt_s)),
             ("prompt eval rate", f"{s.prompt_rate:.2f} tokens/s"),
             ("eval count", f"{s.completion_tokens} token(s)"),
