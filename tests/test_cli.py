@@ -135,6 +135,13 @@ def test_prompt_figures_count_the_evaluated_tokens_and_the_cached_apart():
     assert data["timings"]["prompt_tokens_per_s"] == 14.0
 
 
+@pytest.mark.parametrize("group", [[], ["bench"]])
+def test_help_describes_each_command_in_a_whole_sentence(group):
+    commands = atlas(*group, "--help").stdout.split("Commands:")[1]
+    assert "..." not in commands
+    assert "streamed as it is produced" in commands or "at depths." in commands
+
+
 @pytest.mark.parametrize("words", [["-h"], ["run", "-h"], ["bench", "-h"], ["serve", "-h"]])
 def test_dash_h_is_help_everywhere(words):
     result = atlas(*words)

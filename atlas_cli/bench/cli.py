@@ -17,7 +17,7 @@ import typer
 
 from atlas_cli.bench import gate  # light (json, dataclasses): its TOLERANCE is a default
 from atlas_cli.bench import options as o
-from atlas_cli.commands.errors import guarded
+from atlas_cli.commands.errors import AtlasGroup, guarded
 from atlas_cli.errors import UsageError
 from atlas_cli.store.embedded import DEFAULT_MODEL
 
@@ -25,6 +25,7 @@ DEFAULT_COMMAND = "throughput"
 HELP_FLAGS = ("--help", "-h")
 
 bench_app = typer.Typer(
+    cls=AtlasGroup,
     help=(
         "Benchmark a model: throughput (llama-bench style; the default), agentic replay, "
         "BFCL function calling, coherence. `atlas bench MODEL -p 512 -n 128` runs throughput."

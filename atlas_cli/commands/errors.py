@@ -58,7 +58,18 @@ def guarded(command: F) -> F:
 
 
 class AtlasGroup(TyperGroup):
-    """The app's command group: the parser's errors in atlas's one-line style."""
+    """The app's command groups: the parser's errors in atlas's one-line style, and each
+    command's whole first sentence in the list (click cuts it at ~45 characters)."""
+
+    def format_commands(self, ctx, formatter) -> None:
+        rows = []
+        for name in self.list_commands(ctx):
+            command = self.get_command(ctx, name)
+            if command is not None and not command.hidden:
+                rows.append((name, first_sentence(command.short_help or command.help or "")))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         if not standalone_mode:
@@ -80,6 +91,13 @@ class AtlasGroup(TyperGroup):
             sys.exit(1)
         # without standalone mode an Exit comes back as its code; commands return None
         sys.exit(code if isinstance(code, int) else 0)
+
+
+def first_sentence(doc: str) -> str:
+    """A docstring's first sentence, on one line."""
+    text = " ".join(doc.split("\n\n")[0].split())
+    end = text.find(". ")
+    return text if end < 0 else text[: end + 1]
 
 
 def usage_message(exc) -> str:
