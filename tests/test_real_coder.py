@@ -18,7 +18,7 @@ import pytest
 
 from tests.real_models import CODERS, pulled
 
-pytestmark = pytest.mark.slow  # a 491 MB pull, then ~30 s of the reference backend
+pytestmark = pytest.mark.slow  # 1.6 GB of pulls, then ~4 minutes on 2 cores
 
 MODEL = CODERS[0]
 PREFILL, STEPS = 256, 16
