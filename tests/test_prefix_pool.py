@@ -274,6 +274,10 @@ def test_slots_routes_and_billing_header(smollm2_path):
         assert status == 400 and "bad slot filename" in err["error"]["message"]
         assert post(srv.port, "/slots/99?action=save", {"filename": "y"})[0] == 404
         assert post(srv.port, "/slots/0?action=dance", {})[0] == 400
+        # slot ids are ASCII digits: "²" (int() refuses it), "١" (int() takes it), 5,000 digits
+        for bad in ("%C2%B2", "%D9%A1", "9" * 5000):
+            status, err = post(srv.port, f"/slots/{bad}?action=erase", {})
+            assert status == 400 and "slot id must be a number" in err["error"]["message"]
 
 
 def _replay(model, path, order, reqs, cache_bytes) -> list[tuple[str, int, int, int]]:

@@ -5,6 +5,7 @@ it)."""
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
@@ -19,6 +20,8 @@ from atlas_cli.serve.errors import APIError
 from atlas_cli.serve.http import AppState, check_token_ids, endpoint, read_body, read_bytes
 from atlas_cli.serve.prompt import ChatOptions, build_chat_prompt
 from atlas_cli.serve.protocol import DetokenizeRequest, TokenizeRequest
+
+SLOT_ID = re.compile(r"[0-9]{1,9}")
 
 
 async def front_door(request: Request) -> Response:
@@ -131,8 +134,10 @@ async def slot_action(state: AppState, request: Request) -> Response:
     """`POST /slots/{id}?action=save|restore` with `{"filename": NAME}`, or `?action=erase`.
     Files live in the atlas cache folder's `slots/`; NAME is a plain file name."""
     raw, action = request.path_params["slot"], request.query_params.get("action")
-    if not raw.isdigit():
-        raise APIError(400, f"slot id must be a number, got {raw!r}", param="id_slot")
+    # ASCII digits only, and few: str.isdigit takes "²" (which int() refuses) and int() takes
+    # "١", and past 4,300 digits int() raises
+    if not SLOT_ID.fullmatch(raw):
+        raise APIError(400, f"slot id must be a number, got {raw[:20]!r}", param="id_slot")
     slot_id, engine, started = int(raw), state.model.engine, time.perf_counter()
     try:
         if action == "erase":
