@@ -4,7 +4,9 @@ engine; the /slots routes; Anthropic's billing header; and the interleaved MLPer
 
 from __future__ import annotations
 
+import io
 import json
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -206,6 +208,32 @@ def test_restored_slot_prefills_only_the_new_suffix(qwen35):
     assert prefill_exact(qwen35, restarted, a2) >= len(a1) - 1  # its checkpoints came too
 
 
+def hostile_slot_files() -> dict[str, bytes]:
+    """Slot files that once answered with a 500: empty, metadata that is a JSON list or has a
+    prompt_len that is no number, an array header that asks for 400 GB in a few bytes."""
+
+    def npz(**arrays) -> bytes:
+        out = io.BytesIO()
+        np.savez(out, **arrays)
+        return out.getvalue()
+
+    def meta(value) -> np.ndarray:
+        return np.frombuffer(json.dumps(value).encode(), np.uint8)
+
+    huge = io.BytesIO()
+    with zipfile.ZipFile(huge, "w") as z, z.open("cache.k.npy", "w") as member:
+        header = {"descr": "<f4", "fortran_order": False, "shape": (10**11,)}
+        np.lib.format.write_array_header_1_0(member, header)
+        member.write(b"\0" * 64)
+    ids = np.arange(3)
+    return {
+        "empty": b"",
+        "list-meta": npz(meta=meta([1, 2]), ids=ids),
+        "text-prompt-len": npz(meta=meta({"prompt_len": "3"}), ids=ids),
+        "huge-header": huge.getvalue(),
+    }
+
+
 def test_slot_files_are_checked(qwen35, smollm2, tmp_path):
     for name in ["../escape", "a/b", "", ".hidden", "x" * 200]:
         with pytest.raises(SlotError):
@@ -226,6 +254,10 @@ def test_slot_files_are_checked(qwen35, smollm2, tmp_path):
     slot_path("junk").write_bytes(b"not a zip file")
     with pytest.raises(SlotError, match="not a saved slot"):
         engine.restore_slot(0, slot_path("junk"))
+    for name, content in hostile_slot_files().items():
+        slot_path(name).write_bytes(content)
+        with pytest.raises(SlotError, match="not a saved slot"):
+            engine.restore_slot(0, slot_path(name))
     assert engine.erase_slot(0) > 0 and engine.cached_ids == []
 
 

@@ -29,6 +29,7 @@ import hashlib
 import io
 import itertools
 import json
+import math
 import os
 import re
 import zipfile
@@ -227,6 +228,27 @@ def save_slot(slot: Slot, path: Path, model_id: str) -> int:
     return path.stat().st_size
 
 
+def check_declared_sizes(archive: zipfile.ZipFile, max_bytes: int) -> None:
+    """Refuse, before anything is allocated, an npz whose arrays declare more than `max_bytes`
+    in all, or more than their member holds: numpy allocates what an array's header says (a
+    2 MB file asked for 715 GiB) and a deflated member inflates past the file's size."""
+    total = 0
+    for info in archive.infolist():
+        total += info.file_size
+        with archive.open(info) as member:
+            version = np.lib.format.read_magic(member)
+            read_header = (
+                np.lib.format.read_array_header_1_0
+                if version == (1, 0)
+                else np.lib.format.read_array_header_2_0
+            )
+            shape, _, dtype = read_header(member)
+        if math.prod(shape) * dtype.itemsize > info.file_size:
+            raise ValueError(f"{info.filename} declares more than it holds")
+    if total > max_bytes:
+        raise ValueError(f"its arrays hold {total:,} bytes, more than the prefix cache's")
+
+
 def read_slot(path: Path, model_id: str, max_bytes: int) -> tuple[dict, dict, dict, list[int]]:
     """A saved slot's meta, cache arrays, MTP arrays and tokens, checked before use."""
     if not path.is_file():
@@ -239,10 +261,16 @@ def read_slot(path: Path, model_id: str, max_bytes: int) -> tuple[dict, dict, di
         )
     try:
         with np.load(path, allow_pickle=False) as z:
+            check_declared_sizes(z.zip, max_bytes)
             arrays = {k: z[k] for k in z.files}
         meta = json.loads(arrays.pop("meta").tobytes())
-        ids = [int(i) for i in arrays.pop("ids")]
-    except (OSError, ValueError, KeyError, zipfile.BadZipFile, io.UnsupportedOperation) as exc:
+        ids = [int(i) for i in arrays.pop("ids").reshape(-1)]
+        if not isinstance(meta, dict) or type(meta.get("prompt_len")) is not int:
+            raise ValueError("its metadata is not a slot's")
+    except (
+        OSError, EOFError, ValueError, TypeError, KeyError, zipfile.BadZipFile,
+        io.UnsupportedOperation,
+    ) as exc:  # fmt: skip
         raise SlotError(f"{path.name} is not a saved slot ({exc})") from None
     if meta.get("format") != SLOT_FORMAT or meta.get("model") != model_id:
         raise SlotError(f"{path.name} was saved from another model or atlas version")
