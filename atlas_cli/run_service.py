@@ -116,9 +116,9 @@ def stats_record(stats) -> dict[str, Any]:
 
 # what `atlas run --json` and `--verbose` print (commands/run.py's RunResult reads them)
 STATS_FIELDS = (
-    "text", "finish_reason", "prompt_tokens", "completion_tokens", "prompt_s", "ttft_s",
-    "eval_s", "prompt_rate", "eval_rate", "draft_rounds", "draft_tokens", "accepted_tokens",
-    "mean_accepted_length",
+    "text", "finish_reason", "prompt_tokens", "cached_tokens", "completion_tokens", "prompt_s",
+    "ttft_s", "eval_s", "prompt_rate", "eval_rate", "draft_rounds", "draft_tokens",
+    "accepted_tokens", "mean_accepted_length",
 )  # fmt: skip
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from atlas_cli.errors import UsageError
-from atlas_cli.keepalive import keep_alive_seconds, registry
+from atlas_cli.keepalive import client, keep_alive_seconds, registry
 
 
 @pytest.mark.parametrize(
@@ -93,6 +93,29 @@ def test_no_worker_and_no_error_where_the_run_folder_cannot_be_made(tmp_path, mo
     (tmp_path / "run").write_text("a file where the folder should be")  # as a read-only home
     registry.start({"model": "m"}, 60.0, "k" * 20)  # the run has answered: nothing to say
     assert (tmp_path / "run").is_file() and registry.workers() == []
+
+
+def test_what_is_not_this_users_socket_is_never_used(tmp_path, monkeypatch):
+    """A folder at the socket's path (once a traceback on every run), a plain file, and a log
+    name that is a link to someone's file: no connection, no error, the file untouched."""
+    monkeypatch.setenv("ATLAS_HOME", str(tmp_path))
+    key = "k" * 20
+    sock = registry.socket_path(key)
+    sock.parent.mkdir()
+    sock.mkdir()
+    assert client.run(key, {}, print) is None and client.ping(key) is None
+    registry.forget(key)
+    registry.start({"model": "m"}, 60.0, key)  # something is there: no worker
+    assert sock.is_dir() and registry.workers() == []
+    sock.rmdir()
+    sock.write_text("not a socket")
+    assert not registry.owned_socket(sock) and client.run(key, {}, print) is None
+    sock.unlink()
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    registry.log_path(key).symlink_to(victim)
+    registry.start({"model": "m"}, 60.0, key)
+    assert victim.read_text() == "keep me" and registry.workers() == []
 
 
 # ---- a real worker ---------------------------------------------------------------------------

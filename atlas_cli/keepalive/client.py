@@ -67,7 +67,7 @@ def ping(key: str) -> int | None:
 
 def _connect(key: str) -> socket.socket | None:
     path = registry.socket_path(key)
-    if path is None or not path.exists():
+    if path is None or not registry.owned_socket(path):
         return None
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(CONNECT_TIMEOUT_S)

@@ -15,6 +15,7 @@ import json
 import os
 import signal
 import socket
+import stat
 import sys
 import time
 from dataclasses import dataclass
@@ -102,11 +103,23 @@ def _alive(pid: int) -> bool:
 
 
 def forget(key: str) -> None:
-    """Remove a worker's socket and record (its log stays: it says why a worker ended)."""
+    """Remove a worker's socket and record (its log stays: it says why a worker ended); what
+    cannot be removed (a folder there, another user's file) stays, without an error."""
     for path in (record_path(key), socket_path(key)):
         if path is not None:
-            with contextlib.suppress(FileNotFoundError):
+            with contextlib.suppress(OSError):
                 path.unlink()
+
+
+def owned_socket(path: Path) -> bool:
+    """Whether `path` is a Unix socket of this user's (a link is not followed): a folder, a
+    file or another user's socket there is never connected to, so a shared ATLAS_HOME cannot
+    hand one user's prompts to another's process."""
+    try:
+        st = path.lstat()
+    except OSError:  # absent, or in a folder this user cannot read
+        return False
+    return stat.S_ISSOCK(st.st_mode) and st.st_uid == os.getuid()
 
 
 def workers() -> list[Worker]:
@@ -161,11 +174,13 @@ def start(spec: dict[str, Any], hold_s: float, key: str) -> None:
     import subprocess
 
     path = socket_path(key)
-    if path is None or path.exists():
+    if path is None or os.path.lexists(path):  # a worker, or something not ours: leave it
         return
     try:
         run_dir().mkdir(parents=True, exist_ok=True, mode=0o700)
-        log = open(log_path(key), "wb")  # noqa: SIM115  (the child keeps it)
+        # a link planted at the log's name is not followed (it could truncate any file)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
+        log = os.fdopen(os.open(log_path(key), flags, 0o600), "wb")
     except OSError:  # a read-only or full home: the run has answered; no worker, no error
         return
     with log:

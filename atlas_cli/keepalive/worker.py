@@ -135,10 +135,10 @@ def bind(key: str) -> socket.socket | None:
     path = registry.socket_path(key)
     if path is None:
         return None
-    if path.exists():
+    if os.path.lexists(path):
         if client.ping(key) is not None:
             return None
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(OSError):  # (a folder there stays, and bind fails)
             path.unlink()  # left by a worker that was killed
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
