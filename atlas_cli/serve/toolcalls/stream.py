@@ -172,10 +172,7 @@ class StreamParser:
         rest = self._buf[self._pos :].lstrip()
         for opener in self._parser.leading_blocks:
             if rest.startswith(opener):
-                found = len(self._buf) - len(rest)
-                body = found if opener in self._parser.keep_opener else found + len(opener)
-                self._block = _Block(found, body, opener)
-                self._pos, self._state = found + len(opener), _BLOCK
+                self._open_block(len(self._buf) - len(rest), opener)
                 return True
             if not final and opener.startswith(rest):
                 return False
@@ -198,9 +195,7 @@ class StreamParser:
             if tag not in parser.blocks:  # a closing tag with no block open: dropped
                 self._pos = found + len(tag)
                 return True
-            body_start = found if tag in parser.keep_opener else found + len(tag)
-            self._block = _Block(found, body_start, tag)
-            self._pos, self._state = found + len(tag), _BLOCK
+            self._open_block(found, tag)
             return True
         end = len(buf)
         if not final:
@@ -208,6 +203,13 @@ class StreamParser:
         self._emit_content(buf[self._pos : end], events)
         self._pos = end
         return False
+
+    def _open_block(self, found: int, opener: str) -> None:
+        """A call block opened by `opener` at `found` (its body starts after it, or at it for
+        an opener that belongs to the body)."""
+        body = found if opener in self._parser.keep_opener else found + len(opener)
+        self._block = _Block(found, body, opener)
+        self._pos, self._state = found + len(opener), _BLOCK
 
     def _step_block(self, final: bool, events: list[Event]) -> bool:
         block, buf = self._block, self._buf
