@@ -140,15 +140,7 @@ class EmuRuntime:
             with tempfile.TemporaryDirectory() as tmp:
                 src = Path(tmp) / "module.cpp"
                 src.write_text(source)
-                # no _FORTIFY_SOURCE: its longjmp check refuses the jumps between fiber stacks
-                flags = [
-                    "-std=c++17",
-                    "-DATLAS_EMU",
-                    "-U_FORTIFY_SOURCE",
-                    f"-I{kdir}",
-                    "-fPIC",
-                    "-w",
-                ]
+                flags = ["-std=c++17", "-DATLAS_EMU", f"-I{kdir}", "-fPIC", "-w"]
                 flags += [f"-D{k}={v}" for k, v in (defines or {}).items()]
                 pre = subprocess.run(
                     [self._cxx, *flags, "-E", "-P", str(src)],
