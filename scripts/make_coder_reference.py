@@ -27,7 +27,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from tests.topk_kl import judged  # noqa: E402
+from tests.topk_kl import judged, log_sum_exp  # noqa: E402
 
 TEXT_FILES = ("docs/architecture.md", "atlas_cli/backend/layers.py")
 
@@ -36,12 +36,10 @@ def top_rows(logits: np.ndarray, k: int) -> dict[str, np.ndarray]:
     logits = logits.astype(np.float64)
     ids = np.argpartition(-logits, k, axis=-1)[:, :k]  # a whole-row sort takes minutes
     ids = np.take_along_axis(ids, np.argsort(-np.take_along_axis(logits, ids, -1), -1), -1)
-    peak = logits.max(-1, keepdims=True)
-    lse = np.log(np.exp(logits - peak).sum(-1)) + peak[:, 0]
     return {
         "top_ids": ids.astype(np.int32),
         "top_logits": np.take_along_axis(logits, ids, -1).astype(np.float32),
-        "lse": lse,
+        "lse": log_sum_exp(logits),
     }
 
 

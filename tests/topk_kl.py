@@ -10,6 +10,13 @@ import numpy as np
 DECIDED = 0.05  # top-two logit gap below which a top-1 disagreement is a near tie
 
 
+def log_sum_exp(x: np.ndarray) -> np.ndarray:
+    """log(sum(exp(x))) over the last axis, in float64, without overflow."""
+    x = x.astype(np.float64)
+    peak = x.max(-1)
+    return np.log(np.exp(x - peak[..., None]).sum(-1)) + peak
+
+
 def judged(reference, engine: str, logits: np.ndarray) -> dict[str, float]:
     """KL (top 32 + the rest) from `engine`'s distribution to `logits`', top-1 agreement
     outside near ties, and the reference's mass outside its top 32."""
@@ -19,9 +26,7 @@ def judged(reference, engine: str, logits: np.ndarray) -> dict[str, float]:
     kls, tails, agree = [], [], []
     for rows in np.array_split(np.arange(len(logits)), max(1, len(logits) // 256)):
         x = logits[rows].astype(np.float64)
-        peak = x.max(-1, keepdims=True)
-        lse = np.log(np.exp(x - peak).sum(-1, keepdims=True)) + peak
-        log_q = np.take_along_axis(x, top_ids[rows], -1) - lse
+        log_q = np.take_along_axis(x, top_ids[rows], -1) - log_sum_exp(x)[:, None]
         p = np.exp(log_p[rows])
         p_rest = np.clip(1 - p.sum(-1), 1e-30, None)
         q_rest = np.clip(1 - np.exp(log_q).sum(-1), 1e-30, None)
