@@ -5,11 +5,13 @@ stacked cache that maps its whole context at once (no growth copies) or grows wh
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from numba import njit
 
-from atlas_cli.backend.cache import GROW_STEP, StackedKVCache
+from atlas_cli.backend.cache import GROW_STEP, LAZY_PAGES, StackedKVCache
 from atlas_cli.backend.ops import numpy_ref
 from atlas_cli.backend.ops.cpu import decode as cpu_decode
 from atlas_cli.backend.ops.cpu import fast as cpu_fast
@@ -112,6 +114,32 @@ def test_stacked_cache_maps_its_context_or_grows(lazy, rng):
     clone = cache.clone(300)
     assert clone.dtype == np.float16 and clone.length == 300
     assert np.array_equal(clone.layers[1].v[:, :300], cache.layers[1].v[:, :300])
+
+
+def resident_bytes() -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+
+
+@pytest.mark.skipif(not LAZY_PAGES or not os.path.exists("/proc/self/status"), reason="Linux")
+def test_a_mapped_cache_holds_only_the_positions_written():
+    """SmolLM2's shape at 8K positions: 94 MB of keys and as much of values mapped. A few
+    positions written keep a few pages per (layer, head) row resident, not the context:
+    numpy's huge pages and `zeros_like`'s fill made all 189 MB resident for each conversation
+    the prefix pool kept."""
+    caches, before = [], resident_bytes()
+    for _ in range(4):
+        cache = StackedKVCache(30, 3, 64, 8192, np.float16)
+        assert cache.lazy
+        cache.reserve(24)
+        for layer in range(30):
+            k = np.ones((24, 3, 64), np.float32)
+            cache.update(layer, 0, k, k)
+        caches.append(cache)
+    grown = resident_bytes() - before
+    pages = 4 * 2 * 30 * 3 * 4096  # one page per row of K and of V in each cache
+    assert grown < 2 * pages, f"{grown:,} bytes resident for 24 positions of 4 caches"
+    assert all(c.nbytes == 2 * 30 * 3 * 64 * 2 * 24 for c in caches)
 
 
 def test_the_kv_type_reaches_the_caches(smollm2_path):

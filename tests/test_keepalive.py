@@ -169,7 +169,9 @@ def test_a_kept_alive_model_answers_the_next_run(home):
     second = run_json(env, model, *prompt)  # the worker: same seed, same tokens
     assert second["text"] == first["text"] and second["completion_tokens"] == 12
     assert second["timings"]["load_s"] < 0.5 < first["timings"]["load_s"]
-    assert len(json.loads(atlas(env, "ps", "--json").stdout)) == 1  # no second worker
+    (worker,) = json.loads(atlas(env, "ps", "--json").stdout)  # no second worker
+    assert 0 < worker["cache_bytes"] < 10e6 and worker["cache_budget"] <= 1 << 30
+    assert "PREFIX CACHE" in atlas(env, "ps").stdout
 
     # its errors are the run's errors, one line, same exit code
     bad = atlas(env, "run", str(model), "hi", "--temperature", "-1")

@@ -13,6 +13,7 @@ positions) and `truncate` falls back to the latest checkpoint at or before the a
 
 from __future__ import annotations
 
+import mmap
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -207,10 +208,11 @@ class StackedKVCache(KVCache):
         self.reserved = 0  # the most positions asked for: what the cache holds resident
         self.lazy = False
         if LAZY_PAGES if lazy is None else lazy:
+            shape = (n_layers, n_kv_heads, max_len, head_dim)
             try:
-                self._alloc(np.zeros((n_layers, n_kv_heads, max_len, head_dim), self.dtype))
+                self._alloc(lazy_zeros(shape, self.dtype), lazy_zeros(shape, self.dtype))
                 self.lazy = True
-            except MemoryError:  # a system that commits memory up front: grow instead
+            except (MemoryError, OSError):  # a system that commits memory up front: grow
                 pass
         if not self.lazy:
             cap = min(GROW_STEP, max_len)
@@ -218,7 +220,7 @@ class StackedKVCache(KVCache):
 
     def _alloc(self, k: np.ndarray, v: np.ndarray | None = None) -> None:
         self.k = k
-        self.v = np.zeros_like(k) if v is None else v
+        self.v = np.zeros(k.shape, k.dtype) if v is None else v
         self.layers = [LayerKV(self.k[i], self.v[i]) for i in range(k.shape[0])]
 
     @property
@@ -241,6 +243,18 @@ class StackedKVCache(KVCache):
         """The positions ever reserved with lazy pages (what is resident), else the capacity."""
         positions = self.reserved if self.lazy else self.capacity
         return 2 * self.k[:, :, :1].nbytes * positions
+
+
+def lazy_zeros(shape: tuple[int, ...], dtype) -> np.ndarray:
+    """Zeros whose pages become resident only when written, 4 KiB at a time. numpy's own
+    large arrays ask for transparent huge pages: one written position per (layer, head) row
+    of 1 MB then made the whole context resident (178 MB for each cached conversation of
+    the default model)."""
+    size = max(int(np.prod(shape)) * np.dtype(dtype).itemsize, 1)
+    mapped = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE)
+    if hasattr(mmap, "MADV_NOHUGEPAGE"):
+        mapped.madvise(mmap.MADV_NOHUGEPAGE)
+    return np.frombuffer(mapped, dtype, count=int(np.prod(shape))).reshape(shape)
 
 
 def saved_length(arrays: dict[str, np.ndarray], max_len: int) -> int:

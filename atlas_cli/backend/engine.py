@@ -21,6 +21,7 @@ from atlas_cli.backend.constraint import Constraint
 from atlas_cli.backend.models.base import BaseModel
 from atlas_cli.backend.ops.native.sample import NONFINITE, ChainSettings
 from atlas_cli.backend.prefix_pool import (
+    RUN_BUDGET,
     PrefixPool,
     Slot,
     boundaries,
@@ -209,12 +210,12 @@ class Engine:
     ):
         """`draft`: tokens to draft per step with the model's MTP head (speculative decoding);
         None picks a default when the model has one, 0 turns speculation off. `cache_bytes`:
-        the prefix pool's budget (None: a quarter of the memory available now; 0: keep only
-        the sequence in use)."""
+        the prefix pool's budget (None: `RUN_BUDGET`, or a quarter of the memory available
+        now where that is less; 0: keep only the sequence in use)."""
         self.model = model
         self.tokenizer = tokenizer
         self.context_length = context_length
-        budget = default_budget() if cache_bytes is None else cache_bytes
+        budget = default_budget(RUN_BUDGET) if cache_bytes is None else cache_bytes
         self.pool = PrefixPool(lambda: model.new_cache(context_length), budget)
         self.message_starts = message_start_ids(tokenizer)  # where prefill checkpoints
         self.speculator = None

@@ -47,8 +47,13 @@ from atlas_cli.store import paths
 MESSAGE_START_TEXTS = ("<|im_start|>", "<|start_header_id|>", "<start_of_turn>")
 SLOT_FORMAT = 1
 SLOT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-DEFAULT_SHARE = 4  # the default budget: a quarter of the memory available at load
-FALLBACK_BUDGET = 4 << 30  # where the available memory cannot be read
+# Default budgets, each at most a quarter of the memory available at load: `atlas serve`
+# caches every client's conversations (8 GiB, llama-server's --cache-ram default); `atlas run`,
+# `chat` and the keep-alive worker hold one user's last few (1 GiB: a dozen 8K conversations of
+# a 1.5B model, one long one of a 27B).
+SERVE_BUDGET = 8 << 30
+RUN_BUDGET = 1 << 30
+DEFAULT_SHARE = 4
 
 
 @dataclass(eq=False)
@@ -173,19 +178,24 @@ def boundaries(ids: Sequence[int], start: int, end: int, marks: frozenset[int]) 
     return sorted({int(p) for p in [*found[:1], *found[-2:]]})
 
 
-def default_budget() -> int:
-    """A quarter of the memory available now (Linux's MemAvailable; else free pages)."""
+def default_budget(cap: int) -> int:
+    """`cap`, or a quarter of the memory available now where that is less (Linux's
+    MemAvailable; else free pages)."""
+    return min(cap, available_memory() // DEFAULT_SHARE)
+
+
+def available_memory() -> int:
     try:
         with open("/proc/meminfo") as f:
             for line in f:
                 if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024 // DEFAULT_SHARE
+                    return int(line.split()[1]) * 1024
     except OSError:
         pass
     try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // DEFAULT_SHARE
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):
-        return FALLBACK_BUDGET
+        return 1 << 62  # unknown: the cap decides
 
 
 def fingerprint(model) -> str:

@@ -31,10 +31,17 @@ def ps(json_output: Json = False):
         )
     else:
         rows = [
-            [w.model, w.device, size_text(w.memory_bytes()), until(w.expires_at), str(w.pid)]
+            [
+                w.model,
+                w.device,
+                size_text(w.memory_bytes()),
+                f"{size_text(w.cache_bytes)} of {size_text(w.cache_budget)}",
+                until(w.expires_at),
+                str(w.pid),
+            ]
             for w in workers
         ]
-        typer.echo(table(["NAME", "DEVICE", "MEMORY", "UNTIL", "PID"], rows))
+        typer.echo(table(["NAME", "DEVICE", "MEMORY", "PREFIX CACHE", "UNTIL", "PID"], rows))
 
 
 def stop(name: StopName = None):

@@ -35,7 +35,7 @@ CacheSize = Annotated[
     str | None,
     typer.Option(
         help="Prefix cache budget for all cached conversations, e.g. 8GiB, 512MiB, 0 "
-        "(only the one in use); default: a quarter of the free memory."
+        "(only the one in use); default: 8GiB, or a quarter of the free memory where less."
     ),
 ]
 

@@ -3,8 +3,8 @@
 
 A worker for load options `spec` listens on `$ATLAS_HOME/run/<key>.sock`, `key` a hash of the
 spec, atlas's version and the Python running it, and describes itself in `<key>.json` (pid,
-model, device, path, when it expires). A record whose process is gone is stale and removed by
-whoever finds it.
+model, device, path, when it expires, its prefix cache). A record whose process is gone is
+stale and removed by whoever finds it.
 """
 
 from __future__ import annotations
@@ -65,6 +65,8 @@ class Worker:
     path: str  # the loaded file or directory
     device: str
     expires_at: float  # wall-clock time; renewed by every request
+    cache_bytes: int = 0  # what its prefix cache holds after the last request
+    cache_budget: int = 0  # and may hold (evicting least recently used conversations past it)
 
     def memory_bytes(self) -> int | None:
         """The worker's resident memory (Linux /proc), None where that cannot be read."""

@@ -79,27 +79,30 @@ class Worker:
             send(conn, {"busy": True})
             return
         try:
-            if fingerprint(self.path) != self.identity:
-                send(conn, {"stale": True})
-                self.stopping.set()
-                return
-            send(conn, {"accepted": True})
-            try:
-                stats = reply(self.model, request, lambda text: send(conn, {"text": text}))
-            except AtlasError as exc:
-                send(conn, {"error": str(exc), "type": type(exc).__name__})
-                return
-            except (BrokenPipeError, ConnectionResetError):
-                raise
-            except Exception as exc:  # a bug: say so in one line, log it, and stop serving
-                traceback.print_exc()
-                self.stopping.set()
-                send(conn, {"error": f"the kept-alive model failed: {exc}", "type": "AtlasError"})
-                return
-            send(conn, {"done": stats_record(stats)})
+            last = self.answer(conn, request)
         finally:
             self.renew()
             self.lock.release()
+        # after the release: a client that runs again at once finds the worker free
+        send(conn, last)
+
+    def answer(self, conn: socket.socket, request: RunRequest) -> dict:
+        """Stream the reply to `request`; the message that ends it."""
+        if fingerprint(self.path) != self.identity:
+            self.stopping.set()
+            return {"stale": True}
+        send(conn, {"accepted": True})
+        try:
+            stats = reply(self.model, request, lambda text: send(conn, {"text": text}))
+        except AtlasError as exc:
+            return {"error": str(exc), "type": type(exc).__name__}
+        except (BrokenPipeError, ConnectionResetError):
+            raise
+        except Exception as exc:  # a bug: say so in one line, log it, and stop serving
+            traceback.print_exc()
+            self.stopping.set()
+            return {"error": f"the kept-alive model failed: {exc}", "type": "AtlasError"}
+        return {"done": stats_record(stats)}
 
     def renew(self) -> None:
         self.deadline = time.monotonic() + self.hold_s
@@ -107,6 +110,7 @@ class Worker:
             self._write_record()
 
     def _write_record(self) -> None:
+        pool = self.model.engine.pool
         registry.write_record(
             registry.Worker(
                 key=self.key,
@@ -115,6 +119,8 @@ class Worker:
                 path=str(self.path),
                 device=self.device,
                 expires_at=time.time() + self.hold_s,
+                cache_bytes=pool.nbytes,
+                cache_budget=pool.budget,
             )
         )
 

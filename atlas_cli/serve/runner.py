@@ -21,6 +21,7 @@ from typing import TypeVar
 
 from atlas_cli.backend.constraint import Constraint
 from atlas_cli.backend.engine import Engine, GenerationStats
+from atlas_cli.backend.prefix_pool import SERVE_BUDGET, default_budget
 from atlas_cli.backend.sample import SamplingParams
 from atlas_cli.serve.metrics import Metrics
 
@@ -114,14 +115,13 @@ def _set_done(fut: asyncio.Future) -> None:
 
 class EngineRunner:
     def __init__(self, engine: Engine, metrics: Metrics, cache_bytes: int | None = None):
-        """`cache_bytes`: the engine's prefix-pool budget (`--cache-size`); None keeps the
-        engine's default."""
+        """`cache_bytes`: the engine's prefix-pool budget (`--cache-size`); None: the server's
+        default (`SERVE_BUDGET`, or a quarter of the memory available where that is less)."""
         self.engine = engine
         self.metrics = metrics
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="atlas-engine")
         metrics.ctx.set(engine.context_length)
-        if cache_bytes is not None:
-            engine.pool.budget = cache_bytes
+        engine.pool.budget = default_budget(SERVE_BUDGET) if cache_bytes is None else cache_bytes
 
     async def call(self, fn: Callable[[], T]) -> T:
         """Run `fn` on the engine thread, after the generations queued before it."""
