@@ -203,3 +203,20 @@ def test_a_kept_alive_model_answers_the_next_run(home):
     assert not list((root / "run").glob("*.sock"))
     stopped = atlas(env, "stop", "nothing-loaded")
     assert stopped.returncode == 1 and "is not loaded" in stopped.stderr
+
+
+@pytest.mark.slow
+def test_a_new_worker_resumes_the_conversations_of_the_last(home):
+    """A worker stopped (`atlas stop`, or idle) keeps its cached conversations on disk; the
+    next worker of the same model file answers the same prompt from them."""
+    root, model, env = home
+    prompt = "Summarise these notes. " + " ".join(f"Note {i}: keep it exact." for i in range(30))
+    run_json(env, model, prompt)  # in-process; starts a worker
+    wait_for_worker(env)
+    assert run_json(env, model, prompt)["cached_tokens"] == 0  # the worker's first
+    assert atlas(env, "stop").returncode == 0  # on its way out it writes the conversation
+    assert list((root / "cache" / "prefix").glob("*/*.npz"))
+    run_json(env, model, prompt)  # in-process again; starts the next worker
+    wait_for_worker(env)
+    resumed = run_json(env, model, prompt)
+    assert resumed["cached_tokens"] >= resumed["prompt_tokens"] - 1

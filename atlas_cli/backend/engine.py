@@ -20,6 +20,7 @@ from atlas_cli.backend.choice import Choice, choose_call
 from atlas_cli.backend.constraint import Constraint
 from atlas_cli.backend.models.base import BaseModel
 from atlas_cli.backend.ops.native.sample import NONFINITE, ChainSettings
+from atlas_cli.backend.prefix_disk import PrefixDisk, weights_digest
 from atlas_cli.backend.prefix_pool import (
     RUN_BUDGET,
     PrefixPool,
@@ -217,6 +218,7 @@ class Engine:
         self.context_length = context_length
         budget = default_budget(RUN_BUDGET) if cache_bytes is None else cache_bytes
         self.pool = PrefixPool(lambda: model.new_cache(context_length), budget)
+        self.disk: PrefixDisk | None = None  # conversations kept on disk (`keep_on_disk`)
         self.message_starts = message_start_ids(tokenizer)  # where prefill checkpoints
         self.speculator = None
         self.constraint: Constraint | None = None  # the grammar of the answer in progress
@@ -298,6 +300,8 @@ class Engine:
         """Bring a cache to `ids` and return the last position's logits and how many prompt
         tokens were reused from the prefix pool."""
         self._check_fits(len(ids))
+        if self.disk is not None:
+            self._resume_from_disk(ids)
         # recompute at least the last token for its logits
         previous = self.pool.current
         slot, common = self.pool.choose(ids, len(ids) - 1)
@@ -345,19 +349,40 @@ class Engine:
 
     def save_slot(self, slot_id: int, path: Path) -> tuple[int, int]:
         """Write a slot to `path`; returns (tokens, bytes written)."""
-        slot = self.pool.get(slot_id)
+        slot = self._settled(self.pool.get(slot_id))
+        return len(slot.ids), save_slot(slot, path, fingerprint(self.model))
+
+    @staticmethod
+    def _settled(slot: Slot) -> Slot:
+        """`slot` with its caches holding exactly its tokens (a verify's rejected draft
+        positions are still recorded in the trail)."""
         n = len(slot.ids)
-        if slot.cache.length > n:  # rejected draft positions, still recorded in the trail
+        if slot.cache.length > n:
             slot.cache.truncate(n)
         if slot.mtp is not None:
             slot.mtp.truncate(max(n - 1, 0))
-        return n, save_slot(slot, path, fingerprint(self.model))
+        return slot
 
     def restore_slot(self, slot_id: int, path: Path) -> tuple[int, int]:
         """Load a saved slot as slot `slot_id` (replacing it); returns (tokens, bytes read).
         The next prompt that extends it prefills only its new suffix."""
         # a file larger than the pool could not stay in it: refused before it is read
-        meta, arrays, mtp_arrays, ids = read_slot(path, fingerprint(self.model), self.pool.budget)
+        found = read_slot(path, fingerprint(self.model), self.pool.budget)
+        cache, mtp, ids, prompt_len = self._caches_from(found, path.name)
+        was_current = any(s.id == slot_id and s is self.pool.current for s in self.pool.slots)
+        slot = self.pool.add(cache, ids, slot_id)
+        slot.prompt_len, slot.mtp = prompt_len, mtp
+        if was_current:
+            self.pool.current = slot
+            if self.speculator is not None:
+                self._switch_mtp(slot)
+        self.pool.trim()
+        return len(ids), path.stat().st_size
+
+    def _caches_from(self, found, name: str) -> tuple[Cache, Cache | None, list[int], int]:
+        """A slot file's contents (`read_slot`) in new caches: (cache, MTP cache, tokens,
+        prompt length); SlotError when they do not fit this model."""
+        meta, arrays, mtp_arrays, ids = found
         cache = self.model.new_cache(self.context_length)
         mtp = self.model.new_mtp_cache(self.context_length) if self.speculator else None
         try:
@@ -365,18 +390,49 @@ class Engine:
             if mtp is not None and mtp_arrays:
                 mtp.load(mtp_arrays)
         except ValueError as exc:
-            raise SlotError(f"{path.name} does not fit this model's cache ({exc})") from None
+            raise SlotError(f"{name} does not fit this model's cache ({exc})") from None
         if cache.length != len(ids) or not 0 <= int(meta.get("prompt_len", -1)) <= len(ids):
-            raise SlotError(f"{path.name} is inconsistent: its tokens and cache disagree")
-        was_current = any(s.id == slot_id and s is self.pool.current for s in self.pool.slots)
-        slot = self.pool.add(cache, ids, slot_id)
-        slot.prompt_len, slot.mtp = int(meta["prompt_len"]), mtp
-        if was_current:
-            self.pool.current = slot
-            if self.speculator is not None:
-                self._switch_mtp(slot)
-        self.pool.trim()
-        return len(ids), path.stat().st_size
+            raise SlotError(f"{name} is inconsistent: its tokens and cache disagree")
+        return cache, mtp, ids, int(meta["prompt_len"])
+
+    # -- the prefix cache on disk (backend/prefix_disk.py) ------------------------------------
+
+    def keep_on_disk(self, folder: Path, quota: int, source: Path) -> None:
+        """Write evicted conversations (and every cached one at `spill_all`) under `folder`,
+        within `quota` bytes, and resume prompts from there; `source`: the weights file or
+        folder the entries are bound to."""
+        model_id = f"{fingerprint(self.model)}-{weights_digest(source)}"
+        self.disk = PrefixDisk(folder, quota, model_id)
+        self.pool.on_evict = lambda slot: self.disk.spill(self._settled(slot))
+
+    def spill_all(self, timeout: float | None = None) -> None:
+        """Write every cached conversation to disk (a server or worker stopping)."""
+        if self.disk is None:
+            return
+        for slot in self.pool.slots:
+            self.disk.spill(self._settled(slot))
+        self.disk.flush(timeout)
+
+    def _resume_from_disk(self, ids: list[int]) -> None:
+        """Bring the conversation on disk that keeps more of `ids` than any in memory into
+        the pool (where `choose` then takes it)."""
+        limit = len(ids) - 1
+        found = self.disk.lookup(ids, limit)
+        if found is None or found[1] <= self.pool.best_reuse(ids, limit):
+            return
+        path, common = found
+        contents = self.disk.read(path)
+        if contents is None:
+            return
+        try:
+            cache, mtp, saved_ids, _ = self._caches_from(contents, path.name)
+        except SlotError as exc:
+            self.disk.discard(path, str(exc))
+            return
+        if cache.reusable(common) > self.pool.best_reuse(ids, limit):
+            # prompt_len 0: no conversation in memory uses it, so it is taken over in place
+            self.pool.add(cache, saved_ids).mtp = mtp
+            self.pool.slots[-1].prompt_len = 0
 
     def choose_call(self, ids: list[int], null_ids: list[int], opening: list[int]) -> Choice:
         """tool_choice auto's call-or-reply for a model with no call syntax of its own

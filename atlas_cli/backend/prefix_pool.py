@@ -25,6 +25,7 @@ the model, read back without pickle.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import itertools
@@ -74,6 +75,7 @@ class PrefixPool:
     def __init__(self, new_cache: Callable[[], Cache], budget: int):
         self.new_cache = new_cache
         self.budget = budget
+        self.on_evict: Callable[[Slot], None] | None = None  # an evicted slot, before it goes
         self._clock = itertools.count(1)
         self.slots: list[Slot] = []
         self.current = self.add(new_cache())
@@ -98,6 +100,11 @@ class PrefixPool:
     def nbytes(self) -> int:
         return sum(s.nbytes for s in self.slots)
 
+    def best_reuse(self, ids: Sequence[int], limit: int) -> int:
+        """How many of `ids[:limit]` the best slot could keep (what `choose` would reuse)."""
+        target = np.asarray(ids[:limit], np.int64)
+        return max(s.cache.reusable(common_prefix(s.ids, target)) for s in self.slots)
+
     def choose(self, ids: Sequence[int], limit: int) -> tuple[Slot, int]:
         """Make the slot for the prompt `ids` current; return it and how many of its positions
         to keep (at most `limit`: the last prompt token is always recomputed for its logits)."""
@@ -115,6 +122,8 @@ class PrefixPool:
             best = next((s for s in self.slots if not s.ids), None) or self.add(self.new_cache())
         elif not in_place and 2 * best.nbytes <= self.budget:
             best = self._fork(best, keep)
+        elif not in_place and self.on_evict is not None:
+            self.on_evict(best)  # no room for a copy: its conversation goes before it is cut
         best.used = next(self._clock)
         self.current = best
         return best, keep
@@ -134,6 +143,8 @@ class PrefixPool:
             if slot is not self.current:
                 self.slots.remove(slot)
                 total -= slot.nbytes
+                if self.on_evict is not None:
+                    self.on_evict(slot)
 
     def clear(self) -> None:
         """Forget every sequence; the current slot's cache is kept, empty."""
@@ -223,18 +234,34 @@ def slot_path(name: str) -> Path:
 
 def save_slot(slot: Slot, path: Path, model_id: str) -> int:
     """Write `slot` to `path` (atomically); returns the bytes written."""
+    return write_slot(slot_arrays(slot, model_id), path)
+
+
+def slot_arrays(slot: Slot, model_id: str) -> dict[str, np.ndarray]:
+    """What a slot file holds, as host arrays (taken on the engine's thread: a device cache
+    is copied out here)."""
     arrays = {f"cache.{k}": v for k, v in slot.cache.export().items()}
     if slot.mtp is not None:
         arrays |= {f"mtp.{k}": v for k, v in slot.mtp.export().items()}
     meta = {"format": SLOT_FORMAT, "model": model_id, "prompt_len": slot.prompt_len}
     arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
     arrays["ids"] = np.asarray(slot.ids, np.int64)
+    return arrays
+
+
+def write_slot(arrays: dict[str, np.ndarray], path: Path) -> int:
+    """`slot_arrays` to `path`, atomically (a reader never sees half of it, and two processes
+    writing the same name do not share a partial file); returns the bytes written."""
     with paths.store_writes("make the atlas cache folder writable, or set ATLAS_HOME"):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.partial")
-        with open(tmp, "wb") as f:
-            np.savez(f, **arrays)
-        os.replace(tmp, path)
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.partial")
+        try:
+            with open(tmp, "wb") as f:
+                np.savez(f, **arrays)
+            os.replace(tmp, path)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
     return path.stat().st_size
 
 

@@ -38,6 +38,20 @@ CacheSize = Annotated[
         "(only the one in use); default: 8GiB, or a quarter of the free memory where less."
     ),
 ]
+CacheDir = Annotated[
+    str | None,
+    typer.Option(
+        help="Where conversations evicted from the prefix cache, and all of them at shutdown, "
+        "are kept for the next server (default: the prefix folder in atlas's cache folder)."
+    ),
+]
+CacheDisk = Annotated[
+    str | None,
+    typer.Option(
+        help="Disk quota of --cache-dir, e.g. 8GiB, 0 (keep nothing on disk); default: 8GiB, "
+        "or a quarter of the free disk where less."
+    ),
+]
 
 
 def serve(
@@ -50,6 +64,8 @@ def serve(
     chat_template_kwargs: ChatTemplateKwargs = None,
     tool_parser: ToolParser = None,
     cache_size: CacheSize = None,
+    cache_dir: CacheDir = None,
+    cache_disk: CacheDisk = None,
     device: Device = None,
     kv_type: KvType = None,
     threads: Threads = None,
@@ -71,4 +87,6 @@ def serve(
         template_kwargs=parse_template_kwargs(chat_template_kwargs),
         tool_parser=tool_parser,
         cache_bytes=parse_size(cache_size, "--cache-size"),
+        cache_dir=cache_dir,
+        cache_disk_bytes=parse_size(cache_disk, "--cache-disk"),
     )

@@ -19,11 +19,14 @@ import time
 import traceback
 from pathlib import Path
 
+from atlas_cli.backend.prefix_disk import default_folder, default_quota
 from atlas_cli.cpu_threads import use_threads
 from atlas_cli.errors import AtlasError
 from atlas_cli.keepalive import client, registry
 from atlas_cli.run_service import LoadSpec, RunRequest, reply, stats_record
 from atlas_cli.store.paths import run_dir
+
+SPILL_WAIT_S = 30.0  # on the way out, for the run in flight to end before the spill
 
 
 def fingerprint(path: Path) -> tuple:
@@ -126,6 +129,17 @@ class Worker:
 
     # -- the main thread ------------------------------------------------------------------
 
+    def keep_conversations(self) -> None:
+        """On the way out: the cached conversations to disk, for the next worker (not those
+        of a model file that changed: they belong to the old one)."""
+        if self.model is None or fingerprint(self.path) != self.identity:
+            return
+        if self.lock.acquire(timeout=SPILL_WAIT_S):  # the run in flight ends first
+            try:
+                self.model.engine.spill_all()
+            finally:
+                self.lock.release()
+
     def wait_until_idle(self) -> None:
         while not self.stopping.wait(0.25):
             if time.monotonic() > self.deadline and not self.lock.locked():
@@ -176,6 +190,9 @@ def main(argv: list[str]) -> int:
         worker.model, resolved = spec.open()
         worker.path, worker.device = resolved.path, resolved.device
         worker.identity = fingerprint(worker.path)
+        worker.model.engine.keep_on_disk(
+            default_folder(), default_quota(default_folder()), worker.path
+        )
         worker.renew()
         worker.wait_until_idle()
     except AtlasError as exc:
@@ -185,6 +202,7 @@ def main(argv: list[str]) -> int:
         worker.stopping.set()
         server.close()
         registry.forget(key)
+        worker.keep_conversations()
     return 0
 
 

@@ -62,6 +62,8 @@ class ServeConfig:
     # defaults under each request's chat_template_kwargs, e.g. {"enable_thinking": False}
     template_kwargs: dict | None = None
     cache_bytes: int | None = None  # the prefix cache's budget (--cache-size); None: default
+    # where and within what quota conversations are kept on disk (--cache-dir); None: nowhere
+    disk_cache: tuple[Path, int] | None = None
     # `model` as atlas.session resolved it (path, device, the recipe's run defaults): the
     # server loads it with those defaults; None: open `model` by name or path here
     resolved: Any = None
@@ -87,6 +89,8 @@ class AppState:
     def set_model(self, model) -> None:
         self.parser = choose_parser(model.tokenizer.chat_template, self.config.tool_parser)
         self.runner = EngineRunner(model.engine, self.metrics, self.config.cache_bytes)
+        if self.config.disk_cache is not None:
+            model.engine.keep_on_disk(*self.config.disk_cache, Path(self.config.model))
         self.aliases.add(model.info.name)
         self.model = model
 

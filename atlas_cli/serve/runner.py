@@ -113,6 +113,9 @@ def _set_done(fut: asyncio.Future) -> None:
         fut.set_result(None)
 
 
+SPILL_WAIT_S = 30.0  # at shutdown, for the generation in flight to end before the spill
+
+
 class EngineRunner:
     def __init__(self, engine: Engine, metrics: Metrics, cache_bytes: int | None = None):
         """`cache_bytes`: the engine's prefix-pool budget (`--cache-size`); None: the server's
@@ -120,21 +123,33 @@ class EngineRunner:
         self.engine = engine
         self.metrics = metrics
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="atlas-engine")
+        self._engine_lock = threading.Lock()  # held by whatever runs on the engine thread
         metrics.ctx.set(engine.context_length)
         engine.pool.budget = default_budget(SERVE_BUDGET) if cache_bytes is None else cache_bytes
 
     async def call(self, fn: Callable[[], T]) -> T:
         """Run `fn` on the engine thread, after the generations queued before it."""
-        return await asyncio.wrap_future(self._pool.submit(fn))
+        return await asyncio.wrap_future(self._pool.submit(self._exclusive, fn))
 
     def submit(self, job: Job) -> Generation:
         gen = Generation(job, asyncio.get_running_loop())
         self.metrics.waiting.inc()
-        self._pool.submit(self._work, gen)
+        self._pool.submit(self._exclusive, self._work, gen)
         return gen
 
+    def _exclusive(self, fn: Callable[..., T], *args) -> T:
+        with self._engine_lock:
+            return fn(*args)
+
     def shutdown(self) -> None:
+        """Stop taking work; once the generation in flight has ended (its client is gone),
+        keep the cached conversations on disk for the next server."""
         self._pool.shutdown(wait=False, cancel_futures=True)
+        if self.engine.disk is not None and self._engine_lock.acquire(timeout=SPILL_WAIT_S):
+            try:
+                self.engine.spill_all()
+            finally:
+                self._engine_lock.release()
 
     def _work(self, gen: Generation) -> None:
         m = self.metrics

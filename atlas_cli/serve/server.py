@@ -163,10 +163,15 @@ def serve(
     template_kwargs: dict | None = None,
     tool_parser: str | None = None,
     cache_bytes: int | None = None,
+    cache_dir: str | None = None,
+    cache_disk_bytes: int | None = None,
 ) -> None:
+    """`cache_dir` None: the prefix folder of atlas's cache folder; `cache_disk_bytes` None:
+    its default quota, 0: keep nothing on disk."""
     import uvicorn
 
     from atlas_cli import backend, session
+    from atlas_cli.backend.prefix_disk import default_folder, default_quota
 
     backend.check_kv_type(kv_dtype)
     if not 0 <= port <= 65535:
@@ -196,6 +201,10 @@ def serve(
         cache_bytes=cache_bytes,
         resolved=resolved,
     )
+    folder = Path(cache_dir).expanduser() if cache_dir else default_folder()
+    quota = default_quota(folder) if cache_disk_bytes is None else cache_disk_bytes
+    if quota > 0:
+        config = dataclasses.replace(config, disk_cache=(folder, quota))
     sock = bind(host, port)
     url = f"http://{host}:{sock.getsockname()[1]}/v1"
     config = dataclasses.replace(config, url=url)
