@@ -9,15 +9,17 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from atlas_cli.errors import UsageError
+from atlas_cli.errors import AtlasError, UsageError
 from atlas_cli.keepalive import client, keep_alive_seconds, registry
 
 
@@ -116,6 +118,82 @@ def test_what_is_not_this_users_socket_is_never_used(tmp_path, monkeypatch):
     registry.log_path(key).symlink_to(victim)
     registry.start({"model": "m"}, 60.0, key)
     assert victim.read_text() == "keep me" and registry.workers() == []
+
+
+def test_a_run_folder_that_is_not_this_users_is_refused(tmp_path, monkeypatch):
+    """A run folder left by `sudo -E atlas run` (another owner) or a file at its path: one line
+    saying why (keep-alive is off, the run loads in-process); one open to others is closed."""
+    monkeypatch.setenv("ATLAS_HOME", str(tmp_path))
+    run = tmp_path / "run"
+    assert registry.run_dir_problem() is None and run.stat().st_mode & 0o777 == 0o700
+    run.chmod(0o777)
+    assert registry.run_dir_problem() is None and run.stat().st_mode & 0o777 == 0o700
+    me = os.geteuid()
+    monkeypatch.setattr(os, "geteuid", lambda: me + 1)
+    assert "belongs to another user" in registry.run_dir_problem()
+    monkeypatch.setattr(os, "geteuid", lambda: me)
+    run.rmdir()
+    run.write_text("x")
+    assert "is not a folder" in registry.run_dir_problem()
+
+
+def test_a_worker_of_another_user_is_never_sent_a_prompt(monkeypatch):
+    left, right = socket.socketpair(socket.AF_UNIX)
+    with left, right:
+        assert registry.peer_is_this_user(left)
+        if hasattr(socket, "SO_PEERCRED"):
+            me = os.geteuid()
+            monkeypatch.setattr(os, "geteuid", lambda: me + 1)
+            assert not registry.peer_is_this_user(left)
+
+
+def fake_worker(tmp_path, monkeypatch, *messages: dict, pause_s: float = 0.0):
+    """A socket at a worker's path that accepts one run, says `messages` (`pause_s` apart),
+    then goes silent with the connection open; the key to reach it."""
+    monkeypatch.setenv("ATLAS_HOME", str(tmp_path))
+    key = "k" * 20
+    path = registry.socket_path(key)
+    path.parent.mkdir(mode=0o700)
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen(1)
+
+    def answer():
+        conn, _ = server.accept()
+        conn.makefile("r").readline()
+        for message in messages:
+            conn.sendall((json.dumps(message) + "\n").encode())
+            time.sleep(pause_s)
+        time.sleep(5)
+        conn.close()
+        server.close()
+
+    threading.Thread(target=answer, daemon=True).start()
+    return key
+
+
+def test_a_silent_worker_is_given_up_on(tmp_path, monkeypatch):
+    """A worker that accepts and then says nothing once left `atlas run` waiting forever: the
+    client gives up after SILENT_WORKER_S and runs in-process (or says the reply stopped)."""
+    monkeypatch.setattr(client, "SILENT_WORKER_S", 0.3)
+    key = fake_worker(tmp_path, monkeypatch, {"accepted": True})
+    t0 = time.monotonic()
+    assert client.run(key, {}, print) is None and time.monotonic() - t0 < 3
+
+
+def test_a_worker_silent_mid_reply_is_one_error(tmp_path, monkeypatch):
+    monkeypatch.setattr(client, "SILENT_WORKER_S", 0.3)
+    key = fake_worker(tmp_path, monkeypatch, {"accepted": True}, {"text": "Par"})
+    with pytest.raises(AtlasError, match="stopped in the middle"):
+        client.run(key, {}, lambda _: None)
+
+
+def test_a_working_worker_keeps_the_client_with_its_heartbeat(tmp_path, monkeypatch):
+    monkeypatch.setattr(client, "SILENT_WORKER_S", 0.3)
+    beats = [{"alive": True}] * 6  # 1.2 s of work, 0.2 s apart
+    done = {"done": {"text": "ok"}}
+    key = fake_worker(tmp_path, monkeypatch, {"accepted": True}, *beats, done, pause_s=0.2)
+    assert client.run(key, {}, print)["text"] == "ok"
 
 
 # ---- a real worker ---------------------------------------------------------------------------

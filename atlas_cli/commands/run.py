@@ -111,6 +111,9 @@ def run(
                     offline or None, threads)  # fmt: skip
     t0 = time.perf_counter()
     key = registry.key_of(spec.key_fields()) if hold_s and registry.supported() else None
+    if key and (why := registry.run_dir_problem()):
+        typer.echo(f"atlas: no keep-alive: {why}", err=True)
+        key = None
     record = client.run(key, asdict(request), write_out) if key else None
     if record is not None:  # a kept-alive worker answered: nothing was loaded here
         stats, load_s = SimpleNamespace(**record), record["accepted_s"]

@@ -4,8 +4,9 @@ the reply comes back as JSON lines and is written as it arrives.
 Protocol (one JSON object per line): the client sends {"op": "run", "request": {...}}; the
 worker answers {"accepted": true} at once, or {"busy": true} (another run holds it, or it is
 still loading) or {"stale": true} (its model file changed) and the client runs in-process
-instead; then {"text": ...} per streamed piece and {"done": {stats}} or {"error": message,
-"type": AtlasError subclass}. {"op": "ping"} is answered with {"pong": pid}.
+instead; then {"text": ...} per streamed piece, {"alive": true} every HEARTBEAT_S while it
+works, and {"done": {stats}} or {"error": message, "type": AtlasError subclass}. A worker
+silent for SILENT_WORKER_S is given up on. {"op": "ping"} is answered with {"pong": pid}.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from atlas_cli import errors
 from atlas_cli.keepalive import registry
 
 CONNECT_TIMEOUT_S = 2.0  # a worker answers within milliseconds unless it is wedged
+HEARTBEAT_S = 2.0  # a worker at work says so this often (worker.Replies)
+SILENT_WORKER_S = 30.0  # and one silent for this long is given up on
 
 
 def run(key: str, request: dict[str, Any], write: Callable[[str], None]) -> dict | None:
@@ -37,9 +40,11 @@ def run(key: str, request: dict[str, Any], write: Callable[[str], None]) -> dict
         if answer is None or not answer.get("accepted"):
             return None  # busy, loading or stale
         accepted_s = time.perf_counter() - t0
-        sock.settimeout(None)  # a long prompt may take minutes before its first piece
+        sock.settimeout(SILENT_WORKER_S)  # its heartbeat comes every HEARTBEAT_S
         wrote = False
         while (message := _read(lines)) is not None:
+            if "alive" in message:
+                continue
             if "text" in message:
                 write(message["text"])
                 wrote = True
@@ -47,7 +52,7 @@ def run(key: str, request: dict[str, Any], write: Callable[[str], None]) -> dict
                 return {**message["done"], "accepted_s": accepted_s}
             elif "error" in message:
                 raise _error(message)
-    if not wrote:
+    if not wrote:  # it went silent or away before the reply began: answer in-process
         return None
     raise errors.AtlasError(
         "the kept-alive model stopped in the middle of the reply; run the command again"
@@ -78,6 +83,9 @@ def _connect(key: str) -> socket.socket | None:
         registry.forget(key)
         return None
     except OSError:
+        sock.close()
+        return None
+    if not registry.peer_is_this_user(sock):  # never hand a prompt to another user's process
         sock.close()
         return None
     return sock

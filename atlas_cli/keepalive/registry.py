@@ -16,6 +16,7 @@ import os
 import signal
 import socket
 import stat
+import struct
 import sys
 import time
 from dataclasses import dataclass
@@ -113,6 +114,37 @@ def forget(key: str) -> None:
                 path.unlink()
 
 
+def run_dir_problem() -> str | None:
+    """Why the run folder cannot hold this user's workers, or None once it can: it is made
+    0700 where missing or open to others; another user's folder (left by `sudo -E atlas run`),
+    or something else at its path, is never used."""
+    path = run_dir()
+    try:
+        with contextlib.suppress(FileExistsError):  # (a link there is not followed)
+            path.mkdir(parents=True, mode=0o700)
+        st = path.lstat()
+        if not stat.S_ISDIR(st.st_mode):
+            return f"{path} is not a folder; remove it"
+        if st.st_uid != os.geteuid():
+            return f"{path} belongs to another user (uid {st.st_uid}); remove it, or set ATLAS_HOME"
+        if st.st_mode & 0o077:
+            path.chmod(0o700)
+    except OSError as exc:
+        return f"cannot use {path} ({exc.strerror or exc})"
+    return None
+
+
+def peer_is_this_user(sock: socket.socket) -> bool:
+    """Whether the process at the other end of a connected Unix socket runs as this user
+    (Linux's SO_PEERCRED; elsewhere the socket's owner, checked before connecting, decides)."""
+    option = getattr(socket, "SO_PEERCRED", None)
+    if option is None:
+        return True
+    creds = sock.getsockopt(socket.SOL_SOCKET, option, struct.calcsize("3i"))
+    _, uid, _ = struct.unpack("3i", creds)
+    return uid == os.geteuid()
+
+
 def owned_socket(path: Path) -> bool:
     """Whether `path` is a Unix socket of this user's (a link is not followed): a folder, a
     file or another user's socket there is never connected to, so a shared ATLAS_HOME cannot
@@ -121,7 +153,7 @@ def owned_socket(path: Path) -> bool:
         st = path.lstat()
     except OSError:  # absent, or in a folder this user cannot read
         return False
-    return stat.S_ISSOCK(st.st_mode) and st.st_uid == os.getuid()
+    return stat.S_ISSOCK(st.st_mode) and st.st_uid == os.geteuid()
 
 
 def workers() -> list[Worker]:

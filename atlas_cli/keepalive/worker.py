@@ -95,8 +95,10 @@ class Worker:
             self.stopping.set()
             return {"stale": True}
         send(conn, {"accepted": True})
+        out = Replies(conn)
         try:
-            stats = reply(self.model, request, lambda text: send(conn, {"text": text}))
+            with out.heartbeat():
+                stats = reply(self.model, request, lambda text: out.send({"text": text}))
         except AtlasError as exc:
             return {"error": str(exc), "type": type(exc).__name__}
         except (BrokenPipeError, ConnectionResetError):
@@ -148,6 +150,37 @@ class Worker:
 
 def send(conn: socket.socket, message: dict) -> None:
     conn.sendall((json.dumps(message) + "\n").encode())
+
+
+class Replies:
+    """One run's messages to its client: the reply's pieces and, while it is being worked on
+    (a long prompt may take minutes before its first piece), a heartbeat, so that the client
+    can tell a working worker from a wedged one (`client.SILENT_WORKER_S`)."""
+
+    def __init__(self, conn: socket.socket):
+        self.conn = conn
+        self.lock = threading.Lock()  # two threads write to one socket
+
+    def send(self, message: dict) -> None:
+        with self.lock:
+            send(self.conn, message)
+
+    @contextlib.contextmanager
+    def heartbeat(self):
+        done = threading.Event()
+
+        def beat():
+            while not done.wait(client.HEARTBEAT_S):
+                with contextlib.suppress(OSError):  # the client went: the reply finds out
+                    self.send({"alive": True})
+
+        thread = threading.Thread(target=beat, daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            done.set()
+            thread.join()
 
 
 def bind(key: str) -> socket.socket | None:
