@@ -196,6 +196,37 @@ def test_a_working_worker_keeps_the_client_with_its_heartbeat(tmp_path, monkeypa
     assert client.run(key, {}, print)["text"] == "ok"
 
 
+def test_a_worker_that_cannot_write_its_record_stops(tmp_path, monkeypatch):
+    """On a full disk the worker once ran without its record: `atlas ps` and `atlas stop`
+    could not see it. It stops instead, and leaves no socket behind."""
+    from types import SimpleNamespace
+
+    from atlas_cli.keepalive import worker
+    from atlas_cli.run_service import LoadSpec
+
+    monkeypatch.setenv("ATLAS_HOME", str(tmp_path))
+    weights = tmp_path / "model.gguf"
+    weights.write_bytes(b"w")
+    pool = SimpleNamespace(nbytes=0, budget=1 << 30)
+    engine = SimpleNamespace(keep_on_disk=lambda *a: None, spill_all=lambda: None, pool=pool)
+    loaded = SimpleNamespace(engine=engine)
+    monkeypatch.setattr(
+        LoadSpec, "open", lambda self: (loaded, SimpleNamespace(path=weights, device="cpu"))
+    )
+
+    def full_disk(_):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(registry, "write_record", full_disk)
+    spec = LoadSpec(str(weights), "cpu", None, None, None, True, None)
+    umask = os.umask(0o022)
+    try:
+        assert worker.main([json.dumps(spec.__dict__), "60", "k" * 20]) == 1
+    finally:
+        os.umask(umask)
+    assert registry.workers() == [] and not list((tmp_path / "run").glob("*.sock"))
+
+
 # ---- a real worker ---------------------------------------------------------------------------
 
 

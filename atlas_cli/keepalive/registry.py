@@ -85,8 +85,12 @@ def write_record(worker: Worker) -> None:
     """The record, replaced atomically (a reader never sees half of it)."""
     path = record_path(worker.key)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(worker.__dict__))
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(worker.__dict__))
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
 
 
 def _alive(pid: int) -> bool:

@@ -109,10 +109,15 @@ class Worker:
             return {"error": f"the kept-alive model failed: {exc}", "type": "AtlasError"}
         return {"done": stats_record(stats)}
 
-    def renew(self) -> None:
+    def renew(self) -> bool:
+        """Hold the model HOLD_S more; False where its record could not be written (a full
+        disk): `atlas ps` and `atlas stop` would not see the worker."""
         self.deadline = time.monotonic() + self.hold_s
-        with contextlib.suppress(OSError):  # the record is for `atlas ps`; serving goes on
+        try:
             self._write_record()
+        except OSError:
+            return False
+        return True
 
     def _write_record(self) -> None:
         pool = self.model.engine.pool
@@ -226,7 +231,9 @@ def main(argv: list[str]) -> int:
         worker.model.engine.keep_on_disk(
             default_folder(), default_quota(default_folder()), worker.path
         )
-        worker.renew()
+        if not worker.renew():  # a worker nobody can list or stop is not left running
+            print("atlas keep-alive: cannot write the worker's record; stopping", file=sys.stderr)
+            return 1
         worker.wait_until_idle()
     except AtlasError as exc:
         print(f"atlas keep-alive: {exc}", file=sys.stderr)
