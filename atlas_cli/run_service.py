@@ -44,12 +44,18 @@ class LoadSpec:
                          if k.startswith("ATLAS_") and k not in NOT_IN_KEY}  # fmt: skip
         return fields
 
-    def open(self):
-        """Resolve (or pull) and load the model: (model, session.Resolved)."""
+    def resolve(self):
+        """Find (or pull) the model: session.Resolved; a bad name or option fails here."""
         from atlas_cli import backend, session
 
         backend.check_kv_type(self.kv_type)  # before anything is downloaded or loaded
-        resolved = session.resolve(self.model, device=self.device, offline=self.offline)
+        return session.resolve(self.model, device=self.device, offline=self.offline)
+
+    def open(self):
+        """Resolve (or pull) and load the model: (model, session.Resolved)."""
+        from atlas_cli import session
+
+        resolved = self.resolve()
         loaded = session.load(
             resolved, ctx_size=self.ctx_size, draft=self.draft, kv_dtype=self.kv_type
         )

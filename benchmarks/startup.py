@@ -12,6 +12,9 @@ the reply on stdout (for `--help`: to the process's exit). The cases:
   (`--keep-alive`, the default; started once before the rounds);
 - atlas cold: the same with `ATLAS_KEEP_ALIVE=0`: the process loads the model itself (numba's
   compiled kernels from its cache);
+- atlas first run: no worker yet (`atlas stop` before it, in a home of its own): the run starts
+  the worker, which loads the model and answers;
+- atlas second run: right after a first run ends (no worker before that one), another prompt;
 - llama.cpp: llama-cpp-python in a fresh process: import, load the same file, the same chat
   prompt streamed (`create_chat_completion`), as `atlas run` does;
 - atlas --help.
@@ -33,6 +36,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPT = "What is the capital of France?"
+OTHER_PROMPT = "Name three primary colours."
 
 LLAMA_CHILD = """
 import sys
@@ -70,9 +74,25 @@ def cases(args, env: dict[str, str]) -> dict[str, object]:
     run = [*atlas, "run", str(args.model), PROMPT, "-n", "8", "--temperature", "0"]
     cold_env = dict(env, ATLAS_KEEP_ALIVE="0")
     llama = [args.llama_python, "-c", LLAMA_CHILD, str(args.model), PROMPT]
+    other = [*run[:5], OTHER_PROMPT, *run[6:]]
+
+    def in_a_fresh_home(measure) -> float:
+        """`measure(env)` in a home of its own (no worker yet), whose worker is stopped after."""
+        fresh = dict(env, ATLAS_HOME=tempfile.mkdtemp(prefix="atlas-startup-fresh-"))
+        try:
+            return measure(fresh)
+        finally:
+            subprocess.run([*atlas, "stop"], env=fresh, capture_output=True)
+
+    def second_run(fresh) -> float:
+        first_byte_s(run, fresh)
+        return first_byte_s(other, fresh)
+
     return {
         "atlas run, model kept loaded": lambda: first_byte_s(run, env),
         "atlas run, cold": lambda: first_byte_s(run, cold_env),
+        "atlas run, first": lambda: in_a_fresh_home(lambda fresh: first_byte_s(run, fresh)),
+        "atlas run, right after the first": lambda: in_a_fresh_home(second_run),
         "llama.cpp (llama-cpp-python)": lambda: first_byte_s(llama, env),
         "atlas --help": lambda: exit_s([*atlas, "--help"], env),
     }

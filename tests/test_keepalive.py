@@ -218,6 +218,7 @@ def test_a_worker_that_cannot_write_its_record_stops(tmp_path, monkeypatch):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(registry, "write_record", full_disk)
+    monkeypatch.setattr(signal, "signal", lambda *a: None)  # this process keeps its handlers
     spec = LoadSpec(str(weights), "cpu", None, None, None, True, None)
     umask = os.umask(0o022)
     try:
@@ -320,12 +321,23 @@ def test_a_new_worker_resumes_the_conversations_of_the_last(home):
     next worker of the same model file answers the same prompt from them."""
     root, model, env = home
     prompt = "Summarise these notes. " + " ".join(f"Note {i}: keep it exact." for i in range(30))
-    run_json(env, model, prompt)  # in-process; starts a worker
-    wait_for_worker(env)
-    assert run_json(env, model, prompt)["cached_tokens"] == 0  # the worker's first
+    assert run_json(env, model, prompt)["cached_tokens"] == 0  # a new worker answers
     assert atlas(env, "stop").returncode == 0  # on its way out it writes the conversation
     assert list((root / "cache" / "prefix").glob("*/*.npz"))
-    run_json(env, model, prompt)  # in-process again; starts the next worker
-    wait_for_worker(env)
-    resumed = run_json(env, model, prompt)
+    resumed = run_json(env, model, prompt)  # the next worker
     assert resumed["cached_tokens"] >= resumed["prompt_tokens"] - 1
+
+
+@pytest.mark.slow
+def test_runs_started_together_share_one_loaded_copy(home):
+    """Two runs at once with no worker yet: one worker loads the model and answers both (the
+    second waits for it instead of loading its own copy)."""
+    root, model, env = home
+    cmd = [sys.executable, "-m", "atlas_cli", "run", str(model), "--json", "-n", "4"]
+    procs = [
+        subprocess.Popen([*cmd, f"Say {word}."], env=env, stdout=subprocess.PIPE, text=True)
+        for word in ("yes", "no")
+    ]
+    results = [json.loads(p.communicate(timeout=300)[0]) for p in procs]
+    assert all(r["kept_alive"] for r in results), results
+    assert len(json.loads(atlas(env, "ps", "--json").stdout)) == 1

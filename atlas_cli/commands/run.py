@@ -115,21 +115,32 @@ def run(
         typer.echo(f"atlas: no keep-alive: {why}", err=True)
         key = None
     record = client.run(key, asdict(request), write_out) if key else None
+    if record is None and key:
+        record = answer_on_a_new_worker(spec, request, key, hold_s)
     if record is not None:  # a kept-alive worker answered: nothing was loaded here
         stats, load_s = SimpleNamespace(**record), record["accepted_s"]
-    else:
+    else:  # no keep-alive, or the worker could not answer (it says why here, in one line)
         use_threads(threads)
         request.overrides()  # bad sampling values fail before the model loads
         loaded, _ = spec.open()
         load_s = time.perf_counter() - t0
         stats = reply(loaded, request, write_out)
-        if key:
-            registry.start(spec.__dict__, hold_s, key)
-    result = RunResult(model_name, stats, load_s, time.perf_counter() - t0)
+    result = RunResult(model_name, stats, load_s, time.perf_counter() - t0, record is not None)
     if json_output:
         typer.echo(json.dumps(result.as_json(), ensure_ascii=False))
     elif verbose:
         typer.echo(result.stats_block(), err=True)
+
+
+def answer_on_a_new_worker(spec: LoadSpec, request: RunRequest, key: str, hold_s: float):
+    """Start the keep-alive worker and let it answer this run: it is loaded when the run ends,
+    so the next run starts warm, and a run started meanwhile waits for this copy instead of
+    loading its own. The model is found here first (a download shows its progress, a bad name
+    or option fails in one line). The stats record, or None where no worker answered."""
+    request.overrides()  # bad sampling values fail before anything starts
+    spec.resolve()
+    process = registry.start(spec.__dict__, hold_s, key)
+    return client.run(key, asdict(request), write_out, starting=process or True)
 
 
 def stdin_is_a_terminal() -> bool:
@@ -234,6 +245,7 @@ class RunResult:
     stats: Any  # backend.engine.GenerationStats
     load_s: float
     total_s: float
+    kept_alive: bool = False  # answered by the keep-alive worker, not loaded in this process
 
     def as_json(self) -> dict[str, Any]:
         s = self.stats
@@ -244,6 +256,7 @@ class RunResult:
             "prompt_tokens": s.prompt_tokens,
             "cached_tokens": s.cached_tokens,  # of prompt_tokens: not evaluated, from the cache
             "completion_tokens": s.completion_tokens,
+            "kept_alive": self.kept_alive,
             "timings": {
                 "load_s": round(self.load_s, 4),
                 "prompt_s": round(s.prompt_s, 4),

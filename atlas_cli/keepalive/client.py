@@ -26,26 +26,30 @@ HEARTBEAT_S = 2.0  # a worker at work says so this often (worker.Replies)
 SILENT_WORKER_S = 30.0  # and one silent for this long is given up on
 
 
-def run(key: str, request: dict[str, Any], write: Callable[[str], None]) -> dict | None:
+def run(
+    key: str, request: dict[str, Any], write: Callable[[str], None], starting=False
+) -> dict | None:
     """The stats record of the reply (its text written through `write` as it came; plus
     `accepted_s`, the time until the worker took the request), or None when no worker for
-    `key` can take the request now: the caller runs in-process."""
+    `key` can take the request: the caller runs in-process. `starting`: a worker is starting
+    (its socket may not be there yet; it loads, then answers): True, or its process, whose
+    exit ends the wait."""
     t0 = time.perf_counter()
-    sock = _connect(key)
+    sock = _connect_when_bound(key, starting) if starting else _connect(key)
     if sock is None:
         return None
     with sock, sock.makefile("r", encoding="utf-8") as lines:
         sock.sendall((json.dumps({"op": "run", "request": request}) + "\n").encode())
-        answer = _read(lines)
-        if answer is None or not answer.get("accepted"):
-            return None  # busy, loading or stale
-        accepted_s = time.perf_counter() - t0
-        sock.settimeout(SILENT_WORKER_S)  # its heartbeat comes every HEARTBEAT_S
-        wrote = False
+        sock.settimeout(SILENT_WORKER_S)  # while it loads or works: a heartbeat every HEARTBEAT_S
+        accepted_s, wrote = None, False
         while (message := _read(lines)) is not None:
             if "alive" in message:
                 continue
-            if "text" in message:
+            if accepted_s is None:
+                if not message.get("accepted"):
+                    return None  # stopping, or its model file changed
+                accepted_s = time.perf_counter() - t0
+            elif "text" in message:
                 write(message["text"])
                 wrote = True
             elif "done" in message:
@@ -59,6 +63,20 @@ def run(key: str, request: dict[str, Any], write: Callable[[str], None]) -> dict
     )
 
 
+def _connect_when_bound(key: str, starting) -> socket.socket | None:
+    """Connect to a worker that is starting: it binds its socket once Python has started."""
+    deadline = time.monotonic() + SILENT_WORKER_S
+    alive = (lambda: starting.poll() is None) if starting is not True else (lambda: True)
+    while alive() and time.monotonic() < deadline:
+        path = registry.socket_path(key)
+        if path is not None and registry.owned_socket(path):
+            sock = _connect(key, starting=True)
+            if sock is not None:
+                return sock
+        time.sleep(0.02)
+    return None
+
+
 def ping(key: str) -> int | None:
     """The pid of the worker for `key` if one answers on its socket."""
     sock = _connect(key)
@@ -70,7 +88,9 @@ def ping(key: str) -> int | None:
     return answer.get("pong") if answer else None
 
 
-def _connect(key: str) -> socket.socket | None:
+def _connect(key: str, starting: bool = False) -> socket.socket | None:
+    """A connection to the worker for `key`; None where there is none of this user's.
+    `starting`: the worker may have bound its socket but not be listening yet."""
     path = registry.socket_path(key)
     if path is None or not registry.owned_socket(path):
         return None
@@ -80,7 +100,8 @@ def _connect(key: str) -> socket.socket | None:
         sock.connect(str(path))
     except ConnectionRefusedError:  # a socket file left by a worker that was killed
         sock.close()
-        registry.forget(key)
+        if not starting:
+            registry.forget(key)
         return None
     except OSError:
         sock.close()

@@ -205,24 +205,24 @@ def stop_for_paths(paths: list[Path]) -> None:
             stop(worker)
 
 
-def start(spec: dict[str, Any], hold_s: float, key: str) -> None:
+def start(spec: dict[str, Any], hold_s: float, key: str):
     """Start a detached worker for `spec` unless one is there (or starting: it binds its socket
-    before it loads). It outlives this process; its errors go to its log, never to the user's
-    terminal."""
+    before it loads); its process, or None. It outlives this process; its errors go to its log,
+    never to the user's terminal."""
     import subprocess
 
     path = socket_path(key)
     if path is None or os.path.lexists(path):  # a worker, or something not ours: leave it
-        return
+        return None
     try:
         run_dir().mkdir(parents=True, exist_ok=True, mode=0o700)
         # a link planted at the log's name is not followed (it could truncate any file)
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_NOFOLLOW", 0)
         log = os.fdopen(os.open(log_path(key), flags, 0o600), "wb")
-    except OSError:  # a read-only or full home: the run has answered; no worker, no error
-        return
+    except OSError:  # a read-only or full home: no worker, no error
+        return None
     with log:
-        subprocess.Popen(
+        return subprocess.Popen(
             [sys.executable, "-m", WORKER_MODULE, json.dumps(spec), repr(hold_s), key],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,

@@ -27,6 +27,7 @@ from atlas_cli.run_service import LoadSpec, RunRequest, reply, stats_record
 from atlas_cli.store.paths import run_dir
 
 SPILL_WAIT_S = 30.0  # on the way out, for the run in flight to end before the spill
+TURN_POLL_S = 0.25  # how often a waiting run looks at the model and the lock
 
 
 def fingerprint(path: Path) -> tuple:
@@ -50,7 +51,8 @@ class Worker:
         self.path: Path | None = None
         self.device = spec.device or "cpu"
         self.identity: tuple = ()
-        self.lock = threading.Lock()  # one run at a time; a second gets "busy"
+        self.lock = threading.Lock()  # one run at a time; the others wait their turn
+        self.clients: set[int] = set()  # the connections being answered or waiting
         self.stopping = threading.Event()
         self.deadline = time.monotonic() + hold_s
 
@@ -78,27 +80,43 @@ class Worker:
                 send(conn, {"error": "malformed keep-alive request", "type": "AtlasError"})
 
     def run(self, conn: socket.socket, request: RunRequest) -> None:
-        if self.model is None or not self.lock.acquire(blocking=False):
-            send(conn, {"busy": True})
-            return
+        """Answer `request` once the model has loaded and the runs before it have ended (a run
+        started while another answers, or while the model loads, shares this copy); the
+        client hears a heartbeat meanwhile."""
+        out = Replies(conn)
+        self.clients.add(id(out))
         try:
-            last = self.answer(conn, request)
+            with out.heartbeat():
+                if not self.take_turn(out):
+                    out.send({"busy": True})  # stopping: the client answers in-process
+                    return
+                try:
+                    last = self.answer(out, request)
+                finally:
+                    self.renew()
+                    self.lock.release()
+            # after the release: a client that runs again at once finds the worker free
+            out.send(last)
         finally:
-            self.renew()
-            self.lock.release()
-        # after the release: a client that runs again at once finds the worker free
-        send(conn, last)
+            self.clients.discard(id(out))
 
-    def answer(self, conn: socket.socket, request: RunRequest) -> dict:
+    def take_turn(self, out: Replies) -> bool:
+        """Wait for the model and the lock; False when the worker stops or the client left."""
+        while not self.stopping.is_set() and not out.gone:
+            if self.model is None:
+                time.sleep(TURN_POLL_S)
+            elif self.lock.acquire(timeout=TURN_POLL_S):
+                return True
+        return False
+
+    def answer(self, out: Replies, request: RunRequest) -> dict:
         """Stream the reply to `request`; the message that ends it."""
         if fingerprint(self.path) != self.identity:
             self.stopping.set()
             return {"stale": True}
-        send(conn, {"accepted": True})
-        out = Replies(conn)
+        out.send({"accepted": True})
         try:
-            with out.heartbeat():
-                stats = reply(self.model, request, lambda text: out.send({"text": text}))
+            stats = reply(self.model, request, lambda text: out.send({"text": text}))
         except AtlasError as exc:
             return {"error": str(exc), "type": type(exc).__name__}
         except (BrokenPipeError, ConnectionResetError):
@@ -120,17 +138,19 @@ class Worker:
         return True
 
     def _write_record(self) -> None:
-        pool = self.model.engine.pool
+        """The record `atlas ps` and `atlas stop` read: written when the socket is bound (a
+        loading worker can be stopped), again when loaded and after every run."""
+        pool = self.model.engine.pool if self.model is not None else None
         registry.write_record(
             registry.Worker(
                 key=self.key,
                 pid=os.getpid(),
                 model=self.spec.model,
-                path=str(self.path),
+                path=str(self.path or self.spec.model),
                 device=self.device,
                 expires_at=time.time() + self.hold_s,
-                cache_bytes=pool.nbytes,
-                cache_budget=pool.budget,
+                cache_bytes=pool.nbytes if pool else 0,
+                cache_budget=pool.budget if pool else 0,
             )
         )
 
@@ -149,7 +169,7 @@ class Worker:
 
     def wait_until_idle(self) -> None:
         while not self.stopping.wait(0.25):
-            if time.monotonic() > self.deadline and not self.lock.locked():
+            if time.monotonic() > self.deadline and not self.clients:
                 return
 
 
@@ -165,10 +185,15 @@ class Replies:
     def __init__(self, conn: socket.socket):
         self.conn = conn
         self.lock = threading.Lock()  # two threads write to one socket
+        self.gone = False  # the client closed the connection (Ctrl-C)
 
     def send(self, message: dict) -> None:
         with self.lock:
-            send(self.conn, message)
+            try:
+                send(self.conn, message)
+            except OSError:
+                self.gone = True
+                raise
 
     @contextlib.contextmanager
     def heartbeat(self):
@@ -222,6 +247,11 @@ def main(argv: list[str]) -> int:
 
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the terminal's Ctrl-C is the run's, not ours
+    if not worker.renew():  # a worker nobody can list or stop is not left running
+        print("atlas keep-alive: cannot write the worker's record; stopping", file=sys.stderr)
+        server.close()
+        registry.forget(key)
+        return 1
     try:
         threading.Thread(target=worker.serve, args=(server,), daemon=True).start()
         use_threads(spec.threads)
@@ -231,9 +261,7 @@ def main(argv: list[str]) -> int:
         worker.model.engine.keep_on_disk(
             default_folder(), default_quota(default_folder()), worker.path
         )
-        if not worker.renew():  # a worker nobody can list or stop is not left running
-            print("atlas keep-alive: cannot write the worker's record; stopping", file=sys.stderr)
-            return 1
+        worker.renew()
         worker.wait_until_idle()
     except AtlasError as exc:
         print(f"atlas keep-alive: {exc}", file=sys.stderr)
