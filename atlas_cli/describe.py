@@ -34,6 +34,7 @@ def describe_recipe(ref, device: str | None) -> dict[str, Any]:
         "description": r.description,
         "variant": variant,
         "hardware_class": hw_class,
+        "machine_variant": r.variant_for(hw_class),  # what this machine gets unless told
         "architecture": r.model.architecture,
         "family": r.model.family,
         "parameters": r.model.parameters,

@@ -216,7 +216,8 @@ def show_text(info: dict[str, Any]) -> str:
             value = f"{value:,}"
         lines.append(f"  {label + ':':18}{value}" if label else f"  {value}")
     if info.get("hardware_class"):
-        lines.append(f"  {'this machine:':18}{info['hardware_class']} gets {info['variant']}")
+        gets = info.get("machine_variant") or info["variant"]
+        lines.append(f"  {'this machine:':18}{info['hardware_class']} gets {gets}")
     if info.get("defaults"):
         lines.append("  defaults:")
         for k, v in info["defaults"].items():
@@ -224,6 +225,9 @@ def show_text(info: dict[str, Any]) -> str:
                 lines.append(f"    {k + ':':22}{_value(v)}")
     if info.get("memory"):
         lines.append(f"  {'memory:':18}{memory_text(info['memory'])}")
+        file_size = (info.get("variants") or {}).get(info["variant"], {}).get("size") or 0
+        if info["memory"]["weights_bytes"] > 1.5 * file_size > 0:
+            lines.append(f"  {'':18}(its {info['quantization']} weights are float32 on the CPU)")
     if info.get("variants"):
         lines.append("  variants:")
         lines += [variant_line(k, v, k == info.get("variant")) for k, v in info["variants"].items()]
@@ -233,11 +237,15 @@ def show_text(info: dict[str, Any]) -> str:
 
 
 def memory_text(m: dict[str, Any]) -> str:
+    """The fit estimate as one figure and the parts it sums."""
     verdict = "fits" if m["fits"] else "does NOT fit"
+    parts = [f"{size_text(m['weights_bytes'])} weights", f"{size_text(m['kv_cache_bytes'])} KV "
+             f"{m['kv_dtype']}"]  # fmt: skip
+    if m.get("state_bytes"):
+        parts.append(f"{size_text(m['state_bytes'])} linear-attention state")
+    parts.append(f"{size_text(m['overhead_bytes'])} buffers")
     return (
-        f"{size_text(m['total_bytes'])} at {m['context']} tokens "
-        f"({size_text(m['weights_bytes'])} weights + {size_text(m['kv_cache_bytes'])} "
-        f"KV {m['kv_dtype']}); "
+        f"{size_text(m['total_bytes'])} at {m['context']} tokens ({' + '.join(parts)}); "
         f"{verdict} in {size_text(m['available_bytes'])} ({m['device']})"
     )
 
