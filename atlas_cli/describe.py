@@ -54,11 +54,22 @@ def describe_recipe(ref, device: str | None) -> dict[str, Any]:
     }
 
 
-def target(device: str | None) -> tuple[str, int]:
-    """The hardware class a variant is picked for, and the memory it must fit in there."""
-    from atlas_cli import hardware
+# what a recipe question about a GPU backend this machine lacks is answered for
+GENERIC_CLASS = {"cuda": "cuda", "hip": "amd"}
 
-    chosen = hardware.detect(device) if device not in ("cpu", "cpu-ref") else None
+
+def target(device: str | None) -> tuple[str, int | None]:
+    """The hardware class a variant is picked for, and the memory it must fit in there (None
+    for a GPU backend asked about that this machine lacks: the recipes still answer)."""
+    from atlas_cli import hardware
+    from atlas_cli.errors import DeviceError
+
+    try:
+        chosen = hardware.detect(device) if device not in ("cpu", "cpu-ref") else None
+    except DeviceError:
+        if device not in GENERIC_CLASS:
+            raise
+        return GENERIC_CLASS[device], None
     if chosen is None or chosen.hw_class == "cpu":
         return "cpu", hardware.system_memory()[1]
     return chosen.hw_class, chosen.memory_bytes

@@ -42,7 +42,7 @@ class FitEstimate:
     overhead_bytes: int
     context: int
     kv_dtype: str
-    available_bytes: int
+    available_bytes: int | None  # None: no such device here (a question about recipes)
     device: str
     kv_per_token: int
 
@@ -51,11 +51,16 @@ class FitEstimate:
         return self.weights_bytes + self.kv_bytes + self.state_bytes + self.overhead_bytes
 
     @property
-    def fits(self) -> bool:
+    def fits(self) -> bool | None:
+        """None where there is no device to fit in."""
+        if self.available_bytes is None:
+            return None
         return self.total_bytes <= self.available_bytes
 
     def max_context(self) -> int:
         """The longest context that fits next to the weights (0: the weights alone do not)."""
+        if self.available_bytes is None:
+            return self.context
         room = self.available_bytes - self.weights_bytes - self.state_bytes - self.overhead_bytes
         return max(room // max(self.kv_per_token, 1), 0)
 
@@ -99,7 +104,7 @@ def estimate(
 
 def ensure_fits(what: str, est: FitEstimate, smaller: list[str] = ()) -> None:
     """Raise ModelTooLargeError with the numbers and what to try instead."""
-    if est.fits:
+    if est.fits is not False:
         return
     ideas = []
     longest = est.max_context()
@@ -144,7 +149,7 @@ def variant_weight_bytes(variant, parameter_count: int, device: str) -> int:
 
 
 def recipe_estimate(
-    recipe, variant: str, hw_class: str, available_bytes: int, device: str | None = None
+    recipe, variant: str, hw_class: str, available_bytes: int | None, device: str | None = None
 ) -> FitEstimate:
     """Weights + KV cache of a recipe variant at its default context, from the recipe's facts
     alone: the estimate `atlas show`, `list --available` and `pull` print, and the one

@@ -109,6 +109,22 @@ def test_list_available_and_show_a_recipe(env):
     assert "NVFP4" in r.stdout and "qwen3_coder" in r.stdout and "mtp" in r.stdout
 
 
+def test_list_and_show_answer_about_a_gpu_this_machine_lacks(env, monkeypatch):
+    """Which variant a CUDA card gets is a question about recipes: answered without one, with
+    no fit verdict (there is nothing here to fit in)."""
+    monkeypatch.setattr(
+        hardware, "probe", lambda: hardware.Probe((), (hardware.Toolchain("cuda", problem="x"),))
+    )
+    r = atlas("list", "--available", "--device", "cuda")
+    assert r.exit_code == 0, r.output
+    assert "hardware class cuda" in r.stdout and "too big" not in r.stdout
+    data = json.loads(atlas("list", "--available", "--json", "--device", "cuda").stdout)
+    row = {x["name"]: x for x in data["recipes"]}["qwen3.6-27b"]
+    assert row["variant"] == "nvfp4" and row["memory"]["fits"] is None
+    shown = atlas("show", "qwen3.6-27b", "--device", "cuda").stdout
+    assert "cuda gets nvfp4" in shown and "no cuda device here to fit it in" in shown
+
+
 def test_pull_on_a_requested_gpu_that_is_not_there(env, monkeypatch):
     monkeypatch.setenv("ATLAS_DEVICE", "cuda")
     monkeypatch.setattr(

@@ -165,7 +165,8 @@ def available_text(hw_class: str, recipes: list[dict[str, Any]]) -> str:
             o["variant"],
             f"{o['format']} {o['quantization']}",
             size_text(o["size"]) if o["size"] else "?",
-            size_text(o["memory"]["total_bytes"]) + ("" if o["memory"]["fits"] else " (too big)"),
+            size_text(o["memory"]["total_bytes"])
+            + (" (too big)" if o["memory"]["fits"] is False else ""),
             "yes" if o["installed"] else "",
             o["source"],
             o["description"],
@@ -217,7 +218,9 @@ def show_text(info: dict[str, Any]) -> str:
         lines.append(f"  {label + ':':18}{value}" if label else f"  {value}")
     if info.get("hardware_class"):
         gets = info.get("machine_variant") or info["variant"]
-        lines.append(f"  {'this machine:':18}{info['hardware_class']} gets {gets}")
+        here = (info.get("memory") or {}).get("fits") is not None
+        label = "this machine:" if here else "on that device:"
+        lines.append(f"  {label:18}{info['hardware_class']} gets {gets}")
     if info.get("defaults"):
         lines.append("  defaults:")
         for k, v in info["defaults"].items():
@@ -238,15 +241,18 @@ def show_text(info: dict[str, Any]) -> str:
 
 def memory_text(m: dict[str, Any]) -> str:
     """The fit estimate as one figure and the parts it sums."""
-    verdict = "fits" if m["fits"] else "does NOT fit"
     parts = [f"{size_text(m['weights_bytes'])} weights", f"{size_text(m['kv_cache_bytes'])} KV "
              f"{m['kv_dtype']}"]  # fmt: skip
     if m.get("state_bytes"):
         parts.append(f"{size_text(m['state_bytes'])} linear-attention state")
     parts.append(f"{size_text(m['overhead_bytes'])} buffers")
+    if m["fits"] is None:
+        verdict = f"no {m['device']} device here to fit it in"
+    else:
+        verdict = "fits" if m["fits"] else "does NOT fit"
+        verdict += f" in {size_text(m['available_bytes'])} ({m['device']})"
     return (
-        f"{size_text(m['total_bytes'])} at {m['context']} tokens ({' + '.join(parts)}); "
-        f"{verdict} in {size_text(m['available_bytes'])} ({m['device']})"
+        f"{size_text(m['total_bytes'])} at {m['context']} tokens ({' + '.join(parts)}); {verdict}"
     )
 
 
