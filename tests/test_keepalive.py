@@ -90,6 +90,20 @@ def test_stale_records_are_dropped(tmp_path, monkeypatch):
     assert list((tmp_path / "run").iterdir()) == []
 
 
+def test_a_model_file_is_matched_however_it_is_written(tmp_path, monkeypatch):
+    """`atlas stop my.gguf` for a model started as `./my.gguf` (or by its full path)."""
+    monkeypatch.setenv("ATLAS_HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my.gguf").write_bytes(b"w")
+    (tmp_path / "home" / "run").mkdir(parents=True)
+    me = registry.Worker("k" * 20, os.getpid(), "./my.gguf", "my.gguf", "cpu", time.time() + 60)
+    registry.write_record(me)
+    monkeypatch.setattr(registry, "_alive", lambda pid: True)
+    for name in ["my.gguf", "./my.gguf", str(tmp_path / "my.gguf")]:
+        assert registry.matching(name) == [me], name
+    assert registry.matching("other") == []
+
+
 def test_no_worker_and_no_error_where_the_run_folder_cannot_be_made(tmp_path, monkeypatch):
     monkeypatch.setenv("ATLAS_HOME", str(tmp_path))
     (tmp_path / "run").write_text("a file where the folder should be")  # as a read-only home

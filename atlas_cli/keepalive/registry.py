@@ -193,8 +193,10 @@ def matching(name: str | None) -> list[Worker]:
     for None."""
     if name is None:
         return workers()
-    wanted = os.path.abspath(name) if os.path.exists(name) else None
-    return [w for w in workers() if w.model.lower() == name.lower() or wanted in (w.path, w.model)]
+    if os.path.exists(name):  # a file however it is written: my.gguf, ./my.gguf, its path
+        wanted = os.path.realpath(name)
+        return [w for w in workers() if wanted in map(os.path.realpath, (w.path, w.model))]
+    return [w for w in workers() if w.model.lower() == name.lower()]
 
 
 def stop_for_paths(paths: list[Path]) -> None:
