@@ -86,15 +86,16 @@ def write_completion_table() -> None:
     """Store the command tree for the next Tab (atlas_cli/completion_cache.py answers from it
     without importing this module), unless a fresh one is there."""
     from atlas_cli import completion_cache, completion_table
-    from atlas_cli.commands.options import _complete_model
+    from atlas_cli.commands.options import _complete_downloaded, _complete_model
 
     if completion_cache.load() is not None:
         return
     names = [command.name for command in bench_app.registered_commands]
     routes = {"bench": {"default": DEFAULT_COMMAND, "keep": [*names, *HELP_FLAGS]}}
     command = typer.main.get_command(app)
-    # the model completer reads the store: the fast path calls completion.complete_models live
-    table = completion_table.build(command, PROG, {_complete_model: "models"}, routes)
+    # the model completers read the store: the fast path calls completion's functions live
+    live = {_complete_model: "models", _complete_downloaded: "downloaded"}
+    table = completion_table.build(command, PROG, live, routes)
     completion_cache.save(table, typer.__file__)
 
 

@@ -35,9 +35,17 @@ _SCRIPTS = {
 # {header}
 # Install: see "Shell completion" in the README.
 _atlas_completion() {{
-    local IFS=$'\\n'
-    COMPREPLY=( $(env COMP_WORDS="${{COMP_WORDS[*]}}" COMP_CWORD=$COMP_CWORD \\
+    local IFS=$'\\n' line="${{COMP_LINE:0:COMP_POINT}}" words cur
+    # the words split at spaces only: bash also splits at ':', which NAME:VARIANT holds
+    IFS=' ' read -ra words <<< "$line"
+    [[ "$line" == *" " || ${{#words[@]}} -eq 0 ]] && words+=("")
+    cur="${{words[${{#words[@]}}-1]}}"
+    COMPREPLY=( $(env COMP_WORDS="${{words[*]}}" COMP_CWORD=$(( ${{#words[@]}} - 1 )) \\
                   {var}=complete_bash "$1" 2>/dev/null) )
+    if [[ "$cur" == *:* && "$COMP_WORDBREAKS" == *:* ]]; then
+        local colon="${{cur%"${{cur##*:}}"}}"  # bash replaces only what follows the last ':'
+        COMPREPLY=( "${{COMPREPLY[@]#"$colon"}}" )
+    fi
     return 0
 }}
 
@@ -155,8 +163,8 @@ def recipes_dir():
     return Path(__file__).resolve().parent / "recipes"
 
 
-def _recipes() -> Iterable[tuple[str, str]]:
-    """Recipe files shipped in atlas_cli/recipes/: the `name` key, or the file's stem."""
+def _recipe_files() -> Iterable[tuple[str, dict]]:
+    """Recipe files shipped in atlas_cli/recipes/: (the `name` key or the file's stem, data)."""
     import tomllib
     from pathlib import Path
 
@@ -171,8 +179,33 @@ def _recipes() -> Iterable[tuple[str, str]]:
         except (OSError, ValueError):
             continue  # a broken recipe must not break the shell
         name = data.get("name") if isinstance(data.get("name"), str) else Path(entry.name).stem
+        yield name, data
+
+
+def _recipes() -> Iterable[tuple[str, str]]:
+    for name, data in _recipe_files():
         about = data.get("description")
         yield name, about if isinstance(about, str) else "recipe"
+
+
+def _variants(name: str) -> Iterable[tuple[str, str]]:
+    """A recipe's variants: (variant, "FORMAT QUANTIZATION")."""
+    for recipe, data in _recipe_files():
+        variants = data.get("variants")
+        if recipe == name and isinstance(variants, dict):
+            for variant, facts in variants.items():
+                facts = facts if isinstance(facts, dict) else {}
+                yield variant, f"{facts.get('format', '')} {facts.get('quantization', '')}".strip()
+
+
+def _downloaded_variants(name: str) -> Iterable[tuple[str, str]]:
+    """The variants of `name` in the store (its manifests)."""
+    from atlas_cli.store.paths import manifests_dir
+
+    folder = manifests_dir() / name.replace("/", "--")
+    if folder.is_dir():
+        for entry in sorted(folder.glob("*.json")):
+            yield entry.stem, "downloaded"
 
 
 NAME_SOURCES: list[NameSource] = [_embedded, _installed, _recipes]
@@ -191,8 +224,23 @@ def model_names() -> dict[str, str]:
 
 
 def complete_models(incomplete: str) -> list[tuple[str, str]]:
-    """Model names starting with `incomplete`; none for things that look like paths, so the
-    shell falls back to completing files."""
+    """Model names starting with `incomplete`, and NAME:VARIANT after a recipe's name and a
+    colon; none for things that look like paths, so the shell falls back to completing files."""
     if incomplete.startswith((".", "/", "~")):
         return []
+    if ":" in incomplete:
+        return _with_variants(incomplete, _variants)
     return [(n, about) for n, about in model_names().items() if n.startswith(incomplete)]
+
+
+def complete_downloaded(incomplete: str) -> list[tuple[str, str]]:
+    """What `atlas rm` can delete: the models in the store, and their variants after a colon."""
+    if ":" in incomplete:
+        return _with_variants(incomplete, _downloaded_variants)
+    return [(n, about) for n, about in _installed() if n.startswith(incomplete)]
+
+
+def _with_variants(incomplete: str, variants: Callable[[str], Iterable[tuple[str, str]]]):
+    name = incomplete.split(":", 1)[0]
+    found = ((f"{name}:{v}", about) for v, about in variants(name))
+    return [(ref, about) for ref, about in found if ref.startswith(incomplete)]

@@ -26,6 +26,7 @@ from pathlib import Path
 from atlas_cli import __version__
 from atlas_cli.completion import (
     SHELLS,
+    complete_downloaded,
     complete_models,
     route_completion_words,
     split_words,
@@ -35,7 +36,10 @@ from atlas_cli.store.paths import cache_dir
 TABLE_FORMAT = 1
 PACKAGE = Path(__file__).resolve().parent
 SKIPPED = {"kernels", "__pycache__"}  # every .py and .toml counts: a choice may live anywhere
-LIVE = {"models": complete_models}  # value kinds read live, not from the table
+LIVE = {
+    "models": complete_models,
+    "downloaded": complete_downloaded,
+}  # value kinds read live, not from the table
 ENV_KEYS = ("COMP_WORDS", "COMP_CWORD", "_TYPER_COMPLETE_ARGS")
 
 Item = tuple[str, str | None]  # (value, help)

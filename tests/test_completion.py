@@ -92,6 +92,20 @@ def test_bash_completes_commands_flags_and_names(atlas_on_path):
     assert bash_complete("atlas completion f", atlas_on_path) == ["fish"]
 
 
+def test_variants_after_a_colon_and_rm_offers_only_what_is_downloaded(atlas_on_path):
+    """`atlas pull qwen3-8b:<Tab>` lists the recipe's variants (bash replaces only what follows
+    the colon); `atlas rm <Tab>` what is in the store, not every recipe."""
+    if shutil.which("bash") is None:
+        pytest.skip("bash is not installed")
+    assert set(bash_complete("atlas pull qwen3-8b:", atlas_on_path)) == {"bf16", "q4_k_m"}
+    assert bash_complete("atlas show qwen3-8b:q4", atlas_on_path) == ["q4_k_m"]
+    assert bash_complete("atlas rm ", atlas_on_path) == ["my-local-model"]
+    manifests = Path(atlas_on_path["ATLAS_HOME"]) / "manifests" / "my-local-model"
+    manifests.mkdir(parents=True, exist_ok=True)
+    (manifests / "q8_0.json").write_text("{}")
+    assert bash_complete("atlas rm my-local-model:", atlas_on_path) == ["q8_0"]
+
+
 def test_bench_completes_the_default_subcommand_flags(atlas_on_path):
     """`atlas bench MODEL ...` runs `bench throughput MODEL ...`; Tab sees the same words."""
     if shutil.which("bash") is None:

@@ -12,12 +12,18 @@ from typing import Annotated, Any
 
 import typer
 
-from atlas_cli.commands.options import Json, Offline, VariantDevice, model_argument
+from atlas_cli.commands.options import (
+    Json,
+    Offline,
+    VariantDevice,
+    downloaded_argument,
+    model_argument,
+)
 from atlas_cli.units import size_text
 
 PullName = Annotated[str, model_argument("Recipe name, NAME:VARIANT, or hf.co/ORG/REPO[:QUANT].")]
 ShowName = Annotated[str, model_argument("Recipe name, NAME:VARIANT, hf.co/... or a path.")]
-RmName = Annotated[str, model_argument("NAME (every variant) or NAME:VARIANT.")]
+RmName = Annotated[str, downloaded_argument("NAME (every variant) or NAME:VARIANT.")]
 Revision = Annotated[
     str | None, typer.Option(help="Hub branch, tag or commit instead of the recipe's pin.")
 ]

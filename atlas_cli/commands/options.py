@@ -22,6 +22,12 @@ def _complete_model(incomplete: str):
     return complete_models(incomplete)
 
 
+def _complete_downloaded(incomplete: str):
+    from atlas_cli.completion import complete_downloaded
+
+    return complete_downloaded(incomplete)
+
+
 def _complete_device(incomplete: str):
     from atlas_cli.backend import DEVICES
 
@@ -40,6 +46,12 @@ def model_argument(help: str = "Model name or path."):
 
 
 Model = Annotated[str | None, model_argument()]
+
+
+def downloaded_argument(help: str):
+    """A model argument that completes only what is in the store (what `rm` can delete)."""
+    return typer.Argument(help=help, autocompletion=_complete_downloaded)
+
 
 # -- where and how a model runs ----------------------------------------------------------------
 
