@@ -151,3 +151,39 @@ def test_threads_limit_the_blas_even_before_numpy_is_loaded():
         "    assert blas and all(i['num_threads'] == 1 for i in blas)\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_an_installed_copy_knows_its_commit(tmp_path, monkeypatch):
+    """An installed wheel has no checkout beside it: the commit comes from what pip recorded
+    (a git URL's commit, or the local folder it was installed from)."""
+    import subprocess
+    from types import SimpleNamespace
+
+    from atlas_cli.bench import sysinfo
+
+    site = tmp_path / "site-packages" / "atlas_cli" / "bench"
+    site.mkdir(parents=True)
+    monkeypatch.setattr(sysinfo, "__file__", str(site / "sysinfo.py"))
+    source = tmp_path / "source"
+    source.mkdir()
+    git = ["git", "-C", str(source), "-c", "user.name=a", "-c", "user.email=a@b"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "x"], check=True)
+    head = subprocess.run([*git, "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                          text=True, check=True).stdout.strip()  # fmt: skip
+
+    def installed_from(record: dict):
+        dist = SimpleNamespace(read_text=lambda name: json.dumps(record))
+        monkeypatch.setattr(sysinfo.metadata, "distribution", lambda name: dist)
+        return sysinfo.git_commit.__wrapped__()
+
+    assert installed_from({"url": f"file://{source}", "dir_info": {}}) == head
+    vcs = {"url": "https://example.org/atlas.git", "vcs_info": {"commit_id": "0123456789abcdef"}}
+    assert installed_from(vcs) == "0123456789ab"
+    assert installed_from({"url": "https://files.example.org/atlas.whl"}) is None
+
+
+def test_agentic_without_trajectories_says_where_to_get_them():
+    result = CliRunner().invoke(app, ["bench", "agentic"])
+    assert result.exit_code == 2
+    assert "--trajectories FILE" in result.output and "mlcommons/endpoints" in result.output

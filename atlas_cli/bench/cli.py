@@ -123,7 +123,7 @@ def throughput_cmd(
 @guarded
 def agentic_cmd(
     model: o.ServedModel = DEFAULT_MODEL,
-    trajectories: o.Trajectories = ...,
+    trajectories: o.Trajectories = None,
     limit_conversations: o.LimitConversations = None,
     limit_turns: o.LimitTurns = None,
     max_prompt_tokens: o.MaxPromptTokens = None,
@@ -152,6 +152,11 @@ def agentic_cmd(
     from atlas_cli.bench import agentic
     from atlas_cli.bench import trajectories as traj
 
+    if trajectories is None:
+        raise UsageError(
+            "atlas bench agentic replays a trajectory file: give --trajectories FILE "
+            f"(MLCommons' Edge Agentic trajectories: {o.TRAJECTORIES_SOURCE})"
+        )
     _check_output(output, agentic.OUTPUT_FORMATS)
     settings = agentic.Settings(
         trajectories=str(trajectories),

@@ -66,8 +66,17 @@ Warmup = Annotated[bool, typer.Option(help="Run each test once untimed first.")]
 ServedModel = Annotated[
     str, typer.Argument(help="Model name or path (with --url: the name sent to the server).")
 ]
+# where the trajectories come from: not shipped (Apache-2.0 data of MLCommons')
+TRAJECTORIES_SOURCE = (
+    "https://github.com/mlcommons/endpoints, "
+    "examples/11_Edge_Agentic_Example/agentic_coding_2.5h.jsonl"
+)
 Trajectories = Annotated[
-    Path, typer.Option(help="MLPerf Edge Agentic trajectory file (JSONL).", dir_okay=False)
+    Path | None,
+    typer.Option(
+        help=f"MLPerf Edge Agentic trajectory file (JSONL), from {TRAJECTORIES_SOURCE}.",
+        dir_okay=False,
+    ),
 ]
 LimitConversations = Annotated[
     int | None, typer.Option(help="Replay only the first N conversations.")

@@ -3,26 +3,46 @@ CPU, numeric libraries, and the model's size and parameter count (llama-bench's 
 
 from __future__ import annotations
 
+import json
 import math
 import platform
 import subprocess
 from datetime import UTC, datetime
 from functools import lru_cache
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from atlas_cli import __version__
 
 BACKEND_LABELS = {"cpu": "CPU", "cpu-ref": "CPU"}
+DISTRIBUTION = "atlas-cli"
 
 
 @lru_cache(maxsize=1)
 def git_commit() -> str | None:
-    """The commit atlas runs from when it runs from a git checkout (None for an installed wheel)."""
-    here = Path(__file__).resolve().parent
+    """The commit atlas was built from: its git checkout's, else what pip recorded when it
+    installed from one (direct_url.json: a git URL's commit, or the local folder it came from);
+    None for a release from the package index (its version says which)."""
+    checkout = Path(__file__).resolve().parents[2]  # a source tree: pyproject.toml beside us
+    if (checkout / "pyproject.toml").is_file():
+        return _head(checkout)
+    try:
+        recorded = json.loads(
+            metadata.distribution(DISTRIBUTION).read_text("direct_url.json") or "{}"
+        )
+    except (metadata.PackageNotFoundError, ValueError, OSError):
+        return None
+    if isinstance(recorded.get("vcs_info"), dict) and recorded["vcs_info"].get("commit_id"):
+        return str(recorded["vcs_info"]["commit_id"])[:12]
+    url = recorded.get("url", "")
+    return _head(Path(url.removeprefix("file://"))) if url.startswith("file://") else None
+
+
+def _head(folder: Path) -> str | None:
     try:
         out = subprocess.run(
-            ["git", "-C", str(here), "rev-parse", "--short=12", "HEAD"],
+            ["git", "-C", str(folder), "rev-parse", "--short=12", "HEAD"],
             capture_output=True,
             text=True,
             timeout=5,
