@@ -276,3 +276,18 @@ def test_chat_takes_recipe_sampling_defaults_unless_given(monkeypatch, tmp_path)
     assert seen["settings"].temperature == 0.7  # given on the command line
     assert seen["settings"].top_p == 0.9  # from the recipe
     assert seen["settings"].top_k == ChatSettings().top_k  # neither: atlas's default
+
+
+def test_a_terminal_reply_wraps_between_words():
+    """The terminal's own wrap cut words in two ("Il Corio|bella"): lines break at spaces, a
+    word longer than a line is cut, and the text itself is what was streamed."""
+    console = Console(file=io.StringIO(), width=24, force_terminal=True, color_system=None)
+    printer = TurnPrinter(console)
+    text = "The capital of France is Paris, a city of museums, cafes and a tower."
+    for i in range(0, len(text), 3):  # tokens end anywhere inside words
+        printer.feed(text[i : i + 3])
+    answer, _ = printer.finish()
+    lines = console.file.getvalue().rstrip("\n").split("\n")
+    assert answer == text and all(len(line) <= 24 for line in lines)
+    assert " ".join(line.strip() for line in lines) == text  # no word was cut
+    assert lines[0] == "The capital of France is"

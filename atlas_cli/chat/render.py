@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from rich.cells import cell_len
 from rich.console import Console
 from rich.control import Control
 from rich.live import Live
@@ -119,6 +120,55 @@ class MarkdownStream:
             self.live.stop()
 
 
+class WordWrap:
+    """Streamed text broken into lines of at most `width` cells between words, as the terminal
+    would not: its own wrap cuts words. A word is held until the space after it shows where it
+    ends (a word longer than a line is cut)."""
+
+    def __init__(self, width: int):
+        self.width = max(width, 1)
+        self.column = 0
+        self.word = ""
+
+    def feed(self, text: str) -> str:
+        out = []
+        for ch in text:
+            if ch == "\n":
+                out.append(self._word() + "\n")
+                self.column = 0
+            elif ch.isspace():
+                out.append(self._word())
+                if self.column >= self.width:
+                    out.append("\n")
+                    self.column = 0
+                elif self.column > 0:  # no space at the start of a wrapped line
+                    out.append(ch)
+                    self.column += 1
+            else:
+                self.word += ch
+        return "".join(out)
+
+    def flush(self) -> str:
+        return self._word()
+
+    def _word(self) -> str:
+        word, self.word = self.word, ""
+        out = []
+        while word:
+            size = cell_len(word)
+            if self.column > 0 and self.column + size > self.width:
+                out.append("\n")
+                self.column = 0
+            if size <= self.width:
+                out.append(word)
+                self.column += size
+                break
+            head = word[: self.width]  # longer than a line: cut it
+            out.append(head + "\n")
+            word = word[self.width :]
+        return "".join(out)
+
+
 class TurnPrinter:
     """Prints one streamed reply and collects its answer and reasoning."""
 
@@ -135,6 +185,8 @@ class TurnPrinter:
         self.indicator = False  # a "thinking…" note is on screen
         self.stream: MarkdownStream | None = None
         self.stream_interval = 0.05  # seconds between Markdown redraws
+        # lines broken between words on a terminal; elsewhere the text goes as it comes
+        self.wrap = WordWrap(console.width) if console.is_terminal else None
 
     def feed(self, text: str) -> None:
         for is_thought, piece in self.splitter.feed(text):
@@ -163,7 +215,7 @@ class TurnPrinter:
             self.reasoning.append(piece)
             if self.think == "hidden":
                 if self.console.is_terminal and not self.indicator:
-                    self._write("thinking…", THOUGHT_STYLE)
+                    self._print("thinking…", THOUGHT_STYLE)
                     self.indicator = True
                 return
             self._write(piece, THOUGHT_STYLE)
@@ -182,10 +234,20 @@ class TurnPrinter:
             self.stream.update("".join(self.answer))
 
     def _write(self, text: str, style: str | None = None) -> None:
+        if self.wrap is not None:
+            text = self.wrap.feed(text)
+        self._print(text, style)
+
+    def _print(self, text: str, style: str | None = None) -> None:
+        if not text:
+            return
         self.console.print(text, style=style, end="", markup=False, highlight=False, soft_wrap=True)
         self.column0 = text.endswith("\n")
 
     def _newline(self) -> None:
+        if self.wrap is not None:
+            self._print(self.wrap.flush())
+            self.wrap.column = 0
         if not self.column0:
             self.console.print()
             self.column0 = True
@@ -195,6 +257,8 @@ class TurnPrinter:
             self.console.control(Control.move_to_column(0), Control((ControlType.ERASE_IN_LINE, 2)))
             self.indicator = False
             self.column0 = True
+            if self.wrap is not None:
+                self.wrap.column = 0
 
 
 # -- stats ---------------------------------------------------------------------------------
