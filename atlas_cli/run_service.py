@@ -84,7 +84,9 @@ class RunRequest:
         return given_sampling(**self.sampling)
 
 
-def given_sampling(temperature, top_k, top_p, min_p, repeat_penalty, seed=None):
+def given_sampling(
+    temperature, top_k, top_p, min_p, repeat_penalty, seed=None, reasoning_budget=None
+):
     """The sampling options the user set, checked now (before any model loads); the rest come
     from the model's recipe, then atlas."""
     from atlas_cli.backend.sample import SamplingOverrides  # numpy: not for `atlas --help`
@@ -96,6 +98,7 @@ def given_sampling(temperature, top_k, top_p, min_p, repeat_penalty, seed=None):
         min_p=min_p,
         repeat_penalty=repeat_penalty,
         seed=seed,
+        reasoning_budget=reasoning_budget,
     )
 
 

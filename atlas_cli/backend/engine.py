@@ -33,6 +33,7 @@ from atlas_cli.backend.prefix_pool import (
     save_slot,
 )
 from atlas_cli.backend.sample import Sampler, SamplingParams
+from atlas_cli.backend.think_budget import ThinkBudget
 from atlas_cli.backend.tokenizer import TextTokenizer
 from atlas_cli.errors import ContextOverflowError, CorruptModelError, SlotError
 
@@ -509,7 +510,9 @@ class Engine:
         if not ids:
             ids = [self.tokenizer.bos_id or 0]
         stats.prompt_tokens = len(ids)
-        pick = self._token_picker(sampling or SamplingParams(), ids, max_tokens, constraint)
+        sampling = sampling or SamplingParams()
+        pick = self._token_picker(sampling, ids, max_tokens, constraint)
+        think = ThinkBudget.start(self.tokenizer, ids, sampling.reasoning_budget)
         decoder = IncrementalDecoder(self.tokenizer)
         stopper = StopMatcher(stop)
         pieces: list[str] = []
@@ -521,7 +524,11 @@ class Engine:
             history = list(ids)
             stats.finish_reason = "length"
             while stats.completion_tokens < max_tokens:
+                if think is not None:
+                    logits = think.steer(logits)
                 token = pick(logits, history, stats.completion_tokens)
+                if think is not None:
+                    think.seen(token)
                 if t_first is None:
                     t_first = time.perf_counter()
                     stats.ttft_s = t_first - t0

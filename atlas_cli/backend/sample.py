@@ -37,6 +37,11 @@ RANGES = {
     "repeat_penalty": ("repeat penalty", lambda v: v > 0, "> 0"),
     "presence_penalty": ("presence penalty", lambda v: -2 <= v <= 2, "in [-2, 2]"),
     "seed": ("seed", lambda v: isinstance(v, int) and 0 <= v < SEED_LIMIT, "in 0..2^64-1"),
+    "reasoning_budget": (
+        "reasoning budget",
+        lambda v: isinstance(v, int) and v >= 0,
+        "a count of tokens >= 0",
+    ),
 }
 
 
@@ -64,6 +69,8 @@ class SamplingParams:
     repeat_last_n: int = 64
     presence_penalty: float = 0.0
     seed: int | None = None
+    # tokens of thought before `</think>` is forced (backend/think_budget.py); None: no limit
+    reasoning_budget: int | None = None
 
     def __post_init__(self):
         check_ranges(self)
@@ -84,6 +91,7 @@ class SamplingOverrides:
     repeat_penalty: float | None = None
     presence_penalty: float | None = None
     seed: int | None = None
+    reasoning_budget: int | None = None
 
     def __post_init__(self):
         check_ranges(self)  # a bad flag fails before anything is loaded

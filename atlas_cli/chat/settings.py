@@ -30,6 +30,7 @@ class ChatSettings:
     min_p: float = _SAMPLER.min_p
     repeat_penalty: float = _SAMPLER.repeat_penalty
     seed: int | None = _SAMPLER.seed
+    reasoning_budget: int | None = None  # tokens of thought before an answer is forced
     max_tokens: int = 512
     stop: tuple[str, ...] = ()
     verbose: bool = False
@@ -45,6 +46,7 @@ class ChatSettings:
             min_p=self.min_p,
             repeat_penalty=self.repeat_penalty,
             seed=self.seed,
+            reasoning_budget=self.reasoning_budget,
         )
 
     def options(self) -> dict[str, Any]:
@@ -88,6 +90,12 @@ def _seed(text: str) -> int | None:
     return _number(int)(text)
 
 
+def _budget(text: str) -> int | None:
+    if text.strip().lower() in ("none", "off", "-1"):
+        return None
+    return _number(int)(text)
+
+
 def _stop(text: str) -> tuple[str, ...]:
     if text.strip().lower() in ("none", "off", ""):
         return ()
@@ -123,6 +131,12 @@ PARAMS = {
         Param("min_p", _number(float), "drop tokens below min_p × the best"),
         Param("repeat_penalty", _number(float), "penalise recently seen tokens (1.0: off)"),
         Param("seed", _seed, "random seed (none: a fresh one each turn)", ("none",)),
+        Param(
+            "reasoning_budget",
+            _budget,
+            "tokens of thought before it answers (none: no limit)",
+            ("none",),
+        ),
         Param("max_tokens", _number(int), "most tokens per answer"),
         Param("stop", _stop, "stop strings, shell-quoted (none: clear)", ("none",)),
         Param("verbose", _switch, "a stats line after each answer", SWITCH_VALUES),

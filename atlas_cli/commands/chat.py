@@ -14,6 +14,7 @@ from atlas_cli.commands.options import (
     MinP,
     Model,
     Offline,
+    ReasoningBudget,
     RepeatPenalty,
     Seed,
     Stop,
@@ -44,6 +45,7 @@ def chat(
     min_p: MinP = None,
     repeat_penalty: RepeatPenalty = None,
     seed: Seed = None,
+    reasoning_budget: ReasoningBudget = None,
     max_tokens: MaxTokens = 512,
     stop: Stop = None,
     verbose: Verbose = False,
@@ -68,6 +70,7 @@ def chat(
     settings = ChatSettings(
         **given,
         seed=seed,
+        reasoning_budget=reasoning_budget,
         max_tokens=max_tokens,
         stop=tuple(stop or ()),
         verbose=verbose,

@@ -126,6 +126,14 @@ RepeatPenalty = Annotated[
     typer.Option("--repeat-penalty", help="Penalise recent tokens; 1.0: off (else 1.0)."),
 ]
 Seed = Annotated[int | None, typer.Option(help="Random seed: the same seed gives the same text.")]
+ReasoningBudget = Annotated[
+    int | None,
+    typer.Option(
+        "--reasoning-budget",
+        min=0,
+        help="Tokens of thought before the model is made to answer (0: none; default: no limit).",
+    ),
+]
 MaxTokens = Annotated[
     int, typer.Option("--max-tokens", "-n", min=1, help="Most tokens to generate.")
 ]

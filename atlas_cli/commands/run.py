@@ -29,6 +29,7 @@ from atlas_cli.commands.options import (
     Model,
     NoSpeculative,
     Offline,
+    ReasoningBudget,
     RepeatPenalty,
     Seed,
     Stop,
@@ -65,6 +66,7 @@ def run(
     min_p: MinP = None,
     repeat_penalty: RepeatPenalty = None,
     seed: Seed = None,
+    reasoning_budget: ReasoningBudget = None,
     max_tokens: MaxTokens = 512,
     stop: Stop = None,
     raw: Raw = False,
@@ -103,7 +105,7 @@ def run(
         raise typer.BadParameter("run takes --think on or off (hidden is chat's)")
     hold_s = keep_alive_seconds(keep_alive)
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p)
-    sampling.update(repeat_penalty=repeat_penalty, seed=seed)
+    sampling.update(repeat_penalty=repeat_penalty, seed=seed, reasoning_budget=reasoning_budget)
     request = RunRequest(
         prompt_text, system, raw, think, max_tokens, list(stop or []), sampling, not json_output
     )

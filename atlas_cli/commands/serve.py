@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from atlas_cli.commands.options import CtxSize, Device, KvType, Model, Threads
+from atlas_cli.commands.options import CtxSize, Device, KvType, Model, ReasoningBudget, Threads
 from atlas_cli.cpu_threads import use_threads
 from atlas_cli.store.embedded import DEFAULT_MODEL
 
@@ -66,6 +66,7 @@ def serve(
     cache_size: CacheSize = None,
     cache_dir: CacheDir = None,
     cache_disk: CacheDisk = None,
+    reasoning_budget: ReasoningBudget = None,
     device: Device = None,
     kv_type: KvType = None,
     threads: Threads = None,
@@ -89,4 +90,5 @@ def serve(
         cache_bytes=parse_size(cache_size, "--cache-size"),
         cache_dir=cache_dir,
         cache_disk_bytes=parse_size(cache_disk, "--cache-disk"),
+        reasoning_budget=reasoning_budget,
     )

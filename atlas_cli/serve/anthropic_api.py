@@ -161,6 +161,7 @@ async def messages(state: AppState, request: Request) -> Response:
         temperature=req.temperature,
         top_p=req.top_p,
         top_k=req.top_k,
+        reasoning_budget=req.reasoning_budget,
     )
     msg_id = new_id("msg_")
     if req.stream:

@@ -10,6 +10,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from atlas_cli.backend.think_budget import EFFORT_BUDGETS
 from atlas_cli.serve.errors import APIError, unsupported
 from atlas_cli.serve.http import (
     AppState,
@@ -76,7 +77,16 @@ def new_turn(state: AppState, prompt: Prompt, req: SamplingFields, max_tokens: i
         min_p=req.min_p,
         repeat_penalty=req.repeat_penalty,
         seed=req.seed,
+        reasoning_budget=reasoning_budget(req),
     )
+
+
+def reasoning_budget(req: SamplingFields) -> int | None:
+    """The request's thought budget: `reasoning_budget`, else its `reasoning_effort`'s."""
+    effort = getattr(req, "reasoning_effort", None)  # chat completions only
+    if req.reasoning_budget is not None or effort is None:
+        return req.reasoning_budget
+    return EFFORT_BUDGETS[effort]
 
 
 def response_meta(state: AppState, id_prefix: str) -> dict[str, Any]:

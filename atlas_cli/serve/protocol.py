@@ -92,6 +92,7 @@ class SamplingFields(_Body):
     stop: str | Annotated[list[str], Field(max_length=MAX_STOPS)] | None = None
     max_tokens: int | None = Field(None, ge=1)
     n: int | None = Field(None, ge=1)
+    reasoning_budget: int | None = Field(None, ge=0)  # tokens of thought before `</think>`
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -103,6 +104,8 @@ class ChatCompletionRequest(SamplingFields):
     parallel_tool_calls: bool | None = None
     response_format: ResponseFormat | None = None
     chat_template_kwargs: dict[str, Any] | None = None
+    # tokens of thought before `</think>` is forced, by OpenAI's effort names
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
 
 
 class CompletionRequest(SamplingFields):
@@ -166,6 +169,11 @@ class AnthropicToolChoice(_Body):
     disable_parallel_tool_use: bool = False
 
 
+class AnthropicThinking(_Body):
+    type: Literal["enabled", "disabled"]
+    budget_tokens: int | None = Field(None, ge=0)
+
+
 class MessagesRequest(_Body):
     model: str | None = None
     max_tokens: int = Field(ge=1)
@@ -178,6 +186,13 @@ class MessagesRequest(_Body):
     stream: bool = False
     tools: list[AnthropicTool] | None = None
     tool_choice: AnthropicToolChoice | None = None
+    thinking: AnthropicThinking | None = None
+
+    @property
+    def reasoning_budget(self) -> int | None:
+        if self.thinking is None:
+            return None
+        return 0 if self.thinking.type == "disabled" else self.thinking.budget_tokens
 
 
 class CountTokensRequest(_Body):

@@ -165,6 +165,7 @@ def serve(
     cache_bytes: int | None = None,
     cache_dir: str | None = None,
     cache_disk_bytes: int | None = None,
+    reasoning_budget: int | None = None,
 ) -> None:
     """`cache_dir` None: the prefix folder of atlas's cache folder; `cache_disk_bytes` None:
     its default quota, 0: keep nothing on disk."""
@@ -200,6 +201,7 @@ def serve(
         tool_parser=tool_parser,
         cache_bytes=cache_bytes,
         resolved=resolved,
+        reasoning_budget=reasoning_budget,
     )
     folder = Path(cache_dir).expanduser() if cache_dir else default_folder()
     quota = default_quota(folder) if cache_disk_bytes is None else cache_disk_bytes
