@@ -79,6 +79,8 @@ class ScriptedEngine:
         self.cached_ids: list[int] = []
         self.script: list[str] = []
         self.prompts: list[list[int]] = []
+        self.pool = SimpleNamespace(budget=0)  # the prefix cache the server sizes
+        self.disk = None  # and keeps nothing on disk
 
     def choose_call(self, ids, null_ids, opening) -> Choice:
         """tool_choice auto's decision: a reply (the script is the answer either way)."""
