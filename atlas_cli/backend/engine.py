@@ -485,6 +485,14 @@ class Engine:
         decoder = fused if fused is not None and fused.TOKEN_ON_DEVICE else None
         return device_picker(self.model.ops, params, prompt, draws, decoder, constraint)
 
+    def _prompt_ids(self, prompt: str | Sequence[int], add_special_tokens: bool) -> list[int]:
+        """The prompt as token ids (at least one: an empty prompt is the BOS token)."""
+        if isinstance(prompt, str):
+            ids = self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
+        else:
+            ids = [int(i) for i in prompt]
+        return ids or [self.tokenizer.bos_id or 0]
+
     def generate(
         self,
         prompt: str | Sequence[int],
@@ -503,16 +511,13 @@ class Engine:
         spec = self.speculator.stats if self.speculator is not None else None
         spec_before = (spec.rounds, spec.drafted, spec.accepted) if spec else (0, 0, 0)
         t0 = time.perf_counter()
-        if isinstance(prompt, str):
-            ids = self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
-        else:
-            ids = [int(i) for i in prompt]
-        if not ids:
-            ids = [self.tokenizer.bos_id or 0]
+        ids = self._prompt_ids(prompt, add_special_tokens)
         stats.prompt_tokens = len(ids)
         sampling = sampling or SamplingParams()
         pick = self._token_picker(sampling, ids, max_tokens, constraint)
         think = ThinkBudget.start(self.tokenizer, ids, sampling.reasoning_budget)
+        if think is not None:
+            pick = think.around(pick)
         decoder = IncrementalDecoder(self.tokenizer)
         stopper = StopMatcher(stop)
         pieces: list[str] = []
@@ -524,11 +529,7 @@ class Engine:
             history = list(ids)
             stats.finish_reason = "length"
             while stats.completion_tokens < max_tokens:
-                if think is not None:
-                    logits = think.steer(logits)
                 token = pick(logits, history, stats.completion_tokens)
-                if think is not None:
-                    think.seen(token)
                 if t_first is None:
                     t_first = time.perf_counter()
                     stats.ttft_s = t_first - t0

@@ -49,6 +49,16 @@ class ThinkBudget:
             state.forcing = list(state.close_ids)
         return state
 
+    def around(self, pick):
+        """`pick` (the engine's token picker) steered by this budget."""
+
+        def steered(logits, history, n):
+            token = pick(self.steer(logits), history, n)
+            self.seen(token)
+            return token
+
+        return steered
+
     def steer(self, logits):
         """`logits`, or, while the close is being forced, logits that allow only its next
         token (a copy: the model's own are left as they are)."""
