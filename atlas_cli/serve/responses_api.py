@@ -23,7 +23,7 @@ from atlas_cli.serve.http import (
     sse,
     sse_response,
 )
-from atlas_cli.serve.prompt import ChatOptions, build_chat_prompt
+from atlas_cli.serve.prompt import ChatOptions, Prompt, build_chat_prompt
 from atlas_cli.serve.protocol import Message
 from atlas_cli.serve.responses_output import OutputItems
 from atlas_cli.serve.responses_protocol import (
@@ -69,7 +69,20 @@ async def responses(state: AppState, request: Request) -> Response:
     )
     messages = with_instructions(req.instructions, conversation)
     prompt = await run_in_threadpool(build_chat_prompt, state.model.tokenizer, messages, opts)
-    turn = state.new_turn(
+    # compiling the answer's grammar (a schema, tools) can take a while: not on the event loop
+    turn = await run_in_threadpool(new_turn, state, prompt, req)
+    answer = Answer(state, req, turn, conversation, store)
+    if req.stream:
+        return sse_response(turn, answer.stream(), answer.error_event)
+    async with on_disconnect(request, turn.cancel):
+        body = await answer.whole()
+    out = turn.outcome
+    headers = {"X-Atlas-JSON-Valid": str(out.json_valid).lower()} if prompt.json_mode else None
+    return JSONResponse(body, headers=headers)
+
+
+def new_turn(state: AppState, prompt: Prompt, req: ResponsesRequest) -> Turn:
+    return state.new_turn(
         prompt,
         max_tokens=req.max_output_tokens,
         stop=[],
@@ -81,14 +94,6 @@ async def responses(state: AppState, request: Request) -> Response:
         seed=req.seed,
         reasoning_budget=reasoning_budget(req),
     )
-    answer = Answer(state, req, turn, conversation, store)
-    if req.stream:
-        return sse_response(turn, answer.stream(), answer.error_event)
-    async with on_disconnect(request, turn.cancel):
-        body = await answer.whole()
-    out = turn.outcome
-    headers = {"X-Atlas-JSON-Valid": str(out.json_valid).lower()} if prompt.json_mode else None
-    return JSONResponse(body, headers=headers)
 
 
 class Answer:
