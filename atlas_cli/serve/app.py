@@ -15,6 +15,7 @@ from starlette.routing import Route
 
 from atlas_cli.serve import anthropic_api, openai_api, service_api
 from atlas_cli.serve.http import AppState, ServeConfig, not_found
+from atlas_cli.serve.responses_api import responses
 
 # ServeConfig is re-exported: the server entry builds one and the app from this module alone
 __all__ = ["ServeConfig", "create_app"]
@@ -34,6 +35,7 @@ ROUTES = [
     Route("/chat/completions", openai_api.chat_completions, methods=["POST"]),
     Route("/v1/completions", openai_api.completions, methods=["POST"]),
     Route("/completions", openai_api.completions, methods=["POST"]),
+    Route("/v1/responses", responses, methods=["POST"]),
     Route("/v1/messages", anthropic_api.messages, methods=["POST"]),
     Route("/v1/messages/count_tokens", anthropic_api.count_tokens, methods=["POST"]),
 ]

@@ -36,7 +36,8 @@ async def front_door(request: Request) -> Response:
             "server": f"atlas {__version__}",
             "model": state.name,
             "status": status,
-            "openai": "/v1 (POST /v1/chat/completions, /v1/completions; GET /v1/models)",
+            "openai": "/v1 (POST /v1/chat/completions, /v1/completions, /v1/responses; "
+            "GET /v1/models)",
             "anthropic": "POST /v1/messages",
             "health": "/health",
             "metrics": "/metrics",
