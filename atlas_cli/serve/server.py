@@ -171,7 +171,7 @@ def serve(
 ) -> None:
     """`cache_dir` None: the prefix folder of atlas's cache folder; `cache_disk_bytes` None:
     its default quota, 0: keep nothing on disk. `sampling` and `draft` (MTP tokens per step;
-    0: off) replace the recipe's defaults; each request's own sampling still comes first."""
+    0: off) go over the recipe's defaults; each request's own sampling still comes first."""
     import uvicorn
 
     from atlas_cli import backend, session
