@@ -1,7 +1,7 @@
 """Unit tests of the server's pieces that need no model: how it chooses and uses the tool-call
 and reasoning parser (serve.toolcalls; whole and streamed in every split), history calls in
-the parser's format, special tokens reaching the parser, JSON mode's cutter, request
-validation, and the llama-server command line."""
+the parser's format, special tokens reaching the parser, JSON mode's cutter, and request
+validation."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from atlas_cli.backend.engine import IncrementalDecoder
 from atlas_cli.backend.sample import SamplingParams
 from atlas_cli.errors import UsageError
 from atlas_cli.serve.errors import APIError
-from atlas_cli.serve.llama_server import parse as parse_llama_args
 from atlas_cli.serve.prompt import (
     ChatOptions,
     JsonCutter,
@@ -253,20 +252,6 @@ def test_body_must_be_an_object():
     with pytest.raises(APIError) as err:
         parse_body(ChatCompletionRequest, [1, 2])
     assert err.value.code == "invalid_json"
-
-
-def test_llama_server_command_line():
-    # what Lemonade's llama.cpp backend passes to the executable it starts
-    argv = "-m /m/q.gguf --ctx-size 4096 --port 8123 --jinja --keep 16"
-    argv += " --reasoning-format auto -ngl 99 --context-shift"
-    args, ignored = parse_llama_args(argv.split())
-    assert (args.model, args.port, args.ctx_size, args.host) == (
-        "/m/q.gguf",
-        8123,
-        4096,
-        "127.0.0.1",
-    )
-    assert "--jinja" in ignored and "-ngl" in ignored
 
 
 def test_serve_takes_the_parser_from_the_flag_or_the_recipe(monkeypatch, tmp_path):

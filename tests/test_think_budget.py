@@ -64,7 +64,16 @@ def test_no_budget_and_no_tags_change_nothing(qwen35, smollm2):
 
 @pytest.fixture(scope="module")
 def server(qwen35):
-    config = ServeConfig(model=str(FIXTURE), served_model_name="tiny", reasoning_budget=2)
+    """The server's --reasoning-budget 2: a sampling default over the recipe's (serve's
+    `with_defaults`), under each request's own."""
+    from atlas_cli.backend.sample import SamplingOverrides
+    from atlas_cli.serve.server import with_defaults
+    from atlas_cli.session import Resolved
+
+    resolved = Resolved("tiny", FIXTURE, "cpu-ref", qwen35.defaults)
+    budget = SamplingOverrides(reasoning_budget=2)
+    qwen35.defaults = with_defaults(resolved, budget, None).defaults
+    config = ServeConfig(model=str(FIXTURE), served_model_name="tiny")
     with ServerThread(create_app(config, qwen35)) as srv:
         yield srv
 

@@ -73,6 +73,7 @@ def serve(
 ):
     """Serve a model over an OpenAI-compatible HTTP API (and Anthropic's /v1/messages)."""
     use_threads(threads)
+    from atlas_cli.backend.sample import SamplingOverrides
     from atlas_cli.serve.server import parse_size, parse_template_kwargs
     from atlas_cli.serve.server import serve as run_server
 
@@ -90,5 +91,5 @@ def serve(
         cache_bytes=parse_size(cache_size, "--cache-size"),
         cache_dir=cache_dir,
         cache_disk_bytes=parse_size(cache_disk, "--cache-disk"),
-        reasoning_budget=reasoning_budget,
+        sampling=SamplingOverrides(reasoning_budget=reasoning_budget),
     )

@@ -64,7 +64,6 @@ class ServeConfig:
     cache_bytes: int | None = None  # the prefix cache's budget (--cache-size); None: default
     # where and within what quota conversations are kept on disk (--cache-dir); None: nowhere
     disk_cache: tuple[Path, int] | None = None
-    reasoning_budget: int | None = None  # --reasoning-budget: requests may set their own
     # `model` as atlas.session resolved it (path, device, the recipe's run defaults): the
     # server loads it with those defaults; None: open `model` by name or path here
     resolved: Any = None
@@ -150,9 +149,7 @@ class AppState:
     ) -> Turn:
         """One answer on the loaded model: the sampling fields the client `given` (None for
         those it left out) over the model recipe's defaults."""
-        server = SamplingOverrides(reasoning_budget=self.config.reasoning_budget)
-        base = server.over(self.model.defaults.sampling)  # the server's flags over the recipe's
-        sampling = SamplingOverrides(**given).over(base).params()
+        sampling = SamplingOverrides(**given).over(self.model.defaults.sampling).params()
         return Turn(
             self.runner,
             prompt,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from starlette.concurrency import run_in_threadpool
@@ -41,6 +41,7 @@ def _stream_chunk(
     fields: dict[str, Any],
     finish: str | None,
     include_usage: bool,
+    extra: dict[str, Any] | None = None,
 ) -> str:
     """One streamed chunk with a single choice; with include_usage every chunk carries
     "usage": null (only the last one, sent separately, has numbers)."""
@@ -51,7 +52,19 @@ def _stream_chunk(
     }
     if include_usage:
         body["usage"] = None
-    return sse(body)
+    return sse({**body, **(extra or {})})
+
+
+def _last_chunks(
+    meta: dict[str, Any], obj: str, fields: dict[str, Any], out: Outcome, include_usage: bool
+) -> Iterator[str]:
+    """The finish chunk, then the usage chunk if asked: llama-server's `timings` ride on
+    whichever comes last."""
+    timings = {"timings": out.timings}
+    extra = None if include_usage else timings
+    yield _stream_chunk(meta, obj, fields, out.finish_reason, include_usage, extra)
+    if include_usage:
+        yield sse({**meta, "object": obj, "choices": [], "usage": out.usage, **timings})
 
 
 def _error_event(exc: APIError) -> str:
@@ -156,6 +169,7 @@ def chat_body(out: Outcome, meta: dict[str, Any]) -> dict[str, Any]:
             }
         ],
         "usage": out.usage,
+        "timings": out.timings,
     }
 
 
@@ -187,9 +201,8 @@ async def chat_stream(turn: Turn, meta: dict[str, Any], include_usage: bool) -> 
     out = turn.outcome
     if not started:
         yield role
-    yield chunk({}, out.finish_reason)
-    if include_usage:
-        yield sse({**meta, "object": "chat.completion.chunk", "choices": [], "usage": out.usage})
+    for last in _last_chunks(meta, "chat.completion.chunk", {"delta": {}}, out, include_usage):
+        yield last
 
 
 # -- completions -------------------------------------------------------------------------------
@@ -231,9 +244,8 @@ async def completions(state: AppState, request: Request) -> Response:
         out = await turn.finish_plain("".join(pieces))
     choice = {"index": 0, "text": echo + out.text, "logprobs": None}
     choice["finish_reason"] = out.finish_reason
-    return JSONResponse(
-        {**meta, "object": "text_completion", "choices": [choice], "usage": out.usage}
-    )
+    body = {**meta, "object": "text_completion", "choices": [choice], "usage": out.usage}
+    return JSONResponse({**body, "timings": out.timings})
 
 
 async def completion_stream(
@@ -248,6 +260,5 @@ async def completion_stream(
         yield chunk(echo + text)
         echo = ""
     out = await turn.finish_plain("".join(pieces))
-    yield chunk("", out.finish_reason)
-    if include_usage:
-        yield sse({**meta, "object": "text_completion", "choices": [], "usage": out.usage})
+    for last in _last_chunks(meta, "text_completion", {"text": ""}, out, include_usage):
+        yield last

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from atlas_cli.backend.sample import SamplingOverrides
 from atlas_cli.errors import AtlasError, UsageError
 from atlas_cli.serve.app import ServeConfig, create_app
 
@@ -165,10 +166,12 @@ def serve(
     cache_bytes: int | None = None,
     cache_dir: str | None = None,
     cache_disk_bytes: int | None = None,
-    reasoning_budget: int | None = None,
+    sampling: SamplingOverrides | None = None,
+    draft: int | None = None,
 ) -> None:
     """`cache_dir` None: the prefix folder of atlas's cache folder; `cache_disk_bytes` None:
-    its default quota, 0: keep nothing on disk."""
+    its default quota, 0: keep nothing on disk. `sampling` and `draft` (MTP tokens per step;
+    0: off) go over the recipe's defaults; each request's own sampling still comes first."""
     import uvicorn
 
     from atlas_cli import backend, session
@@ -186,6 +189,7 @@ def serve(
     # resolved once, here: a bad name fails before the server starts, and the recipe's run
     # defaults (sampling, context, template kwargs, tool-call parser) travel to the loader
     resolved = session.resolve(model, device=device)
+    resolved = with_defaults(resolved, sampling, draft)
     if tool_parser in (None, "", "auto"):
         tool_parser = known_parser(resolved.defaults.tool_call_parser)
     name = served_model_name or (Path(model).stem if model.endswith(".gguf") else model)
@@ -201,7 +205,6 @@ def serve(
         tool_parser=tool_parser,
         cache_bytes=cache_bytes,
         resolved=resolved,
-        reasoning_budget=reasoning_budget,
     )
     folder = Path(cache_dir).expanduser() if cache_dir else default_folder()
     quota = default_quota(folder) if cache_disk_bytes is None else cache_disk_bytes
@@ -217,6 +220,16 @@ def serve(
     app = create_app(config)
     server = uvicorn.Server(uvicorn_config(app, log_level=log_level))
     server.run(sockets=[sock])
+
+
+def with_defaults(resolved, sampling: SamplingOverrides | None, draft: int | None):
+    """`resolved` with the server's own sampling and drafting over its recipe's defaults."""
+    defaults = resolved.defaults
+    if sampling is not None:
+        defaults = dataclasses.replace(defaults, sampling=sampling.over(defaults.sampling))
+    if draft is not None:
+        defaults = dataclasses.replace(defaults, draft=draft)
+    return dataclasses.replace(resolved, defaults=defaults)
 
 
 @contextmanager

@@ -39,6 +39,37 @@ class Outcome:
             "prompt_tokens_details": {"cached_tokens": s.cached_tokens},
         }
 
+    @property
+    def timings(self) -> dict:
+        """llama-server's `timings` (tools/server): prompt_n counts the prompt tokens evaluated
+        and cache_n those whose KV came from the prefix cache; predicted_ms runs from the first
+        token, sampled at the end of the prompt's evaluation, as llama.cpp's generation time
+        does, and its rates count every predicted token as llama.cpp's do."""
+        s = self.stats
+        prompt_n = s.prompt_tokens - s.cached_tokens
+        prompt_ms = s.prompt_s * 1e3
+        predicted_ms = s.eval_s * 1e3
+        timings = {
+            "cache_n": s.cached_tokens,
+            "prompt_n": prompt_n,
+            "prompt_ms": prompt_ms,
+            "prompt_per_token_ms": ratio(prompt_ms, prompt_n),
+            "prompt_per_second": ratio(prompt_n * 1e3, prompt_ms),
+            "predicted_n": s.completion_tokens,
+            "predicted_ms": predicted_ms,
+            "predicted_per_token_ms": ratio(predicted_ms, s.completion_tokens),
+            "predicted_per_second": ratio(s.completion_tokens * 1e3, predicted_ms),
+        }
+        if s.draft_rounds:  # llama.cpp adds these when it drafted
+            timings["draft_n"] = s.draft_tokens
+            timings["draft_n_accepted"] = s.accepted_tokens
+        return timings
+
+
+def ratio(num: float, den: float) -> float:
+    """num / den, 0 where there is nothing to divide by (llama.cpp's JSON would say null)."""
+    return num / den if den > 0 else 0.0
+
 
 def answer_constraint(engine, prompt: Prompt, grammar: str | None = None) -> Constraint | None:
     """The prompt's grammar (or `grammar`) compiled for this answer (a bad schema is the
