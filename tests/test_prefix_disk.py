@@ -110,6 +110,25 @@ def test_the_quota_keeps_the_most_recent_entries(smollm2, tmp_path):
     assert len(entries(tmp_path)) == 2
 
 
+def test_a_stopping_process_writes_the_most_recent_first_within_its_time(smollm2, tmp_path):
+    """Lemonade kills its backend 5 s after SIGTERM: the spill at shutdown is bounded (the most
+    recent conversation always written), and what a killed write leaves is cleared later."""
+    source = tmp_path / "weights"
+    source.write_bytes(b"w")
+    engine = engine_on_disk(smollm2, tmp_path, source)
+    for i in range(3):
+        greedy(engine, conversation(smollm2, f"task {i}"), 2)
+    engine.spill_all(seconds=0)
+    (entry,) = entries(tmp_path)
+    last = engine.pool.current.ids
+    assert list(np.load(entry)["ids"]) == last
+    stale = entry.parent / f".{entry.name}.123.partial"
+    stale.write_bytes(b"cut")
+    os.utime(stale, (time.time() - 3600, time.time() - 3600))
+    engine_on_disk(smollm2, tmp_path, source).disk.index()
+    assert not stale.exists() and entry.exists()
+
+
 def test_short_corrupt_and_foreign_entries(smollm2, tmp_path, caplog):
     source = tmp_path / "weights"
     source.write_bytes(b"w")

@@ -20,7 +20,7 @@ from atlas_cli.backend.choice import Choice, choose_call
 from atlas_cli.backend.constraint import Constraint
 from atlas_cli.backend.models.base import BaseModel
 from atlas_cli.backend.ops.native.sample import NONFINITE, ChainSettings
-from atlas_cli.backend.prefix_disk import PrefixDisk, weights_digest
+from atlas_cli.backend.prefix_disk import SHUTDOWN_SPILL_S, PrefixDisk, weights_digest
 from atlas_cli.backend.prefix_pool import (
     RUN_BUDGET,
     PrefixPool,
@@ -406,13 +406,17 @@ class Engine:
         self.disk = PrefixDisk(folder, quota, model_id)
         self.pool.on_evict = lambda slot: self.disk.spill(self._settled(slot))
 
-    def spill_all(self, timeout: float | None = None) -> None:
-        """Write every cached conversation to disk (a server or worker stopping)."""
+    def spill_all(self, seconds: float = SHUTDOWN_SPILL_S) -> None:
+        """Write the cached conversations to disk, most recent first (that one always), for
+        about `seconds` (a server or worker stopping: whoever stops it may not wait long)."""
         if self.disk is None:
             return
-        for slot in self.pool.slots:
-            self.disk.spill(self._settled(slot))
-        self.disk.flush(timeout)
+        deadline = time.monotonic() + seconds
+        self.disk.flush(seconds)  # the evictions' writes first
+        for i, slot in enumerate(sorted(self.pool.slots, key=lambda s: s.used, reverse=True)):
+            if i and time.monotonic() > deadline:
+                break
+            self.disk.spill(self._settled(slot), wait=True)
 
     def _resume_from_disk(self, ids: list[int]) -> None:
         """Bring the conversation on disk that keeps more of `ids` than any in memory into

@@ -28,6 +28,7 @@ import logging
 import os
 import shutil
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -49,6 +50,8 @@ log = logging.getLogger(__name__)
 DISK_BUDGET = 8 << 30  # the default quota, at most a quarter of the disk's free space
 DISK_SHARE = 4
 MIN_TOKENS = 128
+STALE_PARTIAL_S = 600  # a write this old with no rename is a killed process's
+SHUTDOWN_SPILL_S = 3.0  # what a stopping process spends writing (Lemonade kills after 5 s)
 SAMPLE_BYTES = 1 << 20  # of the weights file, read from its start, middle and end
 
 
@@ -150,12 +153,23 @@ class PrefixDisk:
             self._index = found
             for path in bad:
                 self.discard(path, "it is not a cached conversation")
+            self._remove_stale_partials()
         return self._index
+
+    def _remove_stale_partials(self) -> None:
+        """Files a process killed mid-write left (a rename never made them entries)."""
+        cutoff = time.time() - STALE_PARTIAL_S
+        with contextlib.suppress(OSError):
+            for path in self.folder.glob(".*.partial"):
+                with contextlib.suppress(OSError):
+                    if path.stat().st_mtime < cutoff:
+                        path.unlink()
 
     # -- writing --------------------------------------------------------------------------
 
-    def spill(self, slot: Slot) -> None:
-        """Write `slot` (settled: its cache holds exactly its tokens) in the background."""
+    def spill(self, slot: Slot, wait: bool = False) -> None:
+        """Write `slot` (settled: its cache holds exactly its tokens) in the background, or
+        before returning with `wait` (a process on its way out)."""
         if len(slot.ids) < MIN_TOKENS or self.quota <= 0:
             return
         tokens = np.asarray(slot.ids, np.int64)
@@ -173,7 +187,10 @@ class PrefixDisk:
             self.index()[path] = tokens
             for p in covered:
                 self.index().pop(p, None)
-        self._pending.append(self._writer.submit(self._write, arrays, path, covered))
+        if wait:
+            self._write(arrays, path, covered)
+        else:
+            self._pending.append(self._writer.submit(self._write, arrays, path, covered))
 
     def _write(self, arrays: dict[str, np.ndarray], path: Path, covered: list[Path]) -> None:
         try:

@@ -26,7 +26,7 @@ from atlas_cli.keepalive import client, registry
 from atlas_cli.run_service import LoadSpec, RunRequest, reply, stats_record
 from atlas_cli.store.paths import run_dir
 
-SPILL_WAIT_S = 30.0  # on the way out, for the run in flight to end before the spill
+SPILL_WAIT_S = 5.0  # on the way out, for the run in flight to end before the spill
 TURN_POLL_S = 0.25  # how often a waiting run looks at the model and the lock
 
 

@@ -113,7 +113,7 @@ def _set_done(fut: asyncio.Future) -> None:
         fut.set_result(None)
 
 
-SPILL_WAIT_S = 30.0  # at shutdown, for the generation in flight to end before the spill
+SPILL_WAIT_S = 5.0  # at shutdown, for the generation in flight to end before the spill
 
 
 class EngineRunner:
