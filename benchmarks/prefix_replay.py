@@ -202,7 +202,8 @@ def send(url: str, messages: list[dict], tools: list[dict]) -> tuple[int, int, f
 
 
 def post(url: str, path: str, body: dict) -> dict:
-    req = urllib.request.Request(url + path, json.dumps(body).encode(), method="POST")
+    headers = {"Content-Type": "application/json"}
+    req = urllib.request.Request(url + path, json.dumps(body).encode(), headers, method="POST")
     with urllib.request.urlopen(req, timeout=600) as resp:
         return json.loads(resp.read())
 

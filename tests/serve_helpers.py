@@ -49,10 +49,14 @@ class ServerThread:
 def raw_request(
     port: int, method: str, path: str, body: bytes | None = None, headers: dict | None = None
 ) -> tuple[int, dict[str, str], bytes]:
-    """A plain HTTP request (for what the SDKs will not send: broken JSON, raw SSE)."""
+    """A plain HTTP request (for what the SDKs will not send: broken JSON, raw SSE); a body is
+    sent as JSON unless `headers` give its type."""
+    headers = dict(headers or {})
+    if body is not None and not any(k.lower() == "content-type" for k in headers):
+        headers["Content-Type"] = "application/json"
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
     try:
-        conn.request(method, path, body=body, headers=headers or {})
+        conn.request(method, path, body=body, headers=headers)
         resp = conn.getresponse()
         return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
     finally:

@@ -1,6 +1,9 @@
 """`atlas serve` against hostile clients: a few hundred seeded mutated requests (bad values,
 bad JSON, lone surrogates, deep nesting, huge numbers) end in a 4xx, never a 500 or a hang;
-`/health` keeps answering while a 10 MB body is handled; slow headers and bodies are cut off."""
+`/health` keeps answering while a 10 MB body is handled; slow headers and bodies are cut off.
+And what a hostile user found, a section below each:
+- web pages posting to a server without a key;
+"""
 
 from __future__ import annotations
 
@@ -16,11 +19,17 @@ import uvicorn
 
 from atlas_cli.serve import http as serve_http
 from atlas_cli.serve.app import create_app
+from atlas_cli.serve.browser_guard import AllowedHosts, host_of
 from atlas_cli.serve.http import ServeConfig
 from atlas_cli.serve.server import uvicorn_config
-from tests.serve_helpers import ASK, WEATHER_TOOL, ServerThread, dumps, raw_request, scripted_model
-
-pytestmark = pytest.mark.slow
+from tests.serve_helpers import (
+    ASK,
+    WEATHER_TOOL,
+    ServerThread,
+    dumps,
+    raw_request,
+    scripted_model,
+)
 
 SEED = 18
 REQUESTS = int(os.environ.get("ATLAS_HOSTILE_REQUESTS", "400"))  # the note's run: 1,200
@@ -127,6 +136,7 @@ def hostile_requests(seed: int, count: int) -> list[tuple[str, bytes]]:
     return out
 
 
+@pytest.mark.slow
 def test_hostile_requests_get_no_500_and_no_hang(scripted):
     statuses: dict[int, int] = {}
     slowest = 0.0
@@ -149,6 +159,7 @@ def test_hostile_requests_get_no_500_and_no_hang(scripted):
     assert raw_request(scripted.port, "GET", "/health")[0] == 200
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("patch", "param"),
     [
@@ -170,6 +181,7 @@ def test_bad_values_are_400_with_param(scripted, patch, param):
         assert "NaN" in error["message"]
 
 
+@pytest.mark.slow
 def test_extreme_sampling_on_the_real_model(real):
     body = {"messages": ASK, "max_tokens": 3, "repeat_penalty": 1e-308, "seed": 2**64 - 1}
     status, _, answer = raw_request(real.port, "POST", "/v1/chat/completions", dumps(body))
@@ -177,6 +189,7 @@ def test_extreme_sampling_on_the_real_model(real):
     assert json.loads(answer)["usage"]["completion_tokens"] >= 1
 
 
+@pytest.mark.slow
 def test_health_answers_while_a_10mb_body_is_handled(scripted):
     """The body is read, parsed and rendered on worker threads and refused before it is
     tokenised (its text alone needs more tokens than the context holds): /health stays quick."""
@@ -214,6 +227,7 @@ def _rss_mb() -> float:
     return int(line.split()[1]) / 1024
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads /proc")
 def test_memory_of_large_requests_is_given_back(scripted):
     """Large refused bodies leave nothing behind: before the server collected their
@@ -229,6 +243,7 @@ def test_memory_of_large_requests_is_given_back(scripted):
     assert grown < 40
 
 
+@pytest.mark.slow
 def test_slow_headers_are_cut_off(scripted):
     """A client sending its headers a byte at a time is closed at the header deadline (1 s
     on this test server, 10 s in `atlas serve`)."""
@@ -254,12 +269,88 @@ def test_slow_headers_are_cut_off(scripted):
     assert closed and elapsed < 4.0, elapsed
 
 
+@pytest.mark.slow
 def test_slow_body_gets_408(scripted, monkeypatch):
     monkeypatch.setattr(serve_http, "BODY_TIMEOUT_S", 0.5)
     with socket.create_connection(("127.0.0.1", scripted.port), timeout=5) as sock:
         sock.sendall(
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
-            b'\r\nContent-Length: 1000\r\n\r\n{"messages": '
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+            b'{"messages": '
         )
         answer = sock.recv(65536)
     assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+
+
+# -- what a hostile user found: web pages on a server without a key ----------------------------
+
+
+def chat(port: int, body: dict, headers: dict | None = None) -> tuple[int, dict]:
+    status, _, answer = raw_request(port, "POST", "/v1/chat/completions", dumps(body), headers)
+    return status, json.loads(answer)
+
+
+def one_line_error(answer: dict, code: str) -> None:
+    error = answer.get("error", answer)
+    assert error.get("code", code) == code and "\n" not in error["message"], answer
+
+
+@pytest.mark.parametrize(
+    ("headers", "status", "code"),
+    [
+        ({"Content-Type": "text/plain"}, 415, "unsupported_media_type"),  # a form's or fetch's
+        ({"Content-Type": "application/x-www-form-urlencoded"}, 415, "unsupported_media_type"),
+        ({"Content-Type": ""}, 415, "unsupported_media_type"),  # a Blob's: no type at all
+        ({"Origin": "https://evil.example"}, 403, "origin_not_allowed"),
+        ({"Origin": "null"}, 403, "origin_not_allowed"),  # a sandboxed page's
+        ({"Host": "evil.example:8080"}, 403, "host_not_allowed"),  # DNS rebinding
+        ({"Origin": "http://localhost:3000"}, 200, None),  # a page on this machine
+        ({"Host": "localhost"}, 200, None),
+        ({"Host": "[::1]:8080"}, 200, None),
+    ],
+)
+def test_what_web_pages_send_is_refused_without_a_key(scripted, headers, status, code):
+    """A page the user visits posted text/plain bodies to a server with no key."""
+    body = {"messages": ASK, "max_tokens": 2}
+    got, answer = chat(scripted.port, body, {"Content-Type": "application/json", **headers})
+    assert got == status, answer
+    if code is not None:
+        one_line_error(answer, code)
+
+
+def test_refusals_come_in_each_apis_shape(scripted):
+    body = dumps({"model": "x", "max_tokens": 2, "messages": ASK})
+    status, _, answer = raw_request(
+        scripted.port, "POST", "/v1/messages", body, {"Content-Type": "text/plain"}
+    )
+    assert status == 415 and json.loads(answer)["type"] == "error"
+    status, _, answer = raw_request(scripted.port, "GET", "/slots", None, {"Host": "evil.example"})
+    assert status == 403 and json.loads(answer)["error"]["code"] == "host_not_allowed"
+
+
+def test_hosts_a_server_answers_to():
+    assert host_of("127.0.0.1:8080") == "127.0.0.1" and host_of("[::1]:80") == "::1"
+    assert host_of("localhost") == "localhost" and host_of("[::1]") == "::1"
+    loopback = AllowedHosts("127.0.0.1")
+    assert all(h in loopback for h in ["localhost", "LOCALHOST.", "127.0.0.1", "127.0.0.2", "::1"])
+    assert "10.0.0.5" not in loopback and "evil.example" not in loopback
+    lan = AllowedHosts("10.0.0.5")  # --host 10.0.0.5: that address too
+    assert "10.0.0.5" in lan and "10.0.0.6" not in lan and "localhost" in lan
+    every = AllowedHosts("0.0.0.0")  # any address of this machine, never a foreign name
+    assert "10.0.0.6" in every and "fe80::1" in every and "evil.example" not in every
+
+
+@pytest.fixture(scope="module")
+def keyed(model):
+    fake = scripted_model(model.tokenizer)
+    fake.engine.script = ["Hi"]
+    config = ServeConfig(model="scripted", api_key="sk-key")
+    with HardenedServer(create_app(config, fake)) as srv:
+        yield srv
+
+
+def test_with_a_key_the_key_decides(keyed):
+    """A page cannot send the key without a preflight, which the server never answers."""
+    auth = {"Authorization": "Bearer sk-key", "Content-Type": "text/plain", "Host": "box.lan"}
+    status, answer = chat(keyed.port, {"messages": ASK, "max_tokens": 1}, auth)
+    assert status == 200, answer

@@ -1,5 +1,6 @@
-"""The ASGI app (Starlette): the routes of the endpoint modules, the 404/405 handler, and the
-lifespan. The model loads on a thread at startup so `/health` can answer 503 while it does.
+"""The ASGI app (Starlette): the routes of the endpoint modules, the 404/405 handler, the
+browser guard (a server without a key refuses what web pages can send), and the lifespan.
+The model loads on a thread at startup so `/health` can answer 503 while it does.
 
 Nothing imports this module but the server entry (`server.py`) and tests: the endpoint
 modules share `http.py` instead.
@@ -11,9 +12,11 @@ import contextlib
 import threading
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.routing import Route
 
 from atlas_cli.serve import anthropic_api, openai_api, service_api
+from atlas_cli.serve.browser_guard import BrowserGuard
 from atlas_cli.serve.http import AppState, ServeConfig, not_found
 from atlas_cli.serve.responses_api import responses
 
@@ -58,6 +61,7 @@ def create_app(config: ServeConfig, model=None) -> Starlette:
         routes=ROUTES,
         lifespan=lifespan,
         exception_handlers={404: not_found, 405: not_found},
+        middleware=[Middleware(BrowserGuard, bound=config.host, api_key=config.api_key)],
     )
     app.state.atlas = state
     return app

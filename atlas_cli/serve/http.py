@@ -68,6 +68,7 @@ class ServeConfig:
     # server loads it with those defaults; None: open `model` by name or path here
     resolved: Any = None
     url: str | None = None  # where the API listens, for the "ready" line
+    host: str = "127.0.0.1"  # the address it was bound to (browser_guard accepts it as a Host)
 
 
 class AppState:

@@ -205,6 +205,7 @@ def serve(
         tool_parser=tool_parser,
         cache_bytes=cache_bytes,
         resolved=resolved,
+        host=host,
     )
     folder = Path(cache_dir).expanduser() if cache_dir else default_folder()
     quota = default_quota(folder) if cache_disk_bytes is None else cache_disk_bytes
