@@ -63,9 +63,10 @@ def raw_request(
         conn.close()
 
 
-def metric(port: int, name: str, labels: str = "") -> float:
-    """One sample's value from /metrics (0 when absent)."""
-    _, _, body = raw_request(port, "GET", "/metrics")
+def metric(port: int, name: str, labels: str = "", key: str | None = None) -> float:
+    """One sample's value from /metrics (0 when absent); `key`: the server's API key."""
+    headers = {"Authorization": f"Bearer {key}"} if key else None
+    _, _, body = raw_request(port, "GET", "/metrics", headers=headers)
     key = f"{name}{{{labels}}}" if labels else name
     for line in body.decode().splitlines():
         if line.startswith(key + " "):

@@ -18,10 +18,10 @@ from tests.serve_helpers import (
     WEATHER_TOOL,
     ServerThread,
     dumps,
-    metric,
     raw_request,
     sse_events,
 )
+from tests.serve_helpers import metric as keyed_metric
 
 openai = pytest.importorskip("openai")
 anthropic = pytest.importorskip("anthropic")
@@ -53,6 +53,10 @@ def server(model, smollm2_path):
 @pytest.fixture(scope="module")
 def client(server):
     return openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=1800)
+
+
+def metric(port: int, name: str, labels: str = "") -> float:
+    return keyed_metric(port, name, labels, key=KEY)  # /metrics is behind the server's key
 
 
 _EXPECTED: dict[str, str] = {}
@@ -246,7 +250,8 @@ def test_json_mode(client):
 
 def test_metrics(server, client):
     client.chat.completions.create(model=NAME, messages=ASK, max_tokens=1, temperature=0)
-    status, headers, raw = raw_request(server.port, "GET", "/metrics")
+    auth = {"Authorization": f"Bearer {KEY}"}
+    status, headers, raw = raw_request(server.port, "GET", "/metrics", headers=auth)
     text = raw.decode()
     assert status == 200 and headers["content-type"].startswith("text/plain")
     for name in (
@@ -324,6 +329,8 @@ def test_wrong_api_key(server):
     assert err.value.status_code == 401 and err.value.code == "invalid_api_key"
     status, _, _ = raw_request(server.port, "GET", "/v1/models")  # no key at all
     assert status == 401
+    status, _, raw = raw_request(server.port, "GET", "/metrics")  # its counts are the key's too
+    assert status == 401 and json.loads(raw)["error"]["code"] == "invalid_api_key"
 
 
 # -- disconnects and queueing ------------------------------------------------------------------

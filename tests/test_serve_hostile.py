@@ -3,6 +3,7 @@ bad JSON, lone surrogates, deep nesting, huge numbers) end in a 4xx, never a 500
 `/health` keeps answering while a 10 MB body is handled; slow headers and bodies are cut off.
 And what a hostile user found, a section below each:
 - web pages posting to a server without a key;
+- /metrics without the key;
 """
 
 from __future__ import annotations
@@ -354,3 +355,14 @@ def test_with_a_key_the_key_decides(keyed):
     auth = {"Authorization": "Bearer sk-key", "Content-Type": "text/plain", "Host": "box.lan"}
     status, answer = chat(keyed.port, {"messages": ASK, "max_tokens": 1}, auth)
     assert status == 200, answer
+
+
+# -- what a hostile user found: /metrics without the key ---------------------------------------
+
+
+def test_metrics_are_behind_the_key(keyed):
+    status, _, answer = raw_request(keyed.port, "GET", "/metrics")
+    assert status == 401 and json.loads(answer)["error"]["code"] == "invalid_api_key"
+    auth = {"Authorization": "Bearer sk-key"}
+    status, _, answer = raw_request(keyed.port, "GET", "/metrics", headers=auth)
+    assert status == 200 and b"atlas_requests_total" in answer

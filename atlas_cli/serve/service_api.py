@@ -17,7 +17,15 @@ from atlas_cli.backend.prefix_pool import slot_path
 from atlas_cli.errors import SlotError, SlotNotFoundError
 from atlas_cli.serve.body import parse_json
 from atlas_cli.serve.errors import APIError
-from atlas_cli.serve.http import AppState, check_token_ids, endpoint, read_body, read_bytes
+from atlas_cli.serve.http import (
+    AppState,
+    check_api_key,
+    check_token_ids,
+    endpoint,
+    error_response,
+    read_body,
+    read_bytes,
+)
 from atlas_cli.serve.prompt import ChatOptions, build_chat_prompt
 from atlas_cli.serve.protocol import DetokenizeRequest, TokenizeRequest
 
@@ -121,7 +129,13 @@ async def detokenize(state: AppState, request: Request) -> Response:
 
 
 async def metrics(request: Request) -> Response:
+    """Prometheus text, behind the API key when there is one (its counts say how the server is
+    used), and not counted in itself."""
     state: AppState = request.app.state.atlas
+    try:
+        check_api_key(state, request)
+    except APIError as exc:
+        return error_response(exc)
     return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
 
 
