@@ -74,7 +74,14 @@ TINY = {
 # does), so that 12 requests of a conversation stay inside 8K tokens
 SMOLLM2_CAP = {"system": 400, "user": 600, "tool": 160, "command": 120}
 MAX_TOKENS = 2  # the answers are not what is measured; the recorded ones are sent back
-SLOT_FILE = f"prefix-replay-{os.getpid()}"  # in the atlas cache's slots/, removed after
+SLOT_FILE = f"prefix-replay-{os.getpid()}"  # in slot_dir(), removed after
+
+
+def slot_dir() -> Path:
+    """The servers' --slot-save-path: the slots folder of atlas's cache folder."""
+    from atlas_cli.store import paths
+
+    return paths.cache_dir() / "slots"
 
 
 @dataclass(frozen=True)
@@ -179,7 +186,12 @@ def serving(model_path: Path, ctx: int | None, cache_bytes: int | None):
     from tests.serve_helpers import ServerThread
 
     model = open_model(str(model_path), ctx_size=ctx)
-    config = ServeConfig(model=str(model_path), served_model_name="m", cache_bytes=cache_bytes)
+    config = ServeConfig(
+        model=str(model_path),
+        served_model_name="m",
+        cache_bytes=cache_bytes,
+        slot_save_path=slot_dir(),
+    )
     with ServerThread(create_app(config, model)) as srv:
         yield srv
 
@@ -359,14 +371,12 @@ def main() -> None:
     if not args.trajectories.is_file():
         sys.exit(f"no trajectory file at {args.trajectories}: give --trajectories")
     models = args.model or list(TINY)
-    from atlas_cli.backend.prefix_pool import slot_path
-
     smollm2 = smollm2_path()
     try:
         with tempfile.TemporaryDirectory(prefix="atlas-prefix-replay-") as tmp:
             results = [run(args, name, args.work or Path(tmp), smollm2) for name in models]
     finally:
-        slot_path(SLOT_FILE).unlink(missing_ok=True)
+        (slot_dir() / SLOT_FILE).unlink(missing_ok=True)
     sys.exit(1 if any(r["problems"] for r in results) else 0)
 
 

@@ -56,6 +56,8 @@ COMMAND_LINES = [
     ("-m q.gguf --cache-ram 0", "cpu", {"cache_bytes": 0}),
     ("-m q.gguf -cram 1024", "cpu", {"cache_bytes": 1 << 30}),
     ("-m q.gguf --cache-ram -1", "cpu", {"cache_bytes": None}),
+    ("-m q.gguf", "cpu", {"slot_save_path": None}),
+    ("-m q.gguf --slot-save-path /m/slots", "cpu", {"slot_save_path": "/m/slots"}),
     ("-m q.gguf --spec-type none --spec-draft-n-max 3", "cpu", {"draft": 0}),
     ("-m q.gguf --spec-type draft-mtp --spec-draft-n-max 3", "cpu", {"draft": 3}),
     ("-m q.gguf --draft-max 2 --spec-draft-p-min 0.75", "cpu", {"draft": 2}),

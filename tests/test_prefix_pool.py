@@ -15,9 +15,10 @@ import pytest
 from atlas_cli.backend.cache import HybridCache, KVCache, StackedKVCache
 from atlas_cli.backend.engine import Engine, GenerationStats
 from atlas_cli.backend.layers import CacheLayout, LayerKind
-from atlas_cli.backend.prefix_pool import boundaries, slot_path
+from atlas_cli.backend.prefix_pool import boundaries
 from atlas_cli.backend.sample import SamplingParams
 from atlas_cli.errors import SlotError, SlotNotFoundError
+from atlas_cli.serve.slot_files import slot_file
 from atlas_cli.session import open_model
 
 LINEAR, FULL = LayerKind.GATED_DELTANET, LayerKind.ATTENTION
@@ -191,16 +192,16 @@ def test_lru_evicts_the_least_recently_used_by_bytes(qwen35):
 # -- slots on disk -----------------------------------------------------------------------------
 
 
-def test_restored_slot_prefills_only_the_new_suffix(qwen35):
+def test_restored_slot_prefills_only_the_new_suffix(qwen35, tmp_path):
     engine = Engine(qwen35.engine.model, qwen35.tokenizer, 256)
     a1 = chat_ids(qwen35, "list the files")
     reply = greedy(engine, a1, 5)
     slot = engine.pool.current.id
-    n, size = engine.save_slot(slot, slot_path("conv-a.npz"))
+    n, size = engine.save_slot(slot, slot_file(tmp_path, "conv-a.npz"))
     assert n == len(a1) + len(reply.token_ids) - 1 and size > 0
     # a restarted server: a new engine, nothing cached
     restarted = Engine(qwen35.engine.model, qwen35.tokenizer, 256)
-    assert restarted.restore_slot(3, slot_path("conv-a.npz")) == (n, size)
+    assert restarted.restore_slot(3, slot_file(tmp_path, "conv-a.npz")) == (n, size)
     assert [s["id"] for s in restarted.slots()] == [0, 3]
     turn = a1 + reply.token_ids + [9, 10, 11]
     assert prefill_exact(qwen35, restarted, turn) == n
@@ -237,40 +238,41 @@ def hostile_slot_files() -> dict[str, bytes]:
 def test_slot_files_are_checked(qwen35, smollm2, tmp_path):
     for name in ["../escape", "a/b", "", ".hidden", "x" * 200]:
         with pytest.raises(SlotError):
-            slot_path(name)
+            slot_file(tmp_path, name)
     engine = Engine(qwen35.engine.model, qwen35.tokenizer, 256)
     greedy(engine, chat_ids(qwen35, "hello"))
     with pytest.raises(SlotNotFoundError):
-        engine.save_slot(7, slot_path("nope"))
+        engine.save_slot(7, slot_file(tmp_path, "nope"))
     with pytest.raises(SlotNotFoundError):
-        engine.restore_slot(0, slot_path("never-saved"))
-    engine.save_slot(0, slot_path("q"))
+        engine.restore_slot(0, slot_file(tmp_path, "never-saved"))
+    engine.save_slot(0, slot_file(tmp_path, "q"))
     other = Engine(smollm2.engine.model, smollm2.tokenizer, 256)
     with pytest.raises(SlotError, match="another model"):
-        other.restore_slot(0, slot_path("q"))
+        other.restore_slot(0, slot_file(tmp_path, "q"))
     small = Engine(qwen35.engine.model, qwen35.tokenizer, 256, cache_bytes=1000)
     with pytest.raises(SlotError, match="--cache-size"):
-        small.restore_slot(0, slot_path("q"))
-    slot_path("junk").write_bytes(b"not a zip file")
+        small.restore_slot(0, slot_file(tmp_path, "q"))
+    slot_file(tmp_path, "junk").write_bytes(b"not a zip file")
     with pytest.raises(SlotError, match="not a saved slot"):
-        engine.restore_slot(0, slot_path("junk"))
+        engine.restore_slot(0, slot_file(tmp_path, "junk"))
     for name, content in hostile_slot_files().items():
-        slot_path(name).write_bytes(content)
+        slot_file(tmp_path, name).write_bytes(content)
         with pytest.raises(SlotError, match="not a saved slot"):
-            engine.restore_slot(0, slot_path(name))
+            engine.restore_slot(0, slot_file(tmp_path, name))
     assert engine.erase_slot(0) > 0 and engine.cached_ids == []
 
 
 # -- over HTTP ---------------------------------------------------------------------------------
 
 
-def test_slots_routes_and_billing_header(smollm2_path):
+def test_slots_routes_and_billing_header(smollm2_path, tmp_path):
     from atlas_cli.serve.app import create_app
     from atlas_cli.serve.http import ServeConfig
     from tests.serve_helpers import ServerThread, raw_request
 
     model = open_model(str(smollm2_path), device="cpu-ref", ctx_size=512)
-    app = create_app(ServeConfig(model=str(smollm2_path), served_model_name="m"), model)
+    config = ServeConfig(model=str(smollm2_path), served_model_name="m", slot_save_path=tmp_path)
+    app = create_app(config, model)
 
     def post(port, path, body):
         status, _, data = raw_request(port, "POST", path, json.dumps(body).encode())
@@ -297,6 +299,7 @@ def test_slots_routes_and_billing_header(smollm2_path):
         sid = slot["id"]
         status, saved = post(srv.port, f"/slots/{sid}?action=save", {"filename": "s1"})
         assert status == 200 and saved["n_saved"] == slot["n_tokens"], saved
+        assert (tmp_path / "s1").stat().st_size == saved["n_written"]
         assert post(srv.port, f"/slots/{sid}?action=erase", {})[1]["n_erased"] == slot["n_tokens"]
         status, back = post(srv.port, "/slots/5?action=restore", {"filename": "s1"})
         assert status == 200 and back["n_restored"] == slot["n_tokens"]

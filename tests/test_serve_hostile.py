@@ -4,6 +4,7 @@ bad JSON, lone surrogates, deep nesting, huge numbers) end in a 4xx, never a 500
 And what a hostile user found, a section below each:
 - web pages posting to a server without a key;
 - /metrics without the key;
+- slot saves that filled the disk;
 """
 
 from __future__ import annotations
@@ -18,11 +19,13 @@ import time
 import pytest
 import uvicorn
 
+from atlas_cli.errors import UsageError
 from atlas_cli.serve import http as serve_http
 from atlas_cli.serve.app import create_app
 from atlas_cli.serve.browser_guard import AllowedHosts, host_of
 from atlas_cli.serve.http import ServeConfig
 from atlas_cli.serve.server import uvicorn_config
+from atlas_cli.serve.slot_files import slot_folder
 from tests.serve_helpers import (
     ASK,
     WEATHER_TOOL,
@@ -366,3 +369,47 @@ def test_metrics_are_behind_the_key(keyed):
     auth = {"Authorization": "Bearer sk-key"}
     status, _, answer = raw_request(keyed.port, "GET", "/metrics", headers=auth)
     assert status == 200 and b"atlas_requests_total" in answer
+
+
+# -- what a hostile user found: slot saves that filled the disk --------------------------------
+
+
+def test_slot_files_are_off_without_a_folder(scripted, tmp_path):
+    """Ten cross-site saves wrote 706 MB into the cache folder: now nothing is written
+    anywhere unless --slot-save-path names a folder (llama-server's rule)."""
+    for action in ("save", "restore"):
+        status, _, answer = raw_request(
+            scripted.port, "POST", f"/slots/0?action={action}", dumps({"filename": "a"})
+        )
+        assert status == 501, answer
+        assert json.loads(answer)["error"]["code"] == "slot_save_disabled"
+
+
+def test_the_slot_folder_is_made_or_refused_at_startup(tmp_path):
+    assert slot_folder(tmp_path / "new" / "slots").is_dir()
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(UsageError, match="--slot-save-path"):
+        slot_folder(tmp_path / "file")
+
+
+def test_slot_saves_stop_at_the_quota(model, tmp_path):
+    engine = model.engine
+    list(engine.generate(model.chat_prompt(ASK), max_tokens=2))
+    (slot,) = [s for s in engine.slots() if s["current"]]
+    one = engine.save_slot(slot["id"], tmp_path / "probe")[1]
+    (tmp_path / "probe").unlink()
+    folder = tmp_path / "slots"
+    config = ServeConfig(model="m", slot_save_path=folder, slot_save_quota=one * 3 // 2)
+    with HardenedServer(create_app(config, model)) as srv:
+
+        def save(name: str) -> tuple[int, dict]:
+            path = f"/slots/{slot['id']}?action=save"
+            status, _, answer = raw_request(srv.port, "POST", path, dumps({"filename": name}))
+            return status, json.loads(answer)
+
+        assert save("first")[0] == 200
+        status, answer = save("second")
+        assert status == 507 and answer["error"]["code"] == "slot_quota_exceeded", answer
+        assert sorted(p.name for p in folder.iterdir()) == ["first"]  # the overflow is gone
+        assert save("first")[0] == 200  # a save replacing a file counts only once
+        assert sum(p.stat().st_size for p in folder.iterdir()) <= one * 3 // 2

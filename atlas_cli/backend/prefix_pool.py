@@ -18,9 +18,9 @@ return to (`Cache.reusable`): the engine checkpoints it at message starts and be
 prompt's last token, never inside a reply a later prompt may replace. Slots are evicted least
 recently used first, by bytes, down to the budget (`--cache-size`); the slot in use stays.
 
-Slots can be saved to and restored from `store.paths.slots_dir()` (llama-server's
-`/slots?action=save|restore`): a `.npz` of the cache's arrays, its tokens and a fingerprint of
-the model, read back without pickle.
+Slots can be saved to and restored from a file (llama-server's `/slots?action=save|restore`,
+inside the folder `--slot-save-path` names): a `.npz` of the cache's arrays, its tokens and a
+fingerprint of the model, read back without pickle.
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ import itertools
 import json
 import math
 import os
-import re
 import zipfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -47,7 +46,6 @@ from atlas_cli.store import paths
 # the special tokens that open a message in the chat formats we know (ChatML, Llama 3, Gemma)
 MESSAGE_START_TEXTS = ("<|im_start|>", "<|start_header_id|>", "<start_of_turn>")
 SLOT_FORMAT = 1
-SLOT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 # Default budgets, each at most a quarter of the memory available at load: `atlas serve`
 # caches every client's conversations (8 GiB, llama-server's --cache-ram default); `atlas run`,
 # `chat` and the keep-alive worker hold one user's last few (1 GiB: a dozen 8K conversations of
@@ -220,16 +218,6 @@ def fingerprint(model) -> str:
 
 
 # -- slot files --------------------------------------------------------------------------------
-
-
-def slot_path(name: str) -> Path:
-    """The file of a saved slot: a plain name inside the slots folder, nothing else."""
-    if not SLOT_NAME.fullmatch(name or "") or ".." in name:
-        raise SlotError(
-            f"bad slot filename {name!r}: use letters, digits, '.', '_' and '-' "
-            "(at most 128, no folders)"
-        )
-    return paths.slots_dir() / name
 
 
 def save_slot(slot: Slot, path: Path, model_id: str) -> int:

@@ -52,6 +52,20 @@ CacheDisk = Annotated[
         "or a quarter of the free disk where less."
     ),
 ]
+SlotSavePath = Annotated[
+    str | None,
+    typer.Option(
+        help="Folder where POST /slots/{id}?action=save|restore keep cached conversations "
+        "(default: none, and both are refused)."
+    ),
+]
+SlotSaveQuota = Annotated[
+    str | None,
+    typer.Option(
+        help="Bytes all files in --slot-save-path may hold, e.g. 8GiB (the default: the "
+        "default --cache-size); a save past it is refused."
+    ),
+]
 
 
 def serve(
@@ -67,6 +81,8 @@ def serve(
     cache_dir: CacheDir = None,
     cache_disk: CacheDisk = None,
     reasoning_budget: ReasoningBudget = None,
+    slot_save_path: SlotSavePath = None,
+    slot_save_quota: SlotSaveQuota = None,
     device: Device = None,
     kv_type: KvType = None,
     threads: Threads = None,
@@ -92,4 +108,6 @@ def serve(
         cache_dir=cache_dir,
         cache_disk_bytes=parse_size(cache_disk, "--cache-disk"),
         sampling=SamplingOverrides(reasoning_budget=reasoning_budget),
+        slot_save_path=slot_save_path,
+        slot_save_quota=parse_size(slot_save_quota, "--slot-save-quota"),
     )

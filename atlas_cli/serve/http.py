@@ -36,6 +36,7 @@ from atlas_cli.serve.metrics import Metrics
 from atlas_cli.serve.prompt import Prompt, choose_parser
 from atlas_cli.serve.protocol import parse_body
 from atlas_cli.serve.runner import EngineRunner
+from atlas_cli.serve.slot_files import DEFAULT_QUOTA as DEFAULT_SLOT_QUOTA
 from atlas_cli.serve.toolcalls import NoToolParser, ToolParser
 from atlas_cli.serve.turn import Turn
 
@@ -69,6 +70,9 @@ class ServeConfig:
     resolved: Any = None
     url: str | None = None  # where the API listens, for the "ready" line
     host: str = "127.0.0.1"  # the address it was bound to (browser_guard accepts it as a Host)
+    # `/slots` save and restore read and write only here (--slot-save-path); None: refused
+    slot_save_path: Path | None = None
+    slot_save_quota: int = DEFAULT_SLOT_QUOTA  # bytes all files in that folder may hold
 
 
 class AppState:

@@ -194,7 +194,6 @@ IGNORED: dict[int | str, tuple[str, ...]] = {
         "--sse-ping-interval",
         "--threads-http",
         "--cache-reuse",
-        "--slot-save-path",
         "--media-path",
         "--models-max",
         "--reasoning-effort",
@@ -440,6 +439,11 @@ def declare_what_and_where(p: OneLineParser) -> None:
         type=int,
         metavar="MiB",
         help="Prefix cache budget in MiB (0: none).",
+    )
+    add(
+        "--slot-save-path",
+        metavar="DIR",
+        help="Where /slots save and restore keep files (none: both are refused).",
     )
 
 

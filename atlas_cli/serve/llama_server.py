@@ -3,8 +3,8 @@
 Tools that start llama.cpp's `llama-server` themselves (Lemonade's llama.cpp backend, with
 LEMONADE_LLAMACPP_CPU_BIN and friends) can start atlas instead. `llama_args` reads the command
 line as llama-server reads it, `plan` gives each flag atlas's meaning (the devices, the KV cache
-type, the prefix cache, sampling and drafting defaults, the template's thinking switch), and the
-server answers whatever model name a request carries, as llama-server does.
+type, the prefix cache, the slots folder, sampling and drafting defaults, the template's thinking
+switch), and the server answers whatever model name a request carries, as llama-server does.
 """
 
 from __future__ import annotations
@@ -80,6 +80,7 @@ def plan(
         "accept_any_model": True,
         "template_kwargs": template_kwargs or None,
         "cache_bytes": cache_bytes(ns.cache_ram, ignored),
+        "slot_save_path": ns.slot_save_path or None,
         "sampling": sampling_defaults(ns),
         "draft": draft_tokens(ns.spec_type, ns.draft, ignored),
     }

@@ -16,6 +16,7 @@ from pathlib import Path
 from atlas_cli.backend.sample import SamplingOverrides
 from atlas_cli.errors import AtlasError, UsageError
 from atlas_cli.serve.app import ServeConfig, create_app
+from atlas_cli.serve.slot_files import DEFAULT_QUOTA, slot_folder
 
 LOOPBACK = {"127.0.0.1", "::1", "localhost"}
 SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
@@ -168,6 +169,8 @@ def serve(
     cache_disk_bytes: int | None = None,
     sampling: SamplingOverrides | None = None,
     draft: int | None = None,
+    slot_save_path: str | None = None,
+    slot_save_quota: int | None = None,
 ) -> None:
     """`cache_dir` None: the prefix folder of atlas's cache folder; `cache_disk_bytes` None:
     its default quota, 0: keep nothing on disk. `sampling` and `draft` (MTP tokens per step;
@@ -206,6 +209,8 @@ def serve(
         cache_bytes=cache_bytes,
         resolved=resolved,
         host=host,
+        slot_save_path=slot_folder(slot_save_path) if slot_save_path else None,
+        slot_save_quota=DEFAULT_QUOTA if slot_save_quota is None else slot_save_quota,
     )
     folder = Path(cache_dir).expanduser() if cache_dir else default_folder()
     quota = default_quota(folder) if cache_disk_bytes is None else cache_disk_bytes

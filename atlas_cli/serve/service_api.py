@@ -13,8 +13,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from atlas_cli.backend.prefix_pool import slot_path
-from atlas_cli.errors import SlotError, SlotNotFoundError
+from atlas_cli.errors import SlotError, SlotNotFoundError, StoreError
 from atlas_cli.serve.body import parse_json
 from atlas_cli.serve.errors import APIError
 from atlas_cli.serve.http import (
@@ -28,6 +27,7 @@ from atlas_cli.serve.http import (
 )
 from atlas_cli.serve.prompt import ChatOptions, build_chat_prompt
 from atlas_cli.serve.protocol import DetokenizeRequest, TokenizeRequest
+from atlas_cli.serve.slot_files import save_within_quota, slot_file
 
 SLOT_ID = re.compile(r"[0-9]{1,9}")
 
@@ -147,7 +147,8 @@ async def list_slots(state: AppState, request: Request) -> Response:
 @endpoint("slots")
 async def slot_action(state: AppState, request: Request) -> Response:
     """`POST /slots/{id}?action=save|restore` with `{"filename": NAME}`, or `?action=erase`.
-    Files live in the atlas cache folder's `slots/`; NAME is a plain file name."""
+    Files live in the `--slot-save-path` folder (without one, save and restore are refused, as
+    llama-server refuses them); NAME is a plain file name."""
     raw, action = request.path_params["slot"], request.query_params.get("action")
     # ASCII digits only, and few: str.isdigit takes "²" (which int() refuses) and int() takes
     # "١", and past 4,300 digits int() raises
@@ -160,13 +161,23 @@ async def slot_action(state: AppState, request: Request) -> Response:
             return JSONResponse({"id_slot": slot_id, "n_erased": n})
         if action not in ("save", "restore"):
             raise APIError(400, "action must be save, restore or erase", param="action")
+        folder, quota = state.config.slot_save_path, state.config.slot_save_quota
+        if folder is None:
+            raise APIError(
+                501,
+                f"slot {action} is off: start the server with --slot-save-path DIR",
+                type="not_supported_error",
+                code="slot_save_disabled",
+            )
         body = parse_json(await read_bytes(state, request))  # small: on the loop
         name = body.get("filename") if isinstance(body, dict) else None
         if not isinstance(name, str):
             raise APIError(400, "give the slot file's name as 'filename'", param="filename")
-        path = slot_path(name)
+        path = slot_file(folder, name)
         if action == "save":
-            n, size = await state.runner.call(lambda: engine.save_slot(slot_id, path))
+            n, size = await state.runner.call(
+                lambda: save_within_quota(engine, slot_id, path, quota)
+            )
             counts = {"n_saved": n, "n_written": size}
         else:
             n, size = await state.runner.call(lambda: engine.restore_slot(slot_id, path))
@@ -174,6 +185,8 @@ async def slot_action(state: AppState, request: Request) -> Response:
     except SlotError as exc:
         status = 404 if isinstance(exc, SlotNotFoundError) else 400
         raise APIError(status, str(exc), param="filename") from None
+    except StoreError as exc:  # the folder became unwritable, or its disk is full
+        raise APIError(507, str(exc), type="server_error", code="slot_save_failed") from None
     ms = (time.perf_counter() - started) * 1000
     timings = {f"{action}_ms": round(ms, 3)}
     return JSONResponse({"id_slot": slot_id, "filename": name, **counts, "timings": timings})

@@ -76,11 +76,6 @@ def cache_dir() -> Path:
     return Path(platformdirs.user_cache_dir("atlas", appauthor=False))
 
 
-def slots_dir() -> Path:
-    """Prefix-cache slots saved by `atlas serve` (POST /slots/{id}?action=save)."""
-    return cache_dir() / "slots"
-
-
 def check_free_space(directory: Path, needed: int, hub: bool = False) -> None:
     """Refuse a download of `needed` bytes into `directory` before it starts, not halfway."""
     if needed <= 0:
