@@ -5,10 +5,12 @@ And what a hostile user found, a section below each:
 - web pages posting to a server without a key;
 - /metrics without the key;
 - slot saves that filled the disk;
+- one client holding every connection; a 100 KB header;
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -413,3 +415,58 @@ def test_slot_saves_stop_at_the_quota(model, tmp_path):
         assert sorted(p.name for p in folder.iterdir()) == ["first"]  # the overflow is gone
         assert save("first")[0] == 200  # a save replacing a file counts only once
         assert sum(p.stat().st_size for p in folder.iterdir()) <= one * 3 // 2
+
+
+# -- what a hostile user found: one client holding every connection; a 100 KB header -----------
+
+
+def test_one_client_cannot_hold_every_connection(model):
+    """140 half-open connections from one client answered every other client 503."""
+    fake = scripted_model(model.tokenizer)
+    with HardenedServer(create_app(ServeConfig(model="scripted"), fake)) as srv:
+        hog: list[socket.socket] = []
+        try:
+            for _ in range(140):
+                sock = socket.socket()
+                sock.bind(("127.0.0.2", 0))  # another peer address than the probe's
+                sock.connect(("127.0.0.1", srv.port))
+                hog.append(sock)
+            assert raw_request(srv.port, "GET", "/health")[0] == 200
+            hog[-1].settimeout(5)
+            assert hog[-1].recv(1024).startswith(b"HTTP/1.1 429")  # all of them seen by now
+            refused = 1  # the last one, read above
+            for sock in hog[:-1]:
+                sock.setblocking(False)
+                with contextlib.suppress(BlockingIOError):  # held open: within its share
+                    refused += sock.recv(1024).startswith(b"HTTP/1.1 429")
+            assert refused == 140 - 128 // 4
+        finally:
+            for sock in hog:
+                sock.close()
+
+
+def header_request(size: int) -> bytes:
+    return (
+        b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: "
+        + b"a" * size
+        + b"\r\nConnection: close\r\n\r\n"
+    )
+
+
+@pytest.mark.parametrize("piece", [None, 4096])  # in one write, and a few KB at a time
+def test_headers_over_32_kib_get_431(scripted, piece):
+    """A 100 KB header block arriving in one read was accepted (h11 limits only what is still
+    arriving); sent in pieces, h11's own limit answered a bare 400."""
+    request = header_request(100_000)
+    with socket.create_connection(("127.0.0.1", scripted.port), timeout=5) as sock:
+        try:
+            for start in range(0, len(request), piece or len(request)):
+                sock.sendall(request[start : start + (piece or len(request))])
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # refused before the last piece
+        answer = sock.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 431"), answer[:200]
+    one_line_error(json.loads(answer.split(b"\r\n\r\n", 1)[1]), "headers_too_large")
+    with socket.create_connection(("127.0.0.1", scripted.port), timeout=5) as sock:
+        sock.sendall(header_request(20_000))
+        assert sock.recv(65536).startswith(b"HTTP/1.1 200")

@@ -22,7 +22,8 @@ LOOPBACK = {"127.0.0.1", "::1", "localhost"}
 SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 # Limits on what a client may hold. uvicorn has settings for idle keep-alive, connection count
-# and header size, but none for how long a request's headers may take: TimedH11Protocol adds it.
+# and header size, but none for how long a request's headers may take: TimedH11Protocol adds it
+# (connection_limits adds a client's share of the connections and the size of whole headers).
 HEADER_TIMEOUT_S = 10.0
 KEEP_ALIVE_S = 5
 MAX_CONNECTIONS = 128  # beyond this a new request gets a 503 at once
@@ -30,12 +31,14 @@ MAX_HEADER_BYTES = 32 * 1024
 
 
 def timed_protocol(header_timeout: float):
-    """uvicorn's h11 protocol with a deadline for each request's headers: a client sending a
-    byte at a time (slowloris) is closed when it passes, instead of holding a connection."""
+    """uvicorn's h11 protocol (with connection_limits') and a deadline for each request's
+    headers: a client sending a byte at a time (slowloris) is closed when it passes, instead of
+    holding a connection."""
     import h11
-    from uvicorn.protocols.http.h11_impl import H11Protocol
 
-    class TimedH11Protocol(H11Protocol):
+    from atlas_cli.serve.connection_limits import LimitedH11Protocol
+
+    class TimedH11Protocol(LimitedH11Protocol):
         _header_timer = None
 
         def connection_made(self, transport) -> None:
