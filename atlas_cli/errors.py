@@ -64,6 +64,10 @@ class GrammarError(AtlasError):
     """A grammar or JSON schema that constrained decoding cannot compile."""
 
 
+class GrammarCostError(GrammarError):
+    """A grammar that costs constrained decoding more time than one answer may spend."""
+
+
 class SlotError(AtlasError):
     """A saved prefix-cache slot that is missing, badly named, too large or from another model."""
 

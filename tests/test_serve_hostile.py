@@ -6,6 +6,7 @@ And what a hostile user found, a section below each:
 - /metrics without the key;
 - slot saves that filled the disk;
 - one client holding every connection; a 100 KB header;
+- schemas that failed mid-answer, held the queue, or made `minimum: 1e300` 2^63-1.
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ import time
 import pytest
 import uvicorn
 
+from atlas_cli.backend import constraint
 from atlas_cli.errors import UsageError
 from atlas_cli.serve import http as serve_http
+from atlas_cli.serve import schema_checks
 from atlas_cli.serve.app import create_app
 from atlas_cli.serve.browser_guard import AllowedHosts, host_of
 from atlas_cli.serve.http import ServeConfig
@@ -35,6 +38,7 @@ from tests.serve_helpers import (
     dumps,
     raw_request,
     scripted_model,
+    sse_events,
 )
 
 SEED = 18
@@ -470,3 +474,84 @@ def test_headers_over_32_kib_get_431(scripted, piece):
     with socket.create_connection(("127.0.0.1", scripted.port), timeout=5) as sock:
         sock.sendall(header_request(20_000))
         assert sock.recv(65536).startswith(b"HTTP/1.1 200")
+
+
+# -- what a hostile user found: schemas that failed mid-answer or held the queue ---------------
+
+
+def json_format(schema: dict) -> dict:
+    return {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
+
+
+@pytest.mark.parametrize(
+    ("schema", "code"),
+    [
+        ({"type": "integer", "minimum": 1e300}, "invalid_grammar"),  # was 9223372036854775807
+        ({"type": "integer", "maximum": -(2**70)}, "invalid_grammar"),
+        ({"type": "string", "pattern": "^a{1000000}$"}, "grammar_too_complex"),  # was a 500
+        ({"type": "object", "patternProperties": {"(a{1000}){1000}": {}}}, "grammar_too_complex"),
+    ],
+)
+def test_schemas_constrained_decoding_cannot_hold_are_400s(scripted, schema, code):
+    nested = {"type": "object", "properties": {"n": schema}, "required": ["n"]}
+    body = {"messages": ASK, "max_tokens": 4, "response_format": json_format(nested)}
+    status, answer = chat(scripted.port, body)
+    assert status == 400, answer
+    one_line_error(answer, code)
+    assert answer["error"]["param"] == "response_format"
+    tool = {"type": "function", "function": {"name": "f", "parameters": nested}}
+    body = {"messages": ASK, "max_tokens": 4, "tools": [tool], "tool_choice": "required"}
+    status, answer = chat(scripted.port, body)
+    assert status == 400 and answer["error"]["param"] == "tools", answer
+
+
+def test_64_bit_bounds_still_work(real):
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0,
+              "maximum": 2**63 - 1}}, "required": ["n"]}  # fmt: skip
+    body = {"messages": ASK, "max_tokens": 12, "response_format": json_format(schema)}
+    status, answer = chat(real.port, body)
+    assert status == 200, answer
+
+
+def test_a_grammar_failing_mid_answer_is_a_400(real, monkeypatch):
+    """A regex the trial lets through (here: every one) that llguidance gives up on once the
+    answer reaches it ends that answer with a 400, streamed or whole; the next one runs."""
+    monkeypatch.setattr(schema_checks, "check_regex", lambda gtok, pattern: None)
+    schema = {"type": "object", "properties": {"a": {"type": "string", "pattern": "^a{1000000}$"}},
+              "required": ["a"]}  # fmt: skip
+    body = {"messages": ASK, "max_tokens": 16, "response_format": json_format(schema)}
+    status, answer = chat(real.port, body)
+    assert status == 400, answer
+    one_line_error(answer, "invalid_grammar")
+    status, _, streamed = raw_request(
+        real.port, "POST", "/v1/chat/completions", dumps({**body, "stream": True})
+    )
+    events = sse_events(streamed)
+    assert status == 200 and "invalid_grammar" in events[-2] and events[-1] == "[DONE]"
+    assert chat(real.port, {"messages": ASK, "max_tokens": 2})[0] == 200
+
+
+def test_a_costly_grammar_ends_its_answer_and_frees_the_queue(real, monkeypatch):
+    """One schema held the only generation queue 14.6 s for 6 tokens while a 2-token request
+    waited behind it: an answer's grammar time is now bounded (here, tightly)."""
+    monkeypatch.setattr(constraint, "BUDGET_START_S", 0.02)
+    monkeypatch.setattr(constraint, "BUDGET_PER_TOKEN_S", 0.001)
+    schema = {"type": "object", "properties": {"a": {"type": "string", "pattern": "^a{20000}$"}},
+              "required": ["a"]}  # fmt: skip
+    costly = {"messages": ASK, "max_tokens": 200, "response_format": json_format(schema)}
+    results: dict[str, tuple] = {}
+
+    def send(name: str, body: dict) -> None:
+        started = time.perf_counter()
+        results[name] = (*chat(real.port, body), time.perf_counter() - started)
+
+    first = threading.Thread(target=send, args=("costly", costly))
+    first.start()
+    time.sleep(0.05)
+    send("short", {"messages": ASK, "max_tokens": 2})
+    first.join()
+    status, answer, _ = results["costly"]
+    assert status == 400, answer
+    one_line_error(answer, "grammar_too_complex")
+    status, answer, waited = results["short"]
+    assert status == 200 and waited < 10, (answer, waited)

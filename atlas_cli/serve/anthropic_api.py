@@ -154,14 +154,16 @@ async def messages(state: AppState, request: Request) -> Response:
     context = state.model.context_length
     prompt = await run_in_threadpool(_prompt, state, req, req.tool_choice, context)
     stop = list(req.stop_sequences or [])
-    turn = state.new_turn(
-        prompt,
-        max_tokens=req.max_tokens,
-        stop=stop,
-        temperature=req.temperature,
-        top_p=req.top_p,
-        top_k=req.top_k,
-        reasoning_budget=req.reasoning_budget,
+    turn = await run_in_threadpool(  # compiling the answer's grammar can take a while
+        lambda: state.new_turn(
+            prompt,
+            max_tokens=req.max_tokens,
+            stop=stop,
+            temperature=req.temperature,
+            top_p=req.top_p,
+            top_k=req.top_k,
+            reasoning_budget=req.reasoning_budget,
+        )
     )
     msg_id = new_id("msg_")
     if req.stream:

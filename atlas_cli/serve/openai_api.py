@@ -135,7 +135,9 @@ async def chat_completions(state: AppState, request: Request) -> Response:
     )
     # rendering and tokenising a long conversation takes a while: not on the event loop
     prompt = await run_in_threadpool(build_chat_prompt, state.model.tokenizer, req.messages, opts)
-    turn = new_turn(state, prompt, req, req.max_completion_tokens or req.max_tokens)
+    # compiling the answer's grammar can take a while too
+    max_tokens = req.max_completion_tokens or req.max_tokens
+    turn = await run_in_threadpool(new_turn, state, prompt, req, max_tokens)
     meta = response_meta(state, "chatcmpl-")
     if req.stream:
         events = chat_stream(turn, meta, include_usage(req))

@@ -22,6 +22,7 @@ from atlas_cli.serve import toolcalls
 from atlas_cli.serve.errors import APIError, bad_param, check_text_fits
 from atlas_cli.serve.grammar import GrammarRequest, build_grammar
 from atlas_cli.serve.protocol import Message, NamedToolChoice, ResponseFormat, Tool
+from atlas_cli.serve.schema_checks import check_schemas
 from atlas_cli.serve.toolcalls import HermesParser, NoToolParser, ToolParser
 from atlas_cli.serve.toolcalls.tags import THINK_OPEN, TOOL_CALL_OPEN
 
@@ -333,7 +334,11 @@ def answer_grammar(
     if mode == "none" and schema is None:
         return None
     gtok = grammar_tokenizer(tokenizer)
-    return None if gtok is None else build_grammar(req, gtok.is_special)
+    if gtok is None:
+        return None
+    checked = [("tools", params) for params in tools.values()] if mode != "none" else []
+    check_schemas(gtok, checked + ([("response_format", schema)] if schema else []))
+    return build_grammar(req, gtok.is_special)
 
 
 def render(

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from atlas_cli.backend.constraint import Constraint, new_constraint
 from atlas_cli.backend.engine import GenerationStats
 from atlas_cli.backend.sample import SamplingParams
-from atlas_cli.errors import GrammarError
+from atlas_cli.errors import GrammarCostError, GrammarError
 from atlas_cli.serve.errors import APIError, check_fits
 from atlas_cli.serve.prompt import JsonCutter, Prompt, valid_json
 from atlas_cli.serve.runner import Decide, Decided, EngineRunner, Generation, Job
@@ -80,7 +80,13 @@ def answer_constraint(engine, prompt: Prompt, grammar: str | None = None) -> Con
     try:
         return new_constraint(engine.tokenizer, grammar, prompt.prefill)
     except GrammarError as exc:
-        raise APIError(400, str(exc), code="invalid_grammar") from None
+        raise grammar_error(exc) from None
+
+
+def grammar_error(exc: GrammarError) -> APIError:
+    """The client's 400 for a grammar that fails or costs too much, before or while it runs."""
+    code = "grammar_too_complex" if isinstance(exc, GrammarCostError) else "invalid_grammar"
+    return APIError(400, str(exc), code=code)
 
 
 def call_or_reply(engine, prompt: Prompt, reply: Constraint | None) -> Decide | None:
@@ -175,6 +181,8 @@ class Turn:
 
     async def _finish(self, text: str, parsed: ParsedMessage) -> None:
         stats = await self.gen.result()
+        if isinstance(self.gen.error, GrammarError):  # the client's schema, met mid-answer
+            raise grammar_error(self.gen.error)
         if self.gen.error is not None:
             raise APIError(500, f"generation failed: {self.gen.error}", type="server_error")
         reason = "stop" if self._cut else stats.finish_reason
