@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from dataclasses import dataclass
 
 from prompt_toolkit.input import create_pipe_input
@@ -208,6 +209,7 @@ def test_set_every_parameter(smollm2):
         "/set min_p 0.1",
         "/set repeat_penalty 1.1",
         "/set seed 42",
+        "/set reasoning-budget 64",
         "/set max_tokens 33",
         "/set stop '###' END",
         "/set verbose on",
@@ -220,7 +222,8 @@ def test_set_every_parameter(smollm2):
     assert (got.repeat_penalty, got.seed, got.max_tokens) == (1.1, 42, 33)
     assert got.stop == ("###", "END")
     assert (got.verbose, got.think, got.markdown) == (True, "hidden", True)
-    assert "max_tokens      33" in s.out  # `/set` alone lists them
+    assert got.reasoning_budget == 64 and got.sampling().reasoning_budget == 64
+    assert re.search(r"max_tokens +33", s.out)  # `/set` alone lists them
 
 
 def test_set_rejects_bad_values_and_keeps_the_old_ones(smollm2):
