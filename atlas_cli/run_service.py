@@ -9,6 +9,7 @@ numpy are imported only when a model is opened or a request is answered.
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -83,9 +84,35 @@ class RunRequest:
     def overrides(self):
         return given_sampling(**self.sampling)
 
+    @classmethod
+    def from_message(cls, fields: Any) -> RunRequest:
+        """A request as a keep-alive client sent it, each field of its type (TypeError
+        otherwise: the worker answers "malformed", and a bad value never reaches the model)."""
+        if not isinstance(fields, dict):
+            raise TypeError("a run request is an object")
+        request = cls(**fields)
+        types = {"prompt": str, "system": (str, type(None)), "raw": bool, "think": str,
+                 "max_tokens": int, "stop": list, "sampling": dict, "stream": bool}  # fmt: skip
+        for name, kind in types.items():
+            value = getattr(request, name)
+            if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+                raise TypeError(f"{name} is {type(value).__name__}")
+        if not all(isinstance(s, str) for s in request.stop) or request.max_tokens < 1:
+            raise TypeError("stop holds text; max_tokens is at least 1")
+        allowed = set(inspect.signature(given_sampling).parameters)
+        if not set(request.sampling) <= allowed:
+            raise TypeError(f"sampling takes {', '.join(sorted(allowed))}")
+        return request
+
 
 def given_sampling(
-    temperature, top_k, top_p, min_p, repeat_penalty, seed=None, reasoning_budget=None
+    temperature=None,
+    top_k=None,
+    top_p=None,
+    min_p=None,
+    repeat_penalty=None,
+    seed=None,
+    reasoning_budget=None,
 ):
     """The sampling options the user set, checked now (before any model loads); the rest come
     from the model's recipe, then atlas."""

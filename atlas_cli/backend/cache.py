@@ -259,7 +259,10 @@ def lazy_zeros(shape: tuple[int, ...], dtype) -> np.ndarray:
 
 def saved_length(arrays: dict[str, np.ndarray], max_len: int) -> int:
     """The `length` entry of exported arrays, checked against the cache's context."""
-    n = int(np.asarray(arrays.get("length", -1)))
+    length = np.asarray(arrays.get("length", -1))
+    if length.shape != () or length.dtype.kind not in "iu":
+        raise ValueError(f"saved length is {length.dtype} {length.shape}, not one integer")
+    n = int(length)
     if not 0 <= n <= max_len:
         raise ValueError(f"saved length {n} does not fit a cache of {max_len} positions")
     return n

@@ -390,7 +390,7 @@ class Engine:
             cache.load(arrays)
             if mtp is not None and mtp_arrays:
                 mtp.load(mtp_arrays)
-        except ValueError as exc:
+        except (ValueError, TypeError) as exc:
             raise SlotError(f"{name} does not fit this model's cache ({exc})") from None
         if cache.length != len(ids) or not 0 <= int(meta.get("prompt_len", -1)) <= len(ids):
             raise SlotError(f"{name} is inconsistent: its tokens and cache disagree")

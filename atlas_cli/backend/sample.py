@@ -55,8 +55,12 @@ def check_ranges(settings) -> None:
             not isinstance(value, int | float) or not math.isfinite(value)
         ):
             raise UsageError(f"{name} must be a finite number, got {value}")
-        if not ok(value):
-            raise UsageError(f"{name} must be {must}, got {value}")
+        try:
+            fine = not isinstance(value, bool) and ok(value)
+        except TypeError:  # text where a number belongs
+            fine = False
+        if not fine:
+            raise UsageError(f"{name} must be {must}, got {value!r}")
 
 
 @dataclass(frozen=True)

@@ -73,10 +73,10 @@ class Worker:
                 if message.get("op") == "ping":
                     send(conn, {"pong": os.getpid()})
                 elif message.get("op") == "run":
-                    self.run(conn, RunRequest(**message["request"]))
+                    self.run(conn, RunRequest.from_message(message["request"]))
             except (BrokenPipeError, ConnectionResetError):
                 pass  # the client went away (Ctrl-C): the generation has stopped
-            except (ValueError, TypeError, KeyError):
+            except (ValueError, TypeError, KeyError, AttributeError):
                 send(conn, {"error": "malformed keep-alive request", "type": "AtlasError"})
 
     def run(self, conn: socket.socket, request: RunRequest) -> None:
