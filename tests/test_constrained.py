@@ -190,6 +190,26 @@ def test_random_schemas_at_the_mask_level(gtok, syntax):
         assert not fits(gtok, auto, "Let me look.\n" + render(name + "x", args))
 
 
+def test_auto_holds_calls_in_the_models_own_drift_to_the_schemas(gtok):
+    """Qwen2.5-Coder writes its calls as a ```json block or a bare object: with tools and
+    `auto` such a start is a call, held to the tools' schemas like one after `<tool_call>`;
+    prose may not start with JSON or a ```json fence then (a reply that does is a call)."""
+    params = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    tools = {"get_weather": params, "get_time": params}
+    auto = build_grammar(GrammarRequest(tools, "auto"), gtok.is_special)
+    call = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+    for text in [f"```json\n{call}\n```", call, f"[{call}, {call}]", f"```json\n[{call}]\n```"]:
+        assert fits(gtok, auto, text), text
+        assert len(valid_calls(text, tools, HermesParser)) >= 1
+    assert not fits(gtok, auto, '```json\n{"name": "get_wether", "arguments": {}}\n```')
+    assert not fits(gtok, auto, '{"name": "get_weather", "arguments": {"town": "Paris"}}')
+    assert not fits(gtok, auto, '```json\n{"city": "Paris"}\n```')  # JSON that is no call
+    assert fits(gtok, auto, 'Here is the weather:\n```json\n{"city": "Paris"}\n```')
+    assert fits(gtok, auto, "```python\nprint(1)\n```")
+    one = build_grammar(GrammarRequest(tools, "auto", parallel=False), gtok.is_special)
+    assert fits(gtok, one, call) and not fits(gtok, one, f"[{call}]")
+
+
 def test_arguments_the_function_does_not_name_are_closed_off(gtok):
     """BFCL's tool lists (like most) name their arguments and say nothing of others: a call
     must not invent one (JSON Schema alone would allow it)."""

@@ -33,6 +33,10 @@ Think = Literal["none", "optional", "open"]
 # at most a few blank characters between reasoning and the answer: unbounded whitespace is
 # where a small model loops
 GAP = r"/[ \t\r\n]{0,4}/"
+# How a reply in Qwen2.5-Coder's call drift starts: a ```json fence, or JSON itself. Prose may
+# not start so: llguidance's lexer commits to no shorter lexeme once a longer one (prose) is
+# still possible, so such a start must belong to the drift alone.
+DRIFT_START = r"(```json|[\[{])(?s:.*)"
 
 
 @dataclass(frozen=True)
@@ -90,11 +94,15 @@ class _Writer:
         """A literal: the special token itself where the tokenizer has one."""
         return text if self.special(text) else json.dumps(text)
 
-    def until(self, tag: str, stem: str, text: str = "(?s:.*)") -> str:
-        """Free `text` (a regex) up to and including the first `tag` (lazy: ends there)."""
+    def until(self, tag: str, stem: str, text: str = "(?s:.*)", avoid: str | None = None) -> str:
+        """Free `text` (a regex) up to and including the first `tag` (lazy: ends there); with
+        `avoid`, text that does not match that regex."""
+        unless = f" & ~/{avoid}/" if avoid else ""
         if self.special(tag):
-            return f"/{text}/ {tag}"
-        return self.rule(self.fresh(stem), f"/{text}{_regex_escape(tag)}/", "lazy")
+            if not unless:
+                return f"/{text}/ {tag}"
+            return f"{self.rule(self.fresh(stem).upper(), f'/{text}/{unless}')} {tag}"
+        return self.rule(self.fresh(stem), f"/{text}{_regex_escape(tag)}/{unless}", "lazy")
 
     def json(self, schema: Mapping, lenient: bool = False) -> str:
         return self.rule(
@@ -128,18 +136,42 @@ class _Writer:
         return ' ("\\n" call)*' if req.parallel else ""
 
     def prose_or_calls(self, req: GrammarRequest) -> str:
-        """Prose (no opening tag in it), or prose, the opening tag and then calls only."""
+        """Prose (no opening tag in it), or prose, the opening tag and then calls only. In the
+        Hermes syntax also the calls a model writes in its own drift (Qwen2.5-Coder): a call
+        object, or a list of them, bare or in a ```json fence, as the whole reply; prose may
+        then not start like one (`DRIFT_START`), so such a start is held to the schemas."""
         open_tag = tags.TOOL_CALL_OPEN
-        if self.special(open_tag):
-            prose = self.rule("PROSE", "/(?s:.*)/")
-        else:
-            tag = _regex_escape(open_tag)
-            prose = self.rule("PROSE", f"/(?s:.*)/ & ~/(?s:.*){tag}(?s:.*)/")
-        lead = self.until(open_tag, "lead")
-        return f"{prose} | {lead} call_rest{self.more(req)}"
+        drift = req.syntax == "hermes"
+        refused = [] if self.special(open_tag) else [f"(?s:.*){_regex_escape(open_tag)}(?s:.*)"]
+        if drift:
+            refused.append(DRIFT_START)
+        prose = self.rule("PROSE", "/(?s:.*)/" + "".join(f" & ~/{r}/" for r in refused))
+        lead = self.until(open_tag, "lead", avoid=DRIFT_START if drift else None)
+        options = [prose, f"{lead} call_rest{self.more(req)}"]
+        if drift:
+            options.append(self.drift_calls(req))
+        return " | ".join(options)
+
+    def drift_calls(self, req: GrammarRequest) -> str:
+        """A call object (or with parallel calls a list of them), bare or fenced."""
+        value = self.hermes(req.tools)
+        if req.parallel:
+            options = self.hermes_options(req.tools)
+            items = options[0] if len(options) == 1 else {"anyOf": options}
+            many = self.json({"type": "array", "items": items, "minItems": 1}, lenient=True)
+            value = self.rule(self.fresh("drift_value"), f"{value} | {many}")
+        fenced = f"/```json[ \\t]*\\n/ {value} /\\n```/"
+        return self.rule("drift", f"({fenced} | {value}) {GAP}")
 
     def hermes(self, tools: Mapping[str, dict]) -> str:
-        options = [
+        options = self.hermes_options(tools)
+        schema = options[0] if len(options) == 1 else {"anyOf": options}
+        return self.json(schema, lenient=True)
+
+    @staticmethod
+    def hermes_options(tools: Mapping[str, dict]) -> list[dict]:
+        """One call object's schema per tool: its name and its arguments."""
+        return [
             {
                 "type": "object",
                 "properties": {"name": {"const": name}, "arguments": _object_schema(params)},
@@ -148,8 +180,6 @@ class _Writer:
             }
             for name, params in tools.items()
         ]
-        schema = options[0] if len(options) == 1 else {"anyOf": options}
-        return self.json(schema, lenient=True)
 
     def xml(self, tools: Mapping[str, dict]) -> str:
         functions = [self.xml_function(name, params) for name, params in tools.items()]

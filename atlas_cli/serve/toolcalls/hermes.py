@@ -7,7 +7,7 @@ no call (no function name, empty, broken before the name) is kept as content tex
 decides on the whole output we decide per block, which a stream can.
 
 Qwen2.5-Coder writes its calls as a fenced JSON block instead (a "```json" line, the call
-object, a "```" line), or as the bare call object. As llama.cpp does, either is a call when it
+object or a list of them, a "```" line), or bare. As llama.cpp does, either is a call when it
 is the first thing the content says, and only for the request's own tools (a model asked for
 JSON writes JSON).
 """
@@ -69,14 +69,14 @@ class HermesParser(ToolParser):
 
     name = "hermes"
     blocks = {TOOL_CALL_OPEN: TOOL_CALL_CLOSE}
-    # a fenced call, or a bare call object (its own body, ended by its closing brace)
-    leading_blocks = {JSON_FENCE_OPEN: FENCE_CLOSE, "{": "}"}
-    keep_opener = frozenset({"{"})
+    # a fenced call, or a bare call object or list of them (its own body, ended by its close)
+    leading_blocks = {JSON_FENCE_OPEN: FENCE_CLOSE, "{": "}", "[": "]"}
+    keep_opener = frozenset({"{", "["})
 
     def scan_block(
         self, text: str, start: int, opener: str, final: bool, memo: dict[Any, Any]
     ) -> tuple[list[CallScan], int | None]:
-        if opener == "{":  # a bare call object: the block ends with its closing brace
+        if opener in self.keep_opener:  # bare JSON: the block ends with its closing bracket
             reader = memo.setdefault("reader", JsonCallReader(start, one_value=True))
             reader.read(text, len(text), settled=final)
             end = reader.pos if reader.done else (len(text) if final else None)
