@@ -210,6 +210,7 @@ def test_atlas_hw_reports_the_prefill_attention_check(nv_ops, monkeypatch, tmp_p
 # ---- machine code ------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # builds the kernels with nvcc / clang to read their instructions
 @pytest.mark.parametrize("arch", ["sm_90", "sm_121"])
 def test_prefill_sass_uses_hmma_without_local_memory(arch):
     fns = machine_code.opcodes(machine_code.cubin("attention.cu", arch, nvrtc_too=False))
@@ -231,6 +232,7 @@ def gfx1151() -> str:
     return machine_code.gfx1151_asm("attention.cu")
 
 
+@pytest.mark.slow  # builds the kernels with nvcc / clang to read their instructions
 def test_gfx1151_prefill_uses_wmma_without_scratch(gfx1151):
     for name in PREFILL:
         body = machine_code.amd_function(gfx1151, name)

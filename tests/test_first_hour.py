@@ -317,7 +317,7 @@ def test_the_server_says_what_it_is_at_the_root():
     from atlas_cli.serve.app import ServeConfig, create_app
 
     app = create_app(ServeConfig(model="no-such-model", served_model_name="tiny"))
-    with TestClient(app) as client:
+    with TestClient(app, base_url="http://127.0.0.1") as client:  # a page elsewhere: 403
         response = client.get("/")
     assert response.status_code == 200
     about = response.json()

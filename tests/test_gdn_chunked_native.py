@@ -177,6 +177,7 @@ def test_qwen35_fixture_prefill_through_the_chunked_kernels(monkeypatch, always_
 # ---- machine code ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # builds the kernels with nvcc / clang to read their instructions
 def test_sm90_gdn_kernels_use_no_local_memory():
     fns = machine_code.opcodes(machine_code.cubin("gdn.cu", "sm_90"))
     for name in (*CHUNKED, "gdn_recurrent"):
@@ -188,6 +189,7 @@ def test_sm90_gdn_kernels_use_no_local_memory():
     assert not [op for op in fns["gdn_chunk_scan"] if op.startswith("HMMA")]
 
 
+@pytest.mark.slow  # builds the kernels with nvcc / clang to read their instructions
 def test_gfx1151_gdn_kernels_use_no_scratch():
     asm = machine_code.gfx1151_asm("gdn.cu")
     # without the device libraries (-nogpulib) the math and id builtins stay calls: these

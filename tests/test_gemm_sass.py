@@ -17,6 +17,8 @@ from atlas_cli.backend.ops.native import runtime as rt
 from tests import machine_code
 from tests.gpu.checks import FORMATS
 
+pytestmark = pytest.mark.slow  # builds the kernels with NVRTC / clang to read their instructions
+
 GEMM_FORMATS = FORMATS
 # bf16 parts of the dequantized weight (gemm.cu gm_wparts): exact in one for bf16 and NVFP4
 # (E2M1 x E4M3), in two for f16, Q4_0 and Q5_0

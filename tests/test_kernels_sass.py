@@ -109,6 +109,7 @@ SCALE_LOADS = {"nvfp4": 1, "q4_0": 1, "q8_0": 1, "q6_k": 2, "q5_0": 3, "q3_k": 3
 WORD_LOADS = {"q4_1": 1, "q5_1": 2, "iq4_xs": 2}
 
 
+@pytest.mark.slow  # builds the kernels with nvcc / clang to read their instructions
 @pytest.mark.parametrize("fmt,units,bound", FAST_PATHS)
 def test_sm90_decode_loop_uses_128_bit_loads(sass, fmt, units, bound):
     c, weights = _decode_loop(sass, f"gemv_{fmt}")
@@ -125,12 +126,14 @@ def test_sm90_decode_loop_uses_128_bit_loads(sass, fmt, units, bound):
     assert total <= bound * weights, f"gemv_{fmt}: {total / weights:.2f} instructions per weight"
 
 
+@pytest.mark.slow  # builds the kernels with nvcc / clang to read their instructions
 def test_sm90_nvfp4_decode_has_no_compare_select(sass):
     c, weights = _decode_loop(sass, "gemv_nvfp4")
     assert not c["FSEL"] and not c["I2FP.F32.U32"] and not c["ISETP.GE.U32.AND"], c
     assert c["HADD2.F32"] == weights + weights // 16, c  # codes + block scales, exact from f16
 
 
+@pytest.mark.slow  # builds the kernels with nvcc / clang to read their instructions
 @pytest.mark.parametrize(
     "fmt",
     ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_nl", "iq4_xs"],
@@ -144,6 +147,7 @@ def test_sm90_gguf_decode_is_branch_free(sass, fmt):
     assert c["HADD2.F32"] >= weights and not c["FSEL"], c
 
 
+@pytest.mark.slow  # builds the kernels with nvcc / clang to read their instructions
 def test_sm90_gemv_uses_no_local_memory(sass):
     for name, ins in sass.items():
         ops = _ops([o for _, o in ins])
@@ -194,6 +198,7 @@ assert all(
 )
 
 
+@pytest.mark.slow  # builds the kernels with nvcc / clang to read their instructions
 @pytest.mark.parametrize("fmt", [f for f, _, _ in FAST_PATHS])
 def test_sm90_dgemv_bodies(decode_sass, fmt):
     """The fused decode step's GEMV: each 16-byte body's weight loop (no barrier, x from
@@ -263,6 +268,7 @@ def _amd_decode_loop(asm: str, fmt: str, units: int) -> collections.Counter:
     return max(fast, key=lambda c: sum(c.values()))
 
 
+@pytest.mark.slow  # builds the kernels with nvcc / clang to read their instructions
 @pytest.mark.parametrize("fmt,units,bound", FAST_PATHS)
 def test_gfx1151_loops_use_128_bit_loads(gfx1151, fmt, units, bound):
     c = _amd_decode_loop(gfx1151, fmt, units)
@@ -271,6 +277,7 @@ def test_gfx1151_loops_use_128_bit_loads(gfx1151, fmt, units, bound):
     assert not any(op.startswith("scratch_") for op in c), c
 
 
+@pytest.mark.slow  # builds the kernels with nvcc / clang to read their instructions
 def test_gfx1151_nvfp4_loop_is_branch_free_with_128_bit_loads(gfx1151):
     """The NVFP4 decode-step loop: one 16-byte load of codes and one 2-byte load of scales per
     lane unit, x from LDS, no byte loads, no branch but the loop's (before: 16 byte loads, 43
@@ -371,6 +378,7 @@ def decode_gfx1151() -> str:
     return machine_code.gfx1151_asm("decode.cu")
 
 
+@pytest.mark.slow  # builds the kernels with nvcc / clang to read their instructions
 @pytest.mark.parametrize("fmt", [f for f, _, _ in FAST_PATHS])
 def test_gfx1151_dgemv_loops_read_global_128_bit(decode_gfx1151, fmt):
     """The fused step's weight loops on gfx1151 (one per body or more: clang unswitches): the
