@@ -265,3 +265,62 @@ def test_gguf_rows_of_partial_blocks_are_refused(tmp_path):
 
     with pytest.raises(CorruptModelError, match="not a multiple of its format's block of 32"):
         load_and_run(gguf_with(tmp_path, change_tensors=q8_embedding))
+
+
+# -- config values and shapes that allocate or iterate before they are checked ---------------
+
+
+def test_a_thousand_dimensions_are_refused(tmp_path):
+    """A one-element scale whose shape lists 1,000 ones: its byte count is right, and numpy
+    cannot make an array of it (at most 64 dimensions)."""
+    model = copy_fixture("qwen35-nvfp4", tmp_path)
+    name = "model.language_model.layers.0.mlp.up_proj.weight_scale_2"
+    shard = next(f for f in model.glob("*.safetensors") if name.encode() in f.read_bytes())
+
+    def many_dims(header):
+        header[name]["shape"] = [1] * 1000
+
+    rewrite_header(shard, many_dims)
+    with pytest.raises(CorruptModelError, match=r"has 1,000 dimensions \(expected at most 8\)"):
+        load_and_run(model)
+
+
+@pytest.mark.parametrize("fixture", ["qwen3-gqa4-f16", "qwen35-text-bf16"])
+@pytest.mark.parametrize("value", [True, "full_attention", {"0": "full_attention"}, [1, 2]])
+def test_layer_types_must_be_a_list_of_strings(tmp_path, fixture, value):
+    model = copy_fixture(fixture, tmp_path)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "layer_types": value}))
+    with pytest.raises(CorruptModelError, match=r"config.json: layer_types is .*\(expected a"):
+        load_and_run(model)
+
+
+def test_the_fit_check_reads_the_checked_config(tmp_path):
+    """A `text_config` a Qwen3 model has no use for once sent the memory estimate looking for
+    its layer count there."""
+    model = copy_fixture("qwen3-gqa4-f16", tmp_path)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "text_config": {"a": 1}}))
+    assert run_case(model) == "load"
+
+
+def test_rms_norm_eps_must_stay_positive_in_float32(tmp_path):
+    model = copy_fixture("qwen3-gqa4-f16", tmp_path)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "rms_norm_eps": 1e-40}))
+    with pytest.raises(CorruptModelError, match=r"rms_norm_eps is 1e-40 \(expected a positive"):
+        load_and_run(model)
+
+
+@pytest.mark.parametrize(("fixture", "key"), [("qwen3-gguf", "qwen3"), ("qwen35-gguf", "qwen35")])
+def test_a_million_blocks_are_refused_before_anything_is_built(tmp_path, fixture, key):
+    """Each layer is a declaration and a set of expected tensors: a million of them took a
+    minute and 3.7 GB before the file's missing tensors were reported."""
+
+    def change(kv):
+        kv[f"{key}.block_count"][1:3] = [4, 1_000_000]
+
+    path = gguf_with(tmp_path, change_kv=change, fixture=fixture)
+    refused = pytest.raises(CorruptModelError, match=r"num_hidden_layers is \d+ \(expected an")
+    with time_cap(5, "a million blocks"), memory_cap(256 << 20), refused:
+        load_and_run(path)
