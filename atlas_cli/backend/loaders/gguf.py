@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from atlas_cli.backend.formats import QuantizedWeight, StoredRows, WeightFormat, ggml_type_name
-from atlas_cli.backend.loaders import gguf_reader, quant, validate
+from atlas_cli.backend.loaders import finite, gguf_reader, quant, validate
 from atlas_cli.errors import CorruptModelError, UnsupportedModelError
 
 GGUF_MAGIC = b"GGUF"
@@ -377,7 +377,8 @@ def load_weights(
     the `w + 1` norms, `-exp(A_log)`, the squeezed conv and the tiled value heads. With
     `lazy_unpermute`, permuted Q/K QuantizedTensors keep the file's row order and carry
     `row_perm` instead of a reordered copy, and qwen35's `out_proj` keeps its column order and
-    carries `col_perm`, so every block stays in the memory map."""
+    carries `col_perm`, so every block stays in the memory map. A tensor holding NaN or Inf
+    (a float value, or a quantized block's scale) is a CorruptModelError."""
     arch = gf.architecture
     permute = arch in PERMUTED_QK_ARCHS
     n_layers = config["num_hidden_layers"] if arch == "qwen35" else None
@@ -387,6 +388,7 @@ def load_weights(
         if target is None:
             raise UnsupportedModelError(f"{gf.path.name}: unknown tensor {name}")
         raw = gf.raw(name)
+        finite.check_gguf_tensor(gf.path.name, name, raw, quant.GGML_TYPES[info.type_id])
         perm = None
         if permute and target.endswith(("q_proj.weight", "k_proj.weight")):
             n_head = config["num_attention_heads" if "q_proj" in target else "num_key_value_heads"]
@@ -395,6 +397,11 @@ def load_weights(
             weights[target] = _qwen35_tensor(
                 target, raw, info, config, keep_quantized, lazy_unpermute
             )
+            if target.endswith("linear_attn.A_log") and not np.isfinite(weights[target]).all():
+                raise CorruptModelError(
+                    f"{gf.path.name}: tensor {name} holds a value >= 0 (expected "
+                    "ssm_a = -exp(A_log) < 0); the file is damaged"
+                )
             continue
         quantized = quant.GGML_TYPES[info.type_id].quantized
         if keep_quantized and quantized and len(info.shape) == 2:
@@ -443,7 +450,8 @@ def _qwen35_tensor(
     if target.endswith(("linear_attn.A_log", "linear_attn.dt_bias")):
         w = grouped_rows(w.reshape(-1, 1), nk, r, 1).reshape(-1)
         if target.endswith("A_log"):
-            w = np.log(-w)  # stored as ssm_a = -exp(A_log)
+            with np.errstate(divide="ignore", invalid="ignore"):  # load_weights refuses those
+                w = np.log(-w)  # stored as ssm_a = -exp(A_log)
     elif target.endswith("linear_attn.conv1d.weight"):
         w = w.reshape(w.shape[0], 1, -1)  # (C, K) -> (C, 1, K) as in HF
     elif _is_offset_norm(target):
