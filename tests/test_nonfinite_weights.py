@@ -1,4 +1,7 @@
-"""NaN and Inf in weights: refused at load with the tensor named (loaders/finite.py)."""
+"""NaN and Inf in weights: refused at load with the tensor named (loaders/finite.py), and where
+one gets past the load (the computation makes it), the fast CPU kernels carry it to the logits,
+which the engine reports as a damaged model, instead of raising inside numba ("SystemError:
+CPUDispatcher(<function attention>) returned a result with an exception set")."""
 
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ from atlas_cli.backend.ops.cpu import jit
 from atlas_cli.errors import CorruptModelError
 from tests.model_mutations import FIXTURES, load_and_run, read_gguf, write_gguf
 
+NAN_LOGITS = "the model produced NaN or Inf logits"
 # GGUF types of the fixtures: bytes per block and where its float16 scale is (llama.cpp's
 # ggml-common.h), written down here rather than read from formats.py, which is under test
 F32, Q4_0, Q8_0 = 0, 2, 8
@@ -143,3 +147,77 @@ def test_the_check_finds_the_first_bad_element_past_a_chunk(monkeypatch):
     with pytest.raises(CorruptModelError, match="at element 2,500"):
         finite.check_values("f", "t", values, "F32")
     assert finite.first_all_ones(values.view(np.uint32)[3000:], 0x7F80_0000) == 1000
+
+
+# -- what gets past the load reaches the logits --------------------------------------------------
+
+
+@pytest.fixture
+def without_the_load_check(monkeypatch):
+    monkeypatch.setattr(finite, "check_gguf_tensor", lambda *args: None)
+
+
+@pytest.mark.parametrize("fixture", ["qwen3-gguf", "qwen35-gguf"])
+@pytest.mark.parametrize("prompt", ["Hello there", [5]], ids=["prefill", "one-token decode"])
+def test_nan_activations_end_in_nan_logits_on_the_fast_path(tmp_path, without_the_load_check,
+                                                            fixture, prompt):  # fmt: skip
+    from atlas_cli.backend.sample import SamplingOverrides
+    from atlas_cli.session import open_model
+
+    path = gguf_with_value(tmp_path, fixture, "blk.0.attn_norm.weight", 0, np.nan)
+    model = open_model(str(path), device="cpu")
+    with pytest.raises(CorruptModelError, match=NAN_LOGITS):
+        for _ in model.generate(prompt, max_tokens=2, sampling=SamplingOverrides(0.0)):
+            pass
+
+
+def test_softmax_of_nonfinite_scores_is_nan():
+    from atlas_cli.backend.ops.cpu import kernels
+
+    for bad in ([np.nan, 1.0, 2.0], [np.inf, 1.0, 2.0], [-np.inf] * 3, [np.nan] * 3):
+        row = np.array(bad + [0.5] * 30, np.float32)  # past the 16-lane maximum too
+        kernels.softmax_row(row, row.size)
+        assert np.isnan(row).all(), bad
+    row = np.linspace(-3, 3, 37, dtype=np.float32)
+    expected = np.exp(row - row.max()) / np.exp(row - row.max()).sum()
+    kernels.softmax_row(row, row.size)
+    np.testing.assert_allclose(row, expected, rtol=1e-5)
+
+
+def test_attention_over_nan_queries_is_nan_for_those_heads():
+    from atlas_cli.backend.ops.cpu import fast
+
+    rng = np.random.default_rng(1)
+    q = rng.standard_normal((5, 4, 16)).astype(np.float32)
+    k = rng.standard_normal((2, 5, 16)).astype(np.float32)
+    v = rng.standard_normal((2, 5, 16)).astype(np.float32)
+    q[2, 1, 3] = np.nan
+    out = fast.attention(q, k, v, 0)
+    assert np.isnan(out[2, 1]).all()
+    assert np.isfinite(np.delete(out.reshape(-1, 16), 2 * 4 + 1, axis=0)).all()
+
+
+def test_int8_rounding_keeps_nan_and_inf():
+    """A NaN activation rounds to int8 garbage; its group's scale is NaN instead, so every
+    product with it is NaN."""
+    from atlas_cli.backend.ops.cpu import kernels
+
+    x = np.linspace(-1, 1, 128, dtype=np.float32)
+    xq, xf = np.empty(256, np.int8), np.empty(128 // 32 * kernels.XF, np.float32)
+    kernels.quantize_x(x, xq, xf)
+    assert np.isfinite(xf).all()
+    x[40], x[100] = np.nan, np.inf  # groups 1 and 3
+    kernels.quantize_x(x, xq, xf)
+    assert np.isnan(xf[[1, 3]]).all() and np.isfinite(xf[[0, 2]]).all()
+
+
+def test_norms_of_a_zero_row_with_zero_eps_do_not_raise():
+    from atlas_cli.backend.ops.cpu import decode, rows
+
+    x, w = np.zeros((8, 16), np.float32), np.ones(16, np.float32)
+    out = np.empty_like(x)
+    rows.rms_norm_rows(x, w, 0.0, out)
+    rows.l2norm_rows(x, 0.0, out)
+    rows.rms_norm_gated_rows(x, x, w, 0.0, out)
+    decode.rms_norm_into(x[0], w, 0.0, out[0])
+    assert not np.isfinite(out[0]).any()
