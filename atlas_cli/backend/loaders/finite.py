@@ -1,8 +1,8 @@
 """NaN and Inf in stored weights, refused at load.
 
-One non-finite weight turns every activation after it into NaN, and the fast CPU kernels round
-NaN activations to int8 garbage rather than carrying it to the logits, so a file holding one is
-refused here with a CorruptModelError naming the tensor, before any kernel sees it.
+One non-finite weight turns every activation after it into NaN: the model could only fail at
+its first token, with nothing left to say which tensor was broken. So a file holding one is
+refused here, with a CorruptModelError naming the tensor, before any kernel sees it.
 
 The check reads the stored bits, never a float conversion: a float is NaN or Inf exactly when
 its exponent bits are all ones. Float tensors (F32, F16, BF16, F64) are read whole; GGUF
