@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from atlas_cli.backend.ops.cpu import jit
 from atlas_cli.errors import CorruptModelError, UnsupportedModelError
 from tests.model_mutations import (
     FIXTURES,
@@ -27,6 +28,7 @@ from tests.model_mutations import (
     make_case,
     read_gguf,
     run_case,
+    warm_kernels,
     write_gguf,
 )
 
@@ -36,7 +38,9 @@ CASE_MEMORY = 2 << 30  # a case may map and allocate this much beyond the proces
 
 @pytest.fixture(autouse=True)
 def own_home(tmp_path, monkeypatch):
-    """Header caches of mutated files go to a home of their own."""
+    """Header caches of mutated files go to a home of their own; the compiled kernels stay the
+    suite's (compiling them again takes minutes)."""
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(jit.kernel_cache_dir()))
     monkeypatch.setenv("ATLAS_HOME", str(tmp_path / "home"))
 
 
@@ -76,14 +80,16 @@ def memory_cap(extra: int):
         resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
 
 
-def fuzz(kind: str, cases: int, workdir: Path, real_gguf: Path | None = None) -> Counter:
+def fuzz(
+    kind: str, cases: int, workdir: Path, real_gguf: Path | None = None, device: str = "cpu-ref"
+) -> Counter:
     outcomes: Counter = Counter()
     escaped = []
     for seed in range(cases):
         path, what = make_case(kind, seed, workdir / f"{kind}{seed}", real_gguf=real_gguf)
         try:
             with time_cap(CASE_SECONDS, f"{kind} #{seed} ({what})"), memory_cap(CASE_MEMORY):
-                outcomes[run_case(path)] += 1
+                outcomes[run_case(path, device)] += 1
         except Exception as exc:  # anything but an AtlasError is a failure of the validation
             escaped.append(f"{kind} #{seed} ({what}): {type(exc).__name__}: {exc}")
         shutil.rmtree(workdir / f"{kind}{seed}", ignore_errors=True)
@@ -97,6 +103,14 @@ def test_mutated_fixtures_end_in_a_clean_error_or_a_run(kind, tmp_path):
     # both ends are exercised: most damage is refused, harmless damage still runs
     assert outcomes["CorruptModelError"] > 50, outcomes
     assert outcomes["load"] > 5, outcomes
+
+
+@pytest.mark.parametrize("kind", ["gguf", "hf"])
+def test_mutated_fixtures_on_the_fast_cpu_path(kind, tmp_path):
+    """The same cases through the numba kernels, which NaN weights once made raise."""
+    warm_kernels()
+    outcomes = fuzz(kind, 40, tmp_path, device="cpu")
+    assert outcomes["CorruptModelError"] > 10 and outcomes["load"] > 2, outcomes
 
 
 @pytest.mark.slow  # ~30 s: the harmless cases load the real model on the reference backend
