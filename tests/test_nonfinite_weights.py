@@ -6,6 +6,7 @@ CPUDispatcher(<function attention>) returned a result with an exception set").""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import struct
 from pathlib import Path
@@ -116,6 +117,25 @@ def test_safetensors_nonfinite_weights_are_refused_at_load(tmp_path, fixture, te
     name = tensor.replace("model.language_model.", "model.")
     with pytest.raises(CorruptModelError, match=rf"tensor {name} holds NaN or Inf at element"):
         load_and_run(model)
+
+
+def test_a_gguf_file_found_finite_is_not_checked_again(tmp_path, monkeypatch):
+    """The check reads a page of every block's scales: once per file (path, size, mtime)."""
+    path = gguf_with_value(tmp_path, "qwen3-gguf", "output_norm.weight", 0, 1.0)
+    checked = []
+    real_check = finite.check_gguf_tensor
+    monkeypatch.setattr(
+        finite, "check_gguf_tensor", lambda *args: checked.append(args[1]) or real_check(*args)
+    )
+    load_and_run(path)
+    assert "output_norm.weight" in checked
+    checked.clear()
+    load_and_run(path)
+    assert checked == []
+    damaged = gguf_with_value(tmp_path, "qwen3-gguf", "output_norm.weight", 0, np.nan)
+    os.utime(damaged, ns=(0, path.stat().st_mtime_ns + 10**9))  # a new file: a new mtime
+    with pytest.raises(CorruptModelError, match="output_norm.weight holds NaN"):
+        load_and_run(damaged)
 
 
 def test_every_quantized_format_names_its_float16_scales():

@@ -3,7 +3,9 @@
 Parsing goes through the `gguf` package. Its reader parses the 50K-entry tokenizer arrays field by
 field, which takes seconds, so the parsed header (metadata + tensor table) is cached as JSON next
 to atlas's other caches, keyed by the file's path, size and mtime. Tensor bytes are always read
-through a memory map of the file itself.
+through a memory map of the file itself. The first load checks every weight for NaN and Inf
+(loaders/finite.py: the scales of every block, so every page of the file); an empty marker
+under the same key remembers that it passed, and later loads skip the check.
 """
 
 from __future__ import annotations
@@ -113,11 +115,32 @@ class QuantizedTensor(QuantizedWeight):
 class GGUFFile:
     """An opened GGUF file: `metadata` (plain Python values) and `tensors` by GGUF name."""
 
-    def __init__(self, path: Path, metadata: dict[str, Any], tensors: dict[str, TensorInfo]):
+    def __init__(
+        self,
+        path: Path,
+        metadata: dict[str, Any],
+        tensors: dict[str, TensorInfo],
+        finite_marker: Path | None = None,
+    ):
         self.path = path
         self.metadata = metadata
         self.tensors = tensors
         self._map = np.memmap(path, dtype=np.uint8, mode="r")
+        self.finite_marker = finite_marker  # where a passed non-finite check is remembered
+
+    @property
+    def known_finite(self) -> bool:
+        """Whether an earlier load of this very file (path, size, mtime) found no NaN or Inf."""
+        return self.finite_marker is not None and self.finite_marker.exists()
+
+    def remember_finite(self) -> None:
+        if self.finite_marker is None:
+            return
+        try:
+            self.finite_marker.parent.mkdir(parents=True, exist_ok=True)
+            self.finite_marker.touch()
+        except OSError:
+            pass  # a marker we cannot write only costs the check next time
 
     @property
     def architecture(self) -> str:
@@ -163,7 +186,8 @@ def open_gguf(path: str | os.PathLike, cache_dir: Path | None = None) -> GGUFFil
     metadata, tensors = header
     spans = [validate.Span(t.name, t.offset, t.offset + t.nbytes) for t in tensors.values()]
     validate.check_spans(str(path), spans, size)
-    return GGUFFile(path, metadata, tensors)
+    marker = _cache_path(path, cache_dir).with_suffix(".finite") if cache_dir else None
+    return GGUFFile(path, metadata, tensors, marker)
 
 
 def _parse_header(path: Path) -> tuple[dict[str, Any], dict[str, TensorInfo]]:
@@ -378,8 +402,10 @@ def load_weights(
     `lazy_unpermute`, permuted Q/K QuantizedTensors keep the file's row order and carry
     `row_perm` instead of a reordered copy, and qwen35's `out_proj` keeps its column order and
     carries `col_perm`, so every block stays in the memory map. A tensor holding NaN or Inf
-    (a float value, or a quantized block's scale) is a CorruptModelError."""
+    (a float value, or a quantized block's scale) is a CorruptModelError, unless an earlier
+    load of the same file found none."""
     arch = gf.architecture
+    check = not gf.known_finite
     permute = arch in PERMUTED_QK_ARCHS
     n_layers = config["num_hidden_layers"] if arch == "qwen35" else None
     weights: dict[str, Any] = {}
@@ -388,7 +414,8 @@ def load_weights(
         if target is None:
             raise UnsupportedModelError(f"{gf.path.name}: unknown tensor {name}")
         raw = gf.raw(name)
-        finite.check_gguf_tensor(gf.path.name, name, raw, quant.GGML_TYPES[info.type_id])
+        if check:
+            finite.check_gguf_tensor(gf.path.name, name, raw, quant.GGML_TYPES[info.type_id])
         perm = None
         if permute and target.endswith(("q_proj.weight", "k_proj.weight")):
             n_head = config["num_attention_heads" if "q_proj" in target else "num_key_value_heads"]
@@ -412,6 +439,8 @@ def load_weights(
             if perm is not None:
                 raw = np.ascontiguousarray(raw[perm])
             weights[target] = quant.dequantize(raw, info.type_id, info.shape)
+    if check:
+        gf.remember_finite()
     return weights
 
 
