@@ -9,7 +9,7 @@ for a few tokens in a worker subprocess with a time limit and a memory cap.
 Cases come from tests/model_mutations.py (seeded: case i of a kind is the same every run), and
 run on the devices in turn (the numpy reference and the fast CPU path's numba kernels, whose
 disk cache is compiled once before the cases start). A worker process runs case after case
-under RLIMIT_AS (4 GB by default); a case that takes over the timeout (30 s) is a hang, a worker
+under RLIMIT_AS (4 GB by default); a case that takes over the timeout (10 s) is a hang, a worker
 killed by a signal is a crash, a MemoryError or an allocation refused by the cap is a memory
 blow-up, and any exception but an AtlasError is a traceback. Bad cases are kept under --keep
 for reproduction. Prints the counts and the slowest case; exits 1 unless tracebacks, hangs,
@@ -155,7 +155,7 @@ def main() -> int:
     ap.add_argument("--kinds", default="gguf,hf,real", help="comma-separated: gguf, hf, real")
     ap.add_argument("--devices", default="cpu-ref,cpu", help="comma-separated: cpu-ref, cpu")
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--timeout", type=float, default=30.0, help="seconds per case")
+    ap.add_argument("--timeout", type=float, default=10.0, help="seconds per case")
     ap.add_argument("--memory-gb", type=float, default=4.0, help="RLIMIT_AS of each worker")
     ap.add_argument("--keep", type=Path, default=Path("fuzz-failures"), help="bad cases go here")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
