@@ -338,3 +338,15 @@ def test_a_million_blocks_are_refused_before_anything_is_built(tmp_path, fixture
     refused = pytest.raises(CorruptModelError, match=r"num_hidden_layers is \d+ \(expected an")
     with time_cap(5, "a million blocks"), memory_cap(256 << 20), refused:
         load_and_run(path)
+
+
+def test_a_qwen35_model_needs_a_full_attention_layer(tmp_path):
+    """Three of the fixture's four blocks claimed as MTP blocks leave one Gated DeltaNet layer:
+    the KV cache took its geometry from an attention layer there was none of (StopIteration)."""
+
+    def mtp_blocks(kv):
+        kv["qwen35.nextn_predict_layers"][1:3] = [4, 3]
+
+    path = gguf_with(tmp_path, change_kv=mtp_blocks, fixture="qwen35-gguf")
+    with pytest.raises(UnsupportedModelError, match="expected at least one full_attention layer"):
+        load_and_run(path)
