@@ -176,13 +176,14 @@ FLOAT_BITS = {4: "<f", 2: "<e"}  # GGUF F32, F16 (BF16 is written as the top hal
 
 def _gguf_nonfinite_mutation(rng: random.Random, tensors: list[list], data: bytearray) -> str:
     """NaN or Inf in one value of a float tensor, or in one scale of a quantized block: of a
-    tensor whose bytes are among the copied ones (all of a fixture's)."""
+    block among the copied bytes (all of a fixture's, the first of a real model's)."""
     usable = []
     for name, type_id, dims, offset in tensors:
         if type_id in GGML_BLOCKS:
             elems, block_bytes, _ = GGML_BLOCKS[type_id]
-            blocks = math.prod(dims) // elems
-            if blocks and offset + blocks * block_bytes <= len(data):
+            copied = max(0, len(data) - offset) // block_bytes
+            blocks = min(math.prod(dims) // elems, copied)
+            if blocks:
                 usable.append((name, type_id, offset, blocks))
     if not usable:
         return "no tensor in the copied bytes"
