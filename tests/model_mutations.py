@@ -3,10 +3,11 @@
 `make_case(kind, seed, workdir)` copies one fixture (a GGUF file or a Hugging Face directory)
 into `workdir`, damages it one way (a hostile config value, a safetensors entry whose dtype,
 shape or byte range lies, overlapping tensors, a GGUF metadata value of the wrong type or range,
-a length field larger than the file, flipped bytes, a cut file, a broken tokenizer.json...) and
-returns the path and what was done. `load_and_run(path)` loads it as `atlas run` would and
-generates a few tokens; `run_case(path)` returns "load" or the AtlasError's class name and lets
-anything else escape.
+a length field larger than the file, flipped bytes, a cut file, a broken tokenizer.json, a NaN
+or Inf in a weight or in a block's scale, a layer count or layer list of the wrong kind, a shape
+of many dimensions...) and returns the path and what was done. `load_and_run(path, device)`
+loads it as `atlas run` would and generates a few tokens; `run_case(path, device)` returns
+"load" or the AtlasError's class name and lets anything else escape.
 """
 
 from __future__ import annotations
@@ -57,6 +58,14 @@ def run_case(path: Path, device: str = "cpu-ref") -> str:
     except AtlasError as exc:
         return type(exc).__name__
     return "load"
+
+
+def warm_kernels() -> None:
+    """Run every fixture on the fast CPU path once, so that its numba kernels are compiled (or
+    loaded from their disk cache) before any case's time limit starts."""
+    for name in [*GGUF_FIXTURES, *HF_FIXTURES]:
+        path = FIXTURES / name / "model.gguf" if name in GGUF_FIXTURES else FIXTURES / name
+        assert run_case(path, "cpu") == "load", name
 
 
 # -- GGUF: a typed read (the fixtures are valid: the `gguf` package reads them) and a writer --
@@ -154,10 +163,71 @@ def _gguf_value_mutation(rng: random.Random, kvs: list[list]) -> str:
     return f"{key} = {new[1]!r} (type {new[0]})"
 
 
+# ggml type -> (elements per block, bytes per block, byte offsets of its float16 scales; None: the
+# elements are floats of that many bytes), after llama.cpp's ggml-common.h
+GGML_BLOCKS = {
+    0: (1, 4, None), 1: (1, 2, None), 30: (1, 2, None), 2: (32, 18, (0,)), 3: (32, 20, (0, 2)),
+    6: (32, 22, (0,)), 7: (32, 24, (0, 2)), 8: (32, 34, (0,)), 10: (256, 84, (80, 82)),
+    11: (256, 110, (108,)), 12: (256, 144, (0, 2)), 13: (256, 176, (0, 2)), 14: (256, 210, (208,)),
+}  # fmt: skip
+NONFINITE = [math.nan, math.inf, -math.inf]
+FLOAT_BITS = {4: "<f", 2: "<e"}  # GGUF F32, F16 (BF16 is written as the top half of an f32)
+
+
+def _gguf_nonfinite_mutation(rng: random.Random, tensors: list[list], data: bytearray) -> str:
+    """NaN or Inf in one value of a float tensor, or in one scale of a quantized block: of a
+    block among the copied bytes (all of a fixture's, the first of a real model's)."""
+    usable = []
+    for name, type_id, dims, offset in tensors:
+        if type_id in GGML_BLOCKS:
+            elems, block_bytes, _ = GGML_BLOCKS[type_id]
+            copied = max(0, len(data) - offset) // block_bytes
+            blocks = min(math.prod(dims) // elems, copied)
+            if blocks:
+                usable.append((name, type_id, offset, blocks))
+    if not usable:
+        return "no tensor in the copied bytes"
+    name, type_id, offset, blocks = rng.choice(usable)
+    _, block_bytes, scales = GGML_BLOCKS[type_id]
+    value, block = rng.choice(NONFINITE), rng.randrange(blocks)
+    at = offset + block * block_bytes
+    if scales is None:
+        data[at : at + block_bytes] = _float_bytes(value, block_bytes, bf16=type_id == 30)
+        return f"tensor {name}: element {block} = {value}"
+    at += rng.choice(scales)
+    data[at : at + 2] = struct.pack("<e", value)
+    return f"tensor {name}: scale of block {block} = {value}"
+
+
+def _float_bytes(value: float, width: int, bf16: bool = False) -> bytes:
+    if bf16:
+        return struct.pack("<f", value)[2:]
+    return struct.pack(FLOAT_BITS[width], value)
+
+
+def _gguf_config_mutation(rng: random.Random, kvs: list[list]) -> str:
+    """A layer count, layer list or norm epsilon of the wrong kind or size."""
+    arch = next((kv[2] for kv in kvs if kv[0] == "general.architecture"), "qwen3")
+    key, type_id, value = rng.choice(
+        [("block_count", 4, 10**6), ("block_count", 10, 2**40), ("block_count", 4, 2**31),
+         ("attention.recurrent_layers", 7, True), ("attention.recurrent_layers", 8, "x"),
+         ("attention.recurrent_layers", 9, [True] * 1000), ("nextn_predict_layers", 4, 10**6),
+         ("attention.layer_norm_rms_epsilon", 6, 1e-45),
+         ("attention.layer_norm_rms_epsilon", 6, 0.0),
+         ("full_attention_interval", 4, 0), ("context_length", 10, 2**24)]
+    )  # fmt: skip
+    key = f"{arch}.{key}"
+    kvs[:] = [kv for kv in kvs if kv[0] != key]
+    kvs.append([key, type_id, value, 7 if type_id == ARRAY else None])
+    return f"{key} = {str(value)[:40]} (type {type_id})"
+
+
 def _gguf_tensor_mutation(rng: random.Random, tensors: list[list], size: int) -> str:
     t = rng.choice(tensors)
     other = rng.choice(tensors)
-    choice = rng.choice(["type", "dims", "offset", "overlap", "name", "drop", "extra dim"])
+    choice = rng.choice(
+        ["type", "dims", "offset", "overlap", "name", "drop", "extra dim", "many dims"]
+    )
     if choice == "type":
         t[1] = rng.choice([1, 2, 3, 6, 7, 8, 9, 12, 13, 14, 30, 39, 99, 2**31])
     elif choice == "dims":
@@ -173,8 +243,10 @@ def _gguf_tensor_mutation(rng: random.Random, tensors: list[list], size: int) ->
         t[0] = rng.choice([other[0], "blk.99.attn_q.weight", "blk.0.bogus", "", "\u00e9" * 40])
     elif choice == "drop":
         tensors.remove(t)
-    else:
+    elif choice == "extra dim":
         t[2] = [*t[2], rng.choice([1, 2, 3])]
+    else:
+        t[2] = [*t[2], *[1] * rng.choice([3, 60, 1000])]
     return f"tensor {t[0]}: {choice}"
 
 
@@ -204,9 +276,16 @@ def make_gguf_case(rng: random.Random, workdir: Path, source: Path | None = None
     source = source or FIXTURES / rng.choice(GGUF_FIXTURES) / "model.gguf"
     kvs, tensors, data, total = read_gguf(source)
     target = workdir / "model.gguf"
-    what = rng.choice(["value", "value", "drop key", "tensor", "tensor", "raw", "raw"])
+    what = rng.choice(
+        ["value", "value", "drop key", "tensor", "tensor", "raw", "raw", "nonfinite", "config"]
+    )
     if what == "value":
         done = _gguf_value_mutation(rng, kvs)
+    elif what == "nonfinite":
+        data = bytearray(data)
+        done = _gguf_nonfinite_mutation(rng, tensors, data)
+    elif what == "config":
+        done = _gguf_config_mutation(rng, kvs)
     elif what == "drop key":
         kv = kvs.pop(rng.randrange(len(kvs)))
         done = f"dropped {kv[0]}"
@@ -282,7 +361,9 @@ def _mutate_safetensors(rng: random.Random, file: Path) -> str:
     names = [n for n in header if n != "__metadata__"]
     name, other = rng.choice(names), rng.choice(names)
     entry = header[name]
-    choice = rng.choice(["dtype", "shape", "offsets", "overlap", "drop", "raw", "value"])
+    choice = rng.choice(
+        ["dtype", "shape", "offsets", "overlap", "drop", "raw", "value", "many dims", "nonfinite"]
+    )
     if choice == "dtype":
         entry["dtype"] = rng.choice(["F32", "BF16", "F16", "U8", "I64", "F8_E4M3", "Q4", 5, None])
     elif choice == "shape":
@@ -305,6 +386,10 @@ def _mutate_safetensors(rng: random.Random, file: Path) -> str:
         del header[name]
     elif choice == "value":
         header[name] = rng.choice(HOSTILE)
+    elif choice == "many dims":
+        entry["shape"] = [*entry["shape"], *[1] * rng.choice([3, 60, 1000])]
+    elif choice == "nonfinite":
+        return f"{file.name} {_safetensors_nonfinite(rng, file, header, data)}"
     else:
         blob = bytearray(file.read_bytes())
         for _ in range(rng.randint(1, 6)):
@@ -315,13 +400,66 @@ def _mutate_safetensors(rng: random.Random, file: Path) -> str:
     return f"{file.name} {name}: {choice}"
 
 
+SAFETENSORS_FLOATS = {"F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1}
+
+
+def _safetensors_nonfinite(rng: random.Random, file: Path, header: dict, data: bytes) -> str:
+    """NaN or Inf in one element of a float tensor (a weight, a norm, a scale; an FP8 code)."""
+    floats = [
+        n
+        for n, e in header.items()
+        if n != "__metadata__"
+        and e["dtype"] in SAFETENSORS_FLOATS
+        and e["data_offsets"][1] > e["data_offsets"][0]
+    ]
+    name = rng.choice(floats)
+    entry = header[name]
+    width = SAFETENSORS_FLOATS[entry["dtype"]]
+    begin, end = entry["data_offsets"]
+    index = rng.randrange((end - begin) // width)
+    if entry["dtype"] == "F8_E4M3":
+        raw, value = rng.choice([b"\x7f", b"\xff"]), "NaN"
+    else:
+        value = rng.choice(NONFINITE)
+        raw = _float_bytes(value, width, bf16=entry["dtype"] == "BF16")
+    blob = bytearray(data)
+    blob[begin + index * width : begin + (index + 1) * width] = raw
+    _write_header(file, header, bytes(blob))
+    return f"{name}: element {index} = {value}"
+
+
+# config.json keys whose type or size other code trusted: a layer list, a layer count, a nested
+# text config, an interval that is divided by, a norm epsilon
+CONFIG_TYPES = {
+    "layer_types": [True, "full_attention", {"0": "full_attention"}, [1, 2], [],
+                    ["full_attention"] * 1000, ["linear_attention", None]],
+    "num_hidden_layers": [10**6, 2**31, 1025],
+    "text_config": [True, {}, {"a": 1}, [], {"num_hidden_layers": 10**6}, {"layer_types": True}],
+    "full_attention_interval": [0, -1, "4", 10**9],
+    "rms_norm_eps": [0.0, 1e-45, 1e300, -1e-6],
+}  # fmt: skip
+
+
+def _config_type_mutation(rng: random.Random, file: Path) -> str:
+    key = rng.choice(sorted(CONFIG_TYPES))
+    value = rng.choice(CONFIG_TYPES[key])
+    config = json.loads(file.read_text())
+    config[key] = value
+    file.write_text(json.dumps(config))
+    return f"{file.name}: {key} = {str(value)[:40]}"
+
+
 def make_hf_case(rng: random.Random, workdir: Path) -> tuple:
     fixture = rng.choice(HF_FIXTURES)
     target = workdir / fixture
     shutil.copytree(FIXTURES / fixture, target, ignore=shutil.ignore_patterns("*.npz"))
     shards = sorted(target.glob("*.safetensors"))
-    what = rng.choice(["config", "config", "safetensors", "safetensors", "tokenizer", "other"])
-    if what == "config":
+    what = rng.choice(
+        ["config", "config", "safetensors", "safetensors", "tokenizer", "other", "config type"]
+    )
+    if what == "config type":
+        done = _config_type_mutation(rng, target / "config.json")
+    elif what == "config":
         force = {"vocab_size": 1} if rng.random() < 0.05 else None
         done = _mutate_json_file(rng, target / "config.json", force)
     elif what == "safetensors":

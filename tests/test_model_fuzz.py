@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from atlas_cli.backend.ops.cpu import jit
 from atlas_cli.errors import CorruptModelError, UnsupportedModelError
 from tests.model_mutations import (
     FIXTURES,
@@ -27,6 +28,7 @@ from tests.model_mutations import (
     make_case,
     read_gguf,
     run_case,
+    warm_kernels,
     write_gguf,
 )
 
@@ -36,7 +38,9 @@ CASE_MEMORY = 2 << 30  # a case may map and allocate this much beyond the proces
 
 @pytest.fixture(autouse=True)
 def own_home(tmp_path, monkeypatch):
-    """Header caches of mutated files go to a home of their own."""
+    """Header caches of mutated files go to a home of their own; the compiled kernels stay the
+    suite's (compiling them again takes minutes)."""
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(jit.kernel_cache_dir()))
     monkeypatch.setenv("ATLAS_HOME", str(tmp_path / "home"))
 
 
@@ -76,14 +80,16 @@ def memory_cap(extra: int):
         resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
 
 
-def fuzz(kind: str, cases: int, workdir: Path, real_gguf: Path | None = None) -> Counter:
+def fuzz(
+    kind: str, cases: int, workdir: Path, real_gguf: Path | None = None, device: str = "cpu-ref"
+) -> Counter:
     outcomes: Counter = Counter()
     escaped = []
     for seed in range(cases):
         path, what = make_case(kind, seed, workdir / f"{kind}{seed}", real_gguf=real_gguf)
         try:
             with time_cap(CASE_SECONDS, f"{kind} #{seed} ({what})"), memory_cap(CASE_MEMORY):
-                outcomes[run_case(path)] += 1
+                outcomes[run_case(path, device)] += 1
         except Exception as exc:  # anything but an AtlasError is a failure of the validation
             escaped.append(f"{kind} #{seed} ({what}): {type(exc).__name__}: {exc}")
         shutil.rmtree(workdir / f"{kind}{seed}", ignore_errors=True)
@@ -97,6 +103,14 @@ def test_mutated_fixtures_end_in_a_clean_error_or_a_run(kind, tmp_path):
     # both ends are exercised: most damage is refused, harmless damage still runs
     assert outcomes["CorruptModelError"] > 50, outcomes
     assert outcomes["load"] > 5, outcomes
+
+
+@pytest.mark.parametrize("kind", ["gguf", "hf"])
+def test_mutated_fixtures_on_the_fast_cpu_path(kind, tmp_path):
+    """The same cases through the numba kernels, which NaN weights once made raise."""
+    warm_kernels()
+    outcomes = fuzz(kind, 40, tmp_path, device="cpu")
+    assert outcomes["CorruptModelError"] > 10 and outcomes["load"] > 2, outcomes
 
 
 @pytest.mark.slow  # ~30 s: the harmless cases load the real model on the reference backend
@@ -265,3 +279,74 @@ def test_gguf_rows_of_partial_blocks_are_refused(tmp_path):
 
     with pytest.raises(CorruptModelError, match="not a multiple of its format's block of 32"):
         load_and_run(gguf_with(tmp_path, change_tensors=q8_embedding))
+
+
+# -- config values and shapes that allocate or iterate before they are checked ---------------
+
+
+def test_a_thousand_dimensions_are_refused(tmp_path):
+    """A one-element scale whose shape lists 1,000 ones: its byte count is right, and numpy
+    cannot make an array of it (at most 64 dimensions)."""
+    model = copy_fixture("qwen35-nvfp4", tmp_path)
+    name = "model.language_model.layers.0.mlp.up_proj.weight_scale_2"
+    shard = next(f for f in model.glob("*.safetensors") if name.encode() in f.read_bytes())
+
+    def many_dims(header):
+        header[name]["shape"] = [1] * 1000
+
+    rewrite_header(shard, many_dims)
+    with pytest.raises(CorruptModelError, match=r"has 1,000 dimensions \(expected at most 8\)"):
+        load_and_run(model)
+
+
+@pytest.mark.parametrize("fixture", ["qwen3-gqa4-f16", "qwen35-text-bf16"])
+@pytest.mark.parametrize("value", [True, "full_attention", {"0": "full_attention"}, [1, 2]])
+def test_layer_types_must_be_a_list_of_strings(tmp_path, fixture, value):
+    model = copy_fixture(fixture, tmp_path)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "layer_types": value}))
+    with pytest.raises(CorruptModelError, match=r"config.json: layer_types is .*\(expected a"):
+        load_and_run(model)
+
+
+def test_the_fit_check_reads_the_checked_config(tmp_path):
+    """A `text_config` a Qwen3 model has no use for once sent the memory estimate looking for
+    its layer count there."""
+    model = copy_fixture("qwen3-gqa4-f16", tmp_path)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "text_config": {"a": 1}}))
+    assert run_case(model) == "load"
+
+
+def test_rms_norm_eps_must_stay_positive_in_float32(tmp_path):
+    model = copy_fixture("qwen3-gqa4-f16", tmp_path)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "rms_norm_eps": 1e-40}))
+    with pytest.raises(CorruptModelError, match=r"rms_norm_eps is 1e-40 \(expected a positive"):
+        load_and_run(model)
+
+
+@pytest.mark.parametrize(("fixture", "key"), [("qwen3-gguf", "qwen3"), ("qwen35-gguf", "qwen35")])
+def test_a_million_blocks_are_refused_before_anything_is_built(tmp_path, fixture, key):
+    """Each layer is a declaration and a set of expected tensors: a million of them took a
+    minute and 3.7 GB before the file's missing tensors were reported."""
+
+    def change(kv):
+        kv[f"{key}.block_count"][1:3] = [4, 1_000_000]
+
+    path = gguf_with(tmp_path, change_kv=change, fixture=fixture)
+    refused = pytest.raises(CorruptModelError, match=r"num_hidden_layers is \d+ \(expected an")
+    with time_cap(5, "a million blocks"), memory_cap(256 << 20), refused:
+        load_and_run(path)
+
+
+def test_a_qwen35_model_needs_a_full_attention_layer(tmp_path):
+    """Three of the fixture's four blocks claimed as MTP blocks leave one Gated DeltaNet layer:
+    the KV cache took its geometry from an attention layer there was none of (StopIteration)."""
+
+    def mtp_blocks(kv):
+        kv["qwen35.nextn_predict_layers"][1:3] = [4, 3]
+
+    path = gguf_with(tmp_path, change_kv=mtp_blocks, fixture="qwen35-gguf")
+    with pytest.raises(UnsupportedModelError, match="expected at least one full_attention layer"):
+        load_and_run(path)

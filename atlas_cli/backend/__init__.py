@@ -11,6 +11,7 @@ for event in model.generate("Hi", max_tokens=32, sampling=SamplingOverrides(temp
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import json
@@ -44,7 +45,8 @@ MODEL_CLASSES = {
     "qwen3_5_text": ("atlas_cli.backend.models.qwen3_5", "Qwen3_5Model"),
 }
 # Called with (config, weights, context) after the weights are mapped and before they are
-# materialized, where a model that does not fit should be refused (atlas_cli.fit).
+# materialized, where a model that does not fit should be refused (atlas_cli.fit). The config
+# is the model's checked arguments (ModelArgs as a dict), never the file's raw values.
 FitCheck = Callable[[dict[str, Any], dict[str, Any], int], None]
 
 
@@ -199,7 +201,7 @@ def load(
         )
     context = min(ctx_size or defaults.ctx_size or limit, limit)
     if fit_check is not None:  # before dequantizing: that is where the memory goes
-        fit_check(info.config, weights, context)
+        fit_check(dataclasses.asdict(args), weights, context)
     if native:
         prepared = {k: _to_device(ops, k, v) for k, v in weights.items()}
     else:

@@ -38,6 +38,9 @@ class WeightFormat:
     device_split: tuple[int, int] | None = None
     # Blocks (..., block_bytes) -> the same blocks in the kernels' bit layout (Q5_K)
     device_repack: Callable[[np.ndarray], np.ndarray] | None = None
+    # Byte offsets in a block of its float16 scales (d, and m or dmin where there is one): the
+    # only bytes of a quantized block that can hold NaN or Inf (loaders/finite.py)
+    f16_scales: tuple[int, ...] = ()
 
     @property
     def device_layout(self) -> bool:
@@ -104,9 +107,21 @@ QK_K = 256  # elements per K-quant super-block
 F32 = register(WeightFormat("F32", "f32", 0, 1, 4, cpu=True, native=True))
 F16 = register(WeightFormat("F16", "f16", 1, 1, 2, cpu=True, native=True))
 BF16 = register(WeightFormat("BF16", "bf16", 30, 1, 2, cpu=True, native=True))
-Q4_0 = register(WeightFormat("Q4_0", "q4_0", 2, 32, 18, cpu=True, native=True, device_split=(0, 2)))
-Q4_1 = register(WeightFormat("Q4_1", "q4_1", 3, 32, 20, cpu=True, native=True, device_split=(0, 4)))
-Q8_0 = register(WeightFormat("Q8_0", "q8_0", 8, 32, 34, cpu=True, native=True, device_split=(0, 2)))
+Q4_0 = register(
+    WeightFormat(
+        "Q4_0", "q4_0", 2, 32, 18, cpu=True, native=True, device_split=(0, 2), f16_scales=(0,)
+    )
+)
+Q4_1 = register(
+    WeightFormat(
+        "Q4_1", "q4_1", 3, 32, 20, cpu=True, native=True, device_split=(0, 4), f16_scales=(0, 2)
+    )
+)
+Q8_0 = register(
+    WeightFormat(
+        "Q8_0", "q8_0", 8, 32, 34, cpu=True, native=True, device_split=(0, 2), f16_scales=(0,)
+    )
+)
 
 
 def _in_steps(repack: Callable[[np.ndarray], np.ndarray]) -> Callable[[np.ndarray], np.ndarray]:
@@ -176,6 +191,7 @@ Q5_0 = register(
         native=True,
         device_split=(0, 6),
         device_repack=q5_0_device,
+        f16_scales=(0,),
     )
 )
 Q5_1 = register(
@@ -189,9 +205,12 @@ Q5_1 = register(
         native=True,
         device_split=(0, 8),
         device_repack=q5_0_device,
+        f16_scales=(0, 2),
     )
 )
-Q4_K = register(WeightFormat("Q4_K", "q4_k", 12, QK_K, 144, cpu=True, native=True))
+Q4_K = register(
+    WeightFormat("Q4_K", "q4_k", 12, QK_K, 144, cpu=True, native=True, f16_scales=(0, 2))
+)
 
 
 def _q5_k_device(blocks: np.ndarray) -> np.ndarray:
@@ -223,7 +242,17 @@ q5_k_device = _in_steps(_q5_k_device)
 
 
 Q5_K = register(
-    WeightFormat("Q5_K", "q5_k", 13, QK_K, 176, cpu=True, native=True, device_repack=q5_k_device)
+    WeightFormat(
+        "Q5_K",
+        "q5_k",
+        13,
+        QK_K,
+        176,
+        cpu=True,
+        native=True,
+        device_repack=q5_k_device,
+        f16_scales=(0, 2),
+    )
 )
 # Q6_K on the device: ql, qh as stored, the int8 scales in pairs (i, i + 4) for i = 0..3 and
 # 8..11 (kernels/quant.cuh q6k_scale), d.
@@ -240,10 +269,13 @@ Q6_K = register(
         native=True,
         device_order=Q6_K_DEVICE_ORDER,
         device_split=(208, 2),  # d
+        f16_scales=(208,),
     )
 )
 # Q2_K: CPU kernels, no native ones (on a GPU it is dequantized at load).
-Q2_K = register(WeightFormat("Q2_K", "q2_k", 10, QK_K, 84, cpu=True, native=False))
+Q2_K = register(
+    WeightFormat("Q2_K", "q2_k", 10, QK_K, 84, cpu=True, native=False, f16_scales=(80, 82))
+)
 
 
 def _q3_k_device(blocks: np.ndarray) -> np.ndarray:
@@ -295,6 +327,7 @@ Q3_K = register(
         native=True,
         device_split=(96, 14),
         device_repack=q3_k_device,
+        f16_scales=(108,),
     )
 )
 
@@ -340,6 +373,7 @@ IQ4_NL = register(
         native=True,
         device_split=(0, 2),
         device_repack=iq4_nl_device,
+        f16_scales=(0,),
     )
 )
 IQ4_XS = register(
@@ -353,6 +387,7 @@ IQ4_XS = register(
         native=True,
         device_split=(0, 8),
         device_repack=iq4_xs_device,
+        f16_scales=(0,),
     )
 )
 # ModelOpt NVFP4 (safetensors): 16 E2M1 codes in 8 bytes; the block's E4M3 scale lives in a

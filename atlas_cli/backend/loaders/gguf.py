@@ -3,7 +3,9 @@
 Parsing goes through the `gguf` package. Its reader parses the 50K-entry tokenizer arrays field by
 field, which takes seconds, so the parsed header (metadata + tensor table) is cached as JSON next
 to atlas's other caches, keyed by the file's path, size and mtime. Tensor bytes are always read
-through a memory map of the file itself.
+through a memory map of the file itself. The first load checks every weight for NaN and Inf
+(loaders/finite.py: the scales of every block, so every page of the file); an empty marker
+under the same key remembers that it passed, and later loads skip the check.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from atlas_cli.backend.formats import QuantizedWeight, StoredRows, WeightFormat, ggml_type_name
-from atlas_cli.backend.loaders import gguf_reader, quant, validate
+from atlas_cli.backend.loaders import finite, gguf_reader, quant, validate
 from atlas_cli.errors import CorruptModelError, UnsupportedModelError
 
 GGUF_MAGIC = b"GGUF"
@@ -113,11 +115,32 @@ class QuantizedTensor(QuantizedWeight):
 class GGUFFile:
     """An opened GGUF file: `metadata` (plain Python values) and `tensors` by GGUF name."""
 
-    def __init__(self, path: Path, metadata: dict[str, Any], tensors: dict[str, TensorInfo]):
+    def __init__(
+        self,
+        path: Path,
+        metadata: dict[str, Any],
+        tensors: dict[str, TensorInfo],
+        finite_marker: Path | None = None,
+    ):
         self.path = path
         self.metadata = metadata
         self.tensors = tensors
         self._map = np.memmap(path, dtype=np.uint8, mode="r")
+        self.finite_marker = finite_marker  # where a passed non-finite check is remembered
+
+    @property
+    def known_finite(self) -> bool:
+        """Whether an earlier load of this very file (path, size, mtime) found no NaN or Inf."""
+        return self.finite_marker is not None and self.finite_marker.exists()
+
+    def remember_finite(self) -> None:
+        if self.finite_marker is None:
+            return
+        try:
+            self.finite_marker.parent.mkdir(parents=True, exist_ok=True)
+            self.finite_marker.touch()
+        except OSError:
+            pass  # a marker we cannot write only costs the check next time
 
     @property
     def architecture(self) -> str:
@@ -163,7 +186,8 @@ def open_gguf(path: str | os.PathLike, cache_dir: Path | None = None) -> GGUFFil
     metadata, tensors = header
     spans = [validate.Span(t.name, t.offset, t.offset + t.nbytes) for t in tensors.values()]
     validate.check_spans(str(path), spans, size)
-    return GGUFFile(path, metadata, tensors)
+    marker = _cache_path(path, cache_dir).with_suffix(".finite") if cache_dir else None
+    return GGUFFile(path, metadata, tensors, marker)
 
 
 def _parse_header(path: Path) -> tuple[dict[str, Any], dict[str, TensorInfo]]:
@@ -377,8 +401,11 @@ def load_weights(
     the `w + 1` norms, `-exp(A_log)`, the squeezed conv and the tiled value heads. With
     `lazy_unpermute`, permuted Q/K QuantizedTensors keep the file's row order and carry
     `row_perm` instead of a reordered copy, and qwen35's `out_proj` keeps its column order and
-    carries `col_perm`, so every block stays in the memory map."""
+    carries `col_perm`, so every block stays in the memory map. A tensor holding NaN or Inf
+    (a float value, or a quantized block's scale) is a CorruptModelError, unless an earlier
+    load of the same file found none."""
     arch = gf.architecture
+    check = not gf.known_finite
     permute = arch in PERMUTED_QK_ARCHS
     n_layers = config["num_hidden_layers"] if arch == "qwen35" else None
     weights: dict[str, Any] = {}
@@ -387,6 +414,8 @@ def load_weights(
         if target is None:
             raise UnsupportedModelError(f"{gf.path.name}: unknown tensor {name}")
         raw = gf.raw(name)
+        if check:
+            finite.check_gguf_tensor(gf.path.name, name, raw, quant.GGML_TYPES[info.type_id])
         perm = None
         if permute and target.endswith(("q_proj.weight", "k_proj.weight")):
             n_head = config["num_attention_heads" if "q_proj" in target else "num_key_value_heads"]
@@ -395,6 +424,11 @@ def load_weights(
             weights[target] = _qwen35_tensor(
                 target, raw, info, config, keep_quantized, lazy_unpermute
             )
+            if target.endswith("linear_attn.A_log") and not np.isfinite(weights[target]).all():
+                raise CorruptModelError(
+                    f"{gf.path.name}: tensor {name} holds a value >= 0 (expected "
+                    "ssm_a = -exp(A_log) < 0); the file is damaged"
+                )
             continue
         quantized = quant.GGML_TYPES[info.type_id].quantized
         if keep_quantized and quantized and len(info.shape) == 2:
@@ -405,6 +439,8 @@ def load_weights(
             if perm is not None:
                 raw = np.ascontiguousarray(raw[perm])
             weights[target] = quant.dequantize(raw, info.type_id, info.shape)
+    if check:
+        gf.remember_finite()
     return weights
 
 
@@ -443,7 +479,8 @@ def _qwen35_tensor(
     if target.endswith(("linear_attn.A_log", "linear_attn.dt_bias")):
         w = grouped_rows(w.reshape(-1, 1), nk, r, 1).reshape(-1)
         if target.endswith("A_log"):
-            w = np.log(-w)  # stored as ssm_a = -exp(A_log)
+            with np.errstate(divide="ignore", invalid="ignore"):  # load_weights refuses those
+                w = np.log(-w)  # stored as ssm_a = -exp(A_log)
     elif target.endswith("linear_attn.conv1d.weight"):
         w = w.reshape(w.shape[0], 1, -1)  # (C, K) -> (C, 1, K) as in HF
     elif _is_offset_norm(target):

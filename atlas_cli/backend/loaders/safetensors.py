@@ -31,7 +31,7 @@ import numpy as np
 
 import atlas_cli.backend.formats as formats
 from atlas_cli.backend.formats import QuantizedWeight, StoredRows
-from atlas_cli.backend.loaders import validate
+from atlas_cli.backend.loaders import finite, validate
 from atlas_cli.errors import CorruptModelError, UnsupportedModelError
 
 # safetensors dtype -> numpy storage dtype (bf16 and fp8 are stored raw and decoded by us)
@@ -325,7 +325,8 @@ class _Reader:
 
 def load_weights(path: Path) -> dict[str, Any]:
     """Every tensor of a checkpoint (file or directory) under our names: float32 arrays, or
-    NVFP4Tensor / FP8Tensor for quantized linear weights (their scale tensors are consumed)."""
+    NVFP4Tensor / FP8Tensor for quantized linear weights (their scale tensors are consumed).
+    A stored NaN or Inf (a float value, an FP8 code, a scale) is a CorruptModelError."""
     entries = _index(Path(path))
     reader = _Reader()
     weights: dict[str, Any] = {}
@@ -350,7 +351,9 @@ def load_weights(path: Path) -> dict[str, Any]:
                     f"NVFP4 weight {name}: scale shape {scale.shape} does not fit {packed.shape}"
                 )
             g = float(_scalar(reader, base + ".weight_scale_2", scale2))
-            weights[name] = NVFP4Tensor(packed, reader.raw(base, scale), g)
+            codes = reader.raw(base, scale)
+            finite.check_values(scale.file.name, base + ".weight_scale", codes, scale.dtype)
+            weights[name] = NVFP4Tensor(packed, codes, g)
             consumed |= {base + ".weight_scale", base + ".weight_scale_2", base + ".input_scale"}
         elif e.dtype == "F8_E4M3":
             scale_name = next(
@@ -361,6 +364,8 @@ def load_weights(path: Path) -> dict[str, Any]:
                 raise CorruptModelError(f"FP8 weight {name} has no weight_scale")
             s = np.array(reader.float32(scale_name, entries[scale_name]))
             codes = reader.raw(name, e)
+            finite.check_values(e.file.name, name, codes, e.dtype)
+            finite.check_values(e.file.name, scale_name, s, "F32")
             _check_fp8_scale(e.file, name, codes.shape, s.shape)
             weights[name] = FP8Tensor(codes, s)
             consumed |= {scale_name, base + ".input_scale"}
@@ -371,6 +376,7 @@ def load_weights(path: Path) -> dict[str, Any]:
             raise UnsupportedModelError(
                 f"tensor {name} is stored as {e.dtype}, which atlas does not know how to use"
             )
+        finite.check_values(e.file.name, name, reader.raw(name, e), e.dtype)
         weights[name] = reader.float32(name, e)
     return weights
 
@@ -381,6 +387,7 @@ def _scalar(reader: _Reader, name: str, e: _Entry) -> float:
         raise CorruptModelError(
             f"{e.file}: {name} is {e.dtype} of shape {list(e.shape)} (expected one float)"
         )
+    finite.check_values(e.file.name, name, reader.raw(name, e), e.dtype)
     return reader.float32(name, e).reshape(-1)[0]
 
 

@@ -15,6 +15,10 @@ from dataclasses import dataclass
 
 from atlas_cli.errors import CorruptModelError
 
+# No model tensor has more than 5 dimensions (a 3-D conv's weight); numpy refuses past 64, and
+# a long shape list would only make every message that names the shape unreadable.
+MAX_DIMS = 8
+
 
 @dataclass(frozen=True)
 class Span:
@@ -58,6 +62,11 @@ def block_bytes(
 ) -> int:
     """The bytes a tensor of `shape` takes in blocks of `block_elems` elements: its rows
     (the last numpy dimension) must hold whole blocks."""
+    if len(shape) > MAX_DIMS:
+        raise CorruptModelError(
+            f"{file}: tensor {name} has {len(shape):,} dimensions (expected at most {MAX_DIMS}); "
+            "the file is damaged"
+        )
     if any(type(d) is not int or d < 0 for d in shape):
         raise CorruptModelError(
             f"{file}: tensor {name} has shape {list(shape)} (expected non-negative integers)"

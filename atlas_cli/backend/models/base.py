@@ -20,7 +20,15 @@ from atlas_cli.backend.layers import Attention, Declaration, GatedDeltaNet, Laye
 from atlas_cli.backend.ops.contract import Ops
 
 MAX_CONTEXT = 1 << 24  # 16M positions: above any released model; larger is a damaged file
-MAX_SIZE = 1 << 20  # a width, head count or layer count beyond this is not a real model
+MAX_SIZE = 1 << 20  # a width or head count beyond this is not a real model
+# The largest released models have about 130 layers; each layer is a declaration and a set of
+# expected tensors, so a count read from a damaged file is capped before anything is built.
+MAX_LAYERS = 1 << 10
+LAYER_COUNTS = {"num_hidden_layers", "mtp_num_hidden_layers"}
+# The norms add eps to a float32 mean square: below float32's smallest normal it is 0 there
+# (a zero row would divide by 0), above its largest it is Inf.
+FLOAT32_RANGE = (float(np.finfo(np.float32).tiny), float(np.finfo(np.float32).max))
+FLOAT32_FIELDS = {"rms_norm_eps"}
 # Integer fields that may be 0 (every other integer size must be at least 1)
 MAY_BE_ZERO = {"mtp_num_hidden_layers"}
 
@@ -62,13 +70,20 @@ def check_field(name: str, kind: str, value: Any) -> None:
         kind = kind.removesuffix("| None").strip()
     if kind == "int":
         low = 0 if name in MAY_BE_ZERO else 1
-        high = MAX_CONTEXT if name == "max_position_embeddings" else MAX_SIZE
+        high = MAX_SIZE
+        if name == "max_position_embeddings":
+            high = MAX_CONTEXT
+        elif name in LAYER_COUNTS:
+            high = MAX_LAYERS
         if not _is_int(value) or not low <= value <= high:
             raise ConfigError(name, value, f"an integer from {low} to {high:,}")
     elif kind in FIELD_KINDS:
         accept, expected = FIELD_KINDS[kind]
         if not accept(value):
             raise ConfigError(name, value, expected)
+        low, high = FLOAT32_RANGE
+        if name in FLOAT32_FIELDS and not low <= value <= high:
+            raise ConfigError(name, value, f"a positive number from {low:.3g} to {high:.3g}")
 
 
 class UnsupportedConfig(ConfigError):
@@ -98,6 +113,9 @@ class BaseModelArgs:
             raise ConfigError(missing[0], None, "a value: the config must set it")
         rope = config.get("rope_parameters")
         require(rope is None or isinstance(rope, dict), "rope_parameters", rope, "an object")
+        # a model without per-layer kinds ignores layer_types, but a damaged one is still refused
+        types = config.get("layer_types")
+        require(types is None or _is_strings(types), "layer_types", types, "a list of strings")
         args = cls.derive(args, config)
         for name, value in args.items():  # derive may take values from nested keys
             check_field(name, kinds[name], value)

@@ -87,6 +87,9 @@ class ModelArgs(BaseModelArgs):
         return args
 
     def check(self) -> None:
+        if FULL not in self.layer_types:  # its geometry sizes the KV cache
+            kinds = [t.value for t in self.layer_types]
+            raise UnsupportedConfig("layer_types", kinds, "at least one full_attention layer")
         nh, nkv = self.num_attention_heads, self.num_key_value_heads
         nk, nv = self.linear_num_key_heads, self.linear_num_value_heads
         require(nh % nkv == 0, "num_key_value_heads", nkv, f"a divisor of {nh} heads")

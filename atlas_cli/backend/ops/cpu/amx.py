@@ -45,7 +45,7 @@ from atlas_cli.backend.ops.cpu.ir_int8 import (  # noqa: E402
     dot_isa,
     target_features,
 )
-from atlas_cli.backend.ops.cpu.kernels import group_sums, tile_dots  # noqa: E402
+from atlas_cli.backend.ops.cpu.kernels import abs_max, group_sums, tile_dots  # noqa: E402
 from atlas_cli.backend.ops.cpu.prefill import gemm_int16  # noqa: E402
 
 AMX_TYPES = (Q4_K, Q5_K)
@@ -248,10 +248,7 @@ def quantize_planes(x, group, xh, xl, xd):
         xt, ht, lt = x[t], xh[t], xl[t]  # 1-D rows: half the time of 2-D indexing
         for j in range(cols // group):
             c0 = group * j
-            amax = np.float32(0.0)
-            for i in range(c0, c0 + group):
-                amax = max(amax, abs(xt[i]))
-            d = amax / lim
+            d = abs_max(xt, c0, c0 + group) / lim
             inv = np.float32(1.0) / d if d > 0 else np.float32(0.0)
             for i in range(c0, c0 + group):
                 hi = min(max(np.rint(xt[i] * inv), -lim), lim)

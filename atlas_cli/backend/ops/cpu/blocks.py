@@ -42,6 +42,7 @@ from atlas_cli.backend.ops.cpu.gdn import gated_delta_rule_chunked
 from atlas_cli.backend.ops.cpu.ir_sync import SLOT, claim, wait_until
 from atlas_cli.backend.ops.cpu.kernels import (
     BLOCKS,
+    EXACT_DIVISION_FASTMATH,
     Q8_0,
     fast_exp,
     kv_bits,
@@ -55,7 +56,7 @@ from numba import njit, prange  # noqa: E402
 L2_EPS = 1e-6  # numpy_ref.l2norm's (FLA's and transformers')
 
 
-@njit(cache=True, fastmath=True, inline="always")
+@njit(cache=True, fastmath=EXACT_DIVISION_FASTMATH, inline="always", error_model="numpy")
 def _sigmoid(v):
     return np.float32(1.0) / (np.float32(1.0) + fast_exp(-v))
 
@@ -113,7 +114,7 @@ def _norm_project(x, norm, eps, descs, bufs, n_mats, h, xs, xq, xf, int8, proj, 
                   PROJECT * SLOT, workers)  # fmt: skip
 
 
-@njit(cache=True, fastmath=True)
+@njit(cache=True, fastmath=EXACT_DIVISION_FASTMATH, error_model="numpy")
 def _conv_channels(conv_w, conv_state, proj, counters, at, workers):
     """The depthwise causal conv over (state..., this token) of each channel, then SiLU, in
     place on proj; the channel's state shifts by one token. Claimed in chunks of channels."""
@@ -136,7 +137,7 @@ def _conv_channels(conv_w, conv_state, proj, counters, at, workers):
     wait_until(counters, at + 1, n)
 
 
-@njit(cache=True, fastmath=True)
+@njit(cache=True, fastmath=EXACT_DIVISION_FASTMATH, error_model="numpy")
 def _delta_rule_head(h, n_kh, proj, n_conv, rec, a_neg, dt_bias, gnorm, eps, core):
     """Value head h of a Gated DeltaNet layer for one token: L2 norms of its q and k, the gates,
     the gated delta rule on its state rec[h] in place, the gated RMSNorm into its slice of
@@ -183,7 +184,7 @@ def _delta_rule_head(h, n_kh, proj, n_conv, rec, a_neg, dt_bias, gnorm, eps, cor
         core[h * dv + j] = o[j] * inv * gnorm[j] * (zj * _sigmoid(zj))
 
 
-@njit(cache=True, fastmath=True)
+@njit(cache=True, fastmath=EXACT_DIVISION_FASTMATH, error_model="numpy")
 def _attend_kv_heads(proj, q_norm, k_norm, cos, sin, eps, pos, kc, vc, qk, scores, att,
                      counters, at):  # fmt: skip
     """Per KV head, claimed one at a time: the q/k norms and RoPE of its query heads and its

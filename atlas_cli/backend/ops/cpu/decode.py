@@ -28,6 +28,7 @@ from atlas_cli.backend.ops.cpu.ir_attention import (
 from atlas_cli.backend.ops.cpu.ir_sync import SLOT, claim, wait_until
 from atlas_cli.backend.ops.cpu.kernels import (
     BLOCKS,
+    EXACT_DIVISION_FASTMATH,
     GROUP,
     KV_TILE,
     Q4_K,
@@ -66,7 +67,7 @@ from numba import njit, prange  # noqa: E402
 Q, K, V, O, GATE, UP, DOWN = range(7)
 
 
-@njit(cache=True, fastmath=True)
+@njit(cache=True, fastmath=EXACT_DIVISION_FASTMATH, error_model="numpy")
 def rms_norm_into(x, w, eps, out):
     n = x.shape[0]
     ss = np.float32(0.0)
@@ -355,7 +356,7 @@ def add_rows(w, mat, rows, v, xs, xq, xf, int8, x, part, counters, at, workers):
     wait_until(counters, at + 1, n)
 
 
-@njit(cache=True, fastmath=True)
+@njit(cache=True, fastmath=EXACT_DIVISION_FASTMATH, error_model="numpy")
 def gate_up_rows(w, m, rows, h, xs, xq, xf, int8, act, part, counters, at, workers):
     """act = silu(gate(h)) * up(h), claimed in chunks of rows."""
     n = act.shape[0]

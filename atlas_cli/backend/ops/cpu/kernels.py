@@ -9,6 +9,10 @@ dequantizers, `quantize_x`) say `fastmath=False`: numba compiles a callee with t
 the caller that first needs it unless the callee sets it, and caches that version (quantize_x
 first compiled for gemv_batch_int8 divided by 127 as a multiply by 1/127, one ulp off numpy).
 Shapes: H hidden size, I MLP size, S cached positions.
+
+Non-finite values never raise: a kernel whose denominator comes from the data (a softmax's
+sum, a norm's mean square) divides with numpy's error model, and NaN or Inf activations reach
+the logits as NaN, which the engine reports as a damaged model (`softmax_row`, `abs_max`).
 """
 
 from __future__ import annotations
@@ -115,11 +119,25 @@ def fast_exp(x):
     return p * f32_from_bits(np.int32((np.int32(n) + np.int32(127)) << np.int32(23)))
 
 
-@njit(cache=True, fastmath=True)
+# fast-math but for nnan and ninf: under those LLVM may assume no value is NaN or Inf, and it
+# folds away the very checks that find them (a NaN score then divided by a zero sum, raising
+# ZeroDivisionError inside a parallel kernel). Vectorisation does not need them.
+NAN_AWARE_FASTMATH = {"nsz", "arcp", "contract", "afn", "reassoc"}
+# fast-math but for arcp and afn, for the loops that divide with numpy's error model: without
+# the python model's zero check they vectorise, and with approximate reciprocals a vector
+# lane's quotient is not the scalar remainder's, so an activation would depend on where a
+# worker's chunk of rows starts (the fused decode step must not depend on the thread count).
+EXACT_DIVISION_FASTMATH = {"nnan", "ninf", "nsz", "contract", "reassoc"}
+
+
+@njit(cache=True, fastmath=NAN_AWARE_FASTMATH, error_model="numpy")
 def softmax_row(row, n):
-    """row[:n] = softmax(row[:n]) in place (n >= 1). The maximum is kept per lane of 16 (one
-    vmaxps per 16 scores: a running max(best, x) stays scalar, 5x slower at 2,048 scores) and
-    is exact in any order."""
+    """row[:n] = softmax(row[:n]) in place (n >= 1), or NaN throughout when a score is NaN or
+    Inf (broken weights): the engine reports NaN logits as a damaged model. The maximum is kept
+    per lane of 16 (one vmaxps per 16 scores: a running max(best, x) stays scalar, 5x slower at
+    2,048 scores) and is exact in any order. `spread`, the sum of score - max, is NaN or Inf
+    when a score is; otherwise the exps sum to at least 1 (the max's own term), so the division
+    is safe."""
     lanes = np.full(16, -np.inf, np.float32)
     n16 = n // 16 * 16
     for s in range(0, n16, 16):
@@ -132,10 +150,16 @@ def softmax_row(row, n):
     for s in range(n16, n):
         best = row[s] if row[s] > best else best
     total = np.float32(0.0)
+    spread = np.float32(0.0)
     for s in range(n):
-        e = fast_exp(row[s] - best)
+        d = row[s] - best
+        spread += d
+        e = fast_exp(d)
         row[s] = e
         total += e
+    if not -np.inf < spread < np.inf:
+        row[:n] = np.nan
+        return
     inv = np.float32(1.0) / total
     for s in range(n):
         row[s] *= inv
@@ -316,6 +340,19 @@ def group_sums(x, xs):
         xs[g] = s
 
 
+@njit(cache=True, fastmath=False, inline="always")
+def abs_max(x, start, end):
+    """max |x[start:end]| of the 1-D x, or NaN when one of them is NaN or Inf: the scale of an
+    int8 rounding, so that a non-finite activation makes its products NaN (which the engine
+    reports as a damaged model) rather than the finite garbage NaN rounds to."""
+    amax = np.float32(0.0)
+    probe = np.float32(0.0)  # + 0 * x: stays 0 while every x is finite
+    for i in range(start, end):
+        amax = max(amax, abs(x[i]))
+        probe += x[i] * np.float32(0.0)
+    return amax + probe
+
+
 @njit(cache=True, fastmath=False)  # numpy reproduces it exactly (tests)
 def quantize_x(x, xq, xf):
     """Round the 1-D x (n,) to two int8 planes per 32-group: with d = max|x| / 127,
@@ -325,10 +362,7 @@ def quantize_x(x, xq, xf):
     n = x.shape[0]
     ng = n // GROUP
     for g in range(ng):
-        amax = np.float32(0.0)
-        for i in range(GROUP * g, GROUP * g + GROUP):
-            amax = max(amax, abs(x[i]))
-        d = amax / np.float32(127.0)
+        d = abs_max(x, GROUP * g, GROUP * g + GROUP) / np.float32(127.0)
         inv = np.float32(1.0) / d if d > 0 else np.float32(0.0)
         sums = [0, 0]
         for half in range(2):

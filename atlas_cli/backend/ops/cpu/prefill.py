@@ -31,7 +31,7 @@ jit.configure()
 
 from numba import njit, prange  # noqa: E402
 
-from atlas_cli.backend.ops.cpu.kernels import group_sums, tile_dots  # noqa: E402
+from atlas_cli.backend.ops.cpu.kernels import abs_max, group_sums, tile_dots  # noqa: E402
 
 INT16_TYPES = (Q4_K, Q5_K, Q6_K)
 ROWS_PER_TASK = 16  # a multiple of TILE_ROWS: 16 rows of 1,024 int16 columns are 32 KB (L1)
@@ -44,10 +44,7 @@ def quantize_x16(x, xq, xd):
     n_tok, cols = x.shape
     for t in prange(n_tok):
         for s in range(cols // SUPER):
-            amax = np.float32(0.0)
-            for k in range(SUPER * s, SUPER * s + SUPER):
-                amax = max(amax, abs(x[t, k]))
-            d = amax / np.float32(X16_MAX)
+            d = abs_max(x[t], SUPER * s, SUPER * s + SUPER) / np.float32(X16_MAX)
             inv = np.float32(1.0) / d if d > 0 else np.float32(0.0)
             for k in range(SUPER * s, SUPER * s + SUPER):
                 xq[t, k] = np.int16(np.rint(x[t, k] * inv))

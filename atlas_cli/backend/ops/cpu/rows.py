@@ -5,7 +5,9 @@ numpy_ref's versions make several full-size temporaries per call (a 512-token pr
 model: 0.8 s of an 8 s prefill on one core went to them); these read each input once and write
 their output once, with the arithmetic of numpy_ref in float32 (sums reassociated, exp within
 2 ulp: cpu.kernels.fast_exp). cpu.fast offers the functions at the end of this file: these
-kernels for inputs of PARALLEL_ROWS rows or more, numpy_ref's versions otherwise.
+kernels for inputs of PARALLEL_ROWS rows or more, numpy_ref's versions otherwise. Those that
+divide use numpy's error model (a zero or NaN denominator gives Inf or NaN, never an exception
+inside the parallel loop) and exact division (cpu.kernels.EXACT_DIVISION_FASTMATH).
 """
 
 from __future__ import annotations
@@ -21,12 +23,12 @@ jit.configure()
 
 from numba import njit, prange  # noqa: E402
 
-from atlas_cli.backend.ops.cpu.kernels import fast_exp  # noqa: E402
+from atlas_cli.backend.ops.cpu.kernels import EXACT_DIVISION_FASTMATH, fast_exp  # noqa: E402
 
 PARALLEL_ROWS = 8  # below this the numpy versions' call overhead is smaller than a task's
 
 
-@njit(cache=True, fastmath=True, inline="always")
+@njit(cache=True, fastmath=EXACT_DIVISION_FASTMATH, inline="always", error_model="numpy")
 def _inv_rms(row, eps):
     """1 / sqrt(mean(row^2) + eps), float32."""
     ss = np.float32(0.0)
@@ -35,7 +37,7 @@ def _inv_rms(row, eps):
     return np.float32(1.0) / np.float32(math.sqrt(ss / np.float32(row.shape[0]) + np.float32(eps)))
 
 
-@njit(parallel=True, cache=True, fastmath=True)
+@njit(parallel=True, cache=True, fastmath=EXACT_DIVISION_FASTMATH, error_model="numpy")
 def rms_norm_rows(x, w, eps, out):
     """out[r] = x[r] / rms(x[r]) * w for the rows of x (R, H) (w already (1 + w) where the
     model says so)."""
@@ -67,7 +69,7 @@ def rope_rows(x, positions, inv_freq, out):
                 out[t, h, i] = x[t, h, i]
 
 
-@njit(parallel=True, cache=True, fastmath=True)
+@njit(parallel=True, cache=True, fastmath=EXACT_DIVISION_FASTMATH, error_model="numpy")
 def silu_mul_rows(gate, up, out):
     """out = silu(gate) * up for (R, I) arrays."""
     n_rows, n = gate.shape
@@ -77,7 +79,7 @@ def silu_mul_rows(gate, up, out):
             out[r, i] = g / (np.float32(1.0) + fast_exp(-g)) * up[r, i]
 
 
-@njit(parallel=True, cache=True, fastmath=True)
+@njit(parallel=True, cache=True, fastmath=EXACT_DIVISION_FASTMATH, error_model="numpy")
 def silu_rows(x, out):
     """out = silu(x) for (R, I) arrays."""
     n_rows, n = x.shape
@@ -86,7 +88,7 @@ def silu_rows(x, out):
             out[r, i] = x[r, i] / (np.float32(1.0) + fast_exp(-x[r, i]))
 
 
-@njit(parallel=True, cache=True, fastmath=True)
+@njit(parallel=True, cache=True, fastmath=EXACT_DIVISION_FASTMATH, error_model="numpy")
 def l2norm_rows(x, eps, out):
     """out[r] = x[r] / sqrt(sum(x[r]^2) + eps) for the rows of x (R, d)."""
     n_rows, n = x.shape
@@ -99,7 +101,7 @@ def l2norm_rows(x, eps, out):
             out[r, i] = x[r, i] * inv
 
 
-@njit(parallel=True, cache=True, fastmath=True)
+@njit(parallel=True, cache=True, fastmath=EXACT_DIVISION_FASTMATH, error_model="numpy")
 def rms_norm_gated_rows(x, gate, w, eps, out):
     """out[r] = rms_norm(x[r]) * w * silu(gate[r]) (Qwen3.5's RMSNormGated) for (R, d) rows."""
     n_rows, n = x.shape
