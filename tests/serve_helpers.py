@@ -46,6 +46,23 @@ class ServerThread:
         self.sock.close()
 
 
+def wait_for_health(port: int, proc) -> int | None:
+    """Poll a server process's /health every 100 ms (as Lemonade does) until it answers 200,
+    the process ends or two minutes pass; the last status."""
+    status = None
+    for _ in range(1200):
+        if proc.poll() is not None:
+            break
+        try:
+            status, _, _ = raw_request(port, "GET", "/health")
+        except OSError:
+            status = None
+        if status == 200:
+            break
+        time.sleep(0.1)
+    return status
+
+
 def raw_request(
     port: int, method: str, path: str, body: bytes | None = None, headers: dict | None = None
 ) -> tuple[int, dict[str, str], bytes]:

@@ -11,7 +11,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -19,7 +18,7 @@ from atlas_cli.backend.sample import SamplingOverrides
 from atlas_cli.errors import UsageError
 from atlas_cli.serve import llama_args, llama_server
 from atlas_cli.serve.llama_server import plan
-from tests.serve_helpers import ASK, dumps, raw_request
+from tests.serve_helpers import ASK, dumps, raw_request, wait_for_health
 
 # what lemond 11.7.0 starts its llama.cpp backend with (-m, --ctx-size, --port, --jinja,
 # --metrics, then its overridable defaults), before the user's llamacpp_args
@@ -287,17 +286,7 @@ def test_lemonade_starts_reads_and_stops_the_server(smollm2_path):
         argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env
     )
     try:
-        status = None
-        for _ in range(1200):  # Lemonade polls every 100 ms
-            if proc.poll() is not None:
-                break
-            try:
-                status, _, _ = raw_request(port, "GET", "/health")
-            except OSError:
-                status = None
-            if status == 200:
-                break
-            time.sleep(0.1)
+        status = wait_for_health(port, proc)
         assert status == 200, proc.stderr.read() if proc.poll() is not None else "no health"
         body = {"model": "whatever-lemonade-calls-it", "messages": ASK, "max_tokens": 4}
         status, _, raw = raw_request(port, "POST", "/v1/chat/completions", dumps(body))

@@ -19,6 +19,7 @@ from tests.serve_helpers import (
     raw_request,
     scripted_model,
     sse_events,
+    wait_for_health,
 )
 
 openai = pytest.importorskip("openai")
@@ -215,7 +216,6 @@ def test_atlas_serve_command(smollm2_path, tmp_path):
     import socket
     import subprocess
     import sys
-    import time
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -224,17 +224,7 @@ def test_atlas_serve_command(smollm2_path, tmp_path):
     cmd += ["--port", str(port), "--ctx-size", "256", "--served-model-name", "tiny"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        status = None
-        for _ in range(1200):
-            if proc.poll() is not None:
-                break
-            try:
-                status, _, _ = raw_request(port, "GET", "/health")
-            except OSError:
-                status = None
-            if status == 200:
-                break
-            time.sleep(0.1)
+        status = wait_for_health(port, proc)
         assert status == 200, proc.stderr.read() if proc.poll() is not None else "no health"
         _, _, raw = raw_request(port, "GET", "/v1/models")
         assert json.loads(raw)["data"][0]["id"] == "tiny"

@@ -355,3 +355,17 @@ def sse_response(
             yield last
 
     return StreamingResponse(guarded(), media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+def sampling_given(req: Any, budget: int | None) -> dict[str, Any]:
+    """The sampling fields an OpenAI-style request sets (None: the defaults decide), and its
+    thought budget as the API at hand reads it."""
+    return {
+        "temperature": req.temperature,
+        "top_p": req.top_p,
+        "top_k": req.top_k,
+        "min_p": req.min_p,
+        "repeat_penalty": req.repeat_penalty,
+        "seed": req.seed,
+        "reasoning_budget": budget,
+    }

@@ -19,6 +19,7 @@ from atlas_cli.serve.http import (
     new_id,
     on_disconnect,
     read_body,
+    sampling_given,
     sse,
     sse_response,
     version_tag,
@@ -80,18 +81,8 @@ def stops(value: str | list[str] | None) -> list[str]:
 def new_turn(state: AppState, prompt: Prompt, req: SamplingFields, max_tokens: int | None):
     if req.n is not None and req.n > 1:
         raise unsupported("n", "n > 1")
-    return state.new_turn(
-        prompt,
-        max_tokens=max_tokens,
-        stop=stops(req.stop),
-        temperature=req.temperature,
-        top_p=req.top_p,
-        top_k=req.top_k,
-        min_p=req.min_p,
-        repeat_penalty=req.repeat_penalty,
-        seed=req.seed,
-        reasoning_budget=reasoning_budget(req),
-    )
+    given = sampling_given(req, reasoning_budget(req))
+    return state.new_turn(prompt, max_tokens=max_tokens, stop=stops(req.stop), **given)
 
 
 def reasoning_budget(req: SamplingFields) -> int | None:

@@ -20,6 +20,7 @@ from atlas_cli.serve.http import (
     new_id,
     on_disconnect,
     read_body,
+    sampling_given,
     sse,
     sse_response,
 )
@@ -82,18 +83,8 @@ async def responses(state: AppState, request: Request) -> Response:
 
 
 def new_turn(state: AppState, prompt: Prompt, req: ResponsesRequest) -> Turn:
-    return state.new_turn(
-        prompt,
-        max_tokens=req.max_output_tokens,
-        stop=[],
-        temperature=req.temperature,
-        top_p=req.top_p,
-        top_k=req.top_k,
-        min_p=req.min_p,
-        repeat_penalty=req.repeat_penalty,
-        seed=req.seed,
-        reasoning_budget=reasoning_budget(req),
-    )
+    given = sampling_given(req, reasoning_budget(req))
+    return state.new_turn(prompt, max_tokens=req.max_output_tokens, stop=[], **given)
 
 
 class Answer:
