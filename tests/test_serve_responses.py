@@ -22,24 +22,21 @@ from atlas_cli.serve.http import ServeConfig
 from atlas_cli.serve.protocol import Message
 from atlas_cli.serve.responses_protocol import InputItem, input_messages
 from atlas_cli.serve.responses_store import ResponseStore
-from tests.serve_helpers import ServerThread, dumps, raw_request, scripted_model, sse_events
+from tests.serve_helpers import (
+    WEATHER_TOOL,
+    ServerThread,
+    dumps,
+    raw_request,
+    scripted_model,
+    sse_events,
+)
 from tests.toolcall_helpers import QWEN3_TEMPLATE, json_call
 
 openai = pytest.importorskip("openai")
 
 FIXTURES = Path(__file__).parent / "fixtures"
 KEY = "sk-responses"
-WEATHER = {
-    "type": "function",
-    "name": "get_weather",
-    "description": "The current weather in a city.",
-    "parameters": {
-        "type": "object",
-        "properties": {"city": {"type": "string"}},
-        "required": ["city"],
-    },
-    "strict": True,
-}
+WEATHER = {"type": "function", **WEATHER_TOOL["function"], "strict": True}  # Responses' shape
 ASK = "what is the weather in paris?"
 CALL = ["Let me ", "check.", *json_call("get_weather", {"city": "Paris"})]
 

@@ -54,11 +54,16 @@ def check_values(file: str, name: str, stored: np.ndarray, dtype: str) -> None:
     unsigned, mask = NONFINITE_BITS[dtype]
     at = first_all_ones(np.ascontiguousarray(stored).reshape(-1).view(unsigned), mask)
     if at is not None:
-        raise CorruptModelError(
-            f"{file}: tensor {name} holds NaN or Inf at element {at:,} (expected finite "
-            "weights); the file is damaged or was badly converted: download it again or try "
-            "another quantisation"
+        raise damaged(
+            file, f"tensor {name} holds NaN or Inf at element {at:,} (expected finite weights)"
         )
+
+
+def damaged(file: str, what: str) -> CorruptModelError:
+    return CorruptModelError(
+        f"{file}: {what}; the file is damaged or was badly converted: download it again or try "
+        "another quantisation"
+    )
 
 
 def check_block_scales(file: str, name: str, raw: np.ndarray, fmt: WeightFormat) -> None:
@@ -73,10 +78,10 @@ def check_block_scales(file: str, name: str, raw: np.ndarray, fmt: WeightFormat)
         for offset in fmt.f16_scales:
             at = first_all_ones(part[:, offset + 1], F16_HIGH_BYTE_BITS, scratch)
             if at is not None:
-                raise CorruptModelError(
-                    f"{file}: tensor {name} has a NaN or Inf scale in block {start + at:,} "
-                    "(expected finite scales); the file is damaged or was badly converted: "
-                    "download it again or try another quantisation"
+                raise damaged(
+                    file,
+                    f"tensor {name} has a NaN or Inf scale in block {start + at:,} "
+                    "(expected finite scales)",
                 )
 
 
