@@ -46,7 +46,7 @@ def main() -> int:
 
     counts: collections.Counter = collections.Counter()
     bad: list[str] = []
-    known = {"pong", "busy", "stale", "accepted", "alive", "text", "done", "error", "type"}
+    known = {"pong", "busy", "stale", "accepted", "alive", "text", "done", "error", "type", "note"}
     for seed in range(args.cases):
         line, what = socket_case(seed)
         try:

@@ -202,6 +202,15 @@ def test_a_worker_silent_mid_reply_is_one_error(tmp_path, monkeypatch):
         client.run(key, {}, lambda _: None)
 
 
+def test_what_loading_says_reaches_the_run(tmp_path, monkeypatch, capsys):
+    """A first run waits while its worker compiles the kernels: the worker's notice comes over
+    the socket and is shown as an in-process load shows it."""
+    note = {"note": "atlas: compiling the CPU kernels (about a minute, once; ...)"}
+    key = fake_worker(tmp_path, monkeypatch, note, {"accepted": True}, {"done": {"text": "ok"}})
+    assert client.run(key, {}, print)["text"] == "ok"
+    assert "compiling the CPU kernels" in capsys.readouterr().err
+
+
 def test_a_working_worker_keeps_the_client_with_its_heartbeat(tmp_path, monkeypatch):
     monkeypatch.setattr(client, "SILENT_WORKER_S", 0.3)
     beats = [{"alive": True}] * 6  # 1.2 s of work, 0.2 s apart

@@ -14,7 +14,7 @@ from atlas_cli.errors import SlotError
 from tests.protocol_fuzz import GOOD_REQUEST, ask_worker, lying_header, slot_case, socket_case
 
 CASES = 48
-KNOWN = {"pong", "busy", "stale", "accepted", "alive", "text", "done", "error", "type"}
+KNOWN = {"pong", "busy", "stale", "accepted", "alive", "text", "done", "error", "type", "note"}
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +48,9 @@ def test_the_worker_answers_hostile_lines_in_its_protocol(worker, capfd):
         assert not worker.stopping.is_set(), f"case {seed} ({what}) stopped the worker"
     assert "Traceback" not in capfd.readouterr().err
     good = dict(GOOD_REQUEST, max_tokens=2, stream=False)
-    assert "done" in ask_worker(worker, json.dumps({"op": "run", "request": good}).encode())[-1]
+    worker.notes.append("atlas: compiling the CPU kernels")  # what its load said: relayed
+    answer = ask_worker(worker, json.dumps({"op": "run", "request": good}).encode())
+    assert answer[0] == {"note": "atlas: compiling the CPU kernels"} and "done" in answer[-1]
 
 
 def test_damaged_slot_files_are_slot_errors(model, tmp_path):

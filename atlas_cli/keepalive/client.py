@@ -2,11 +2,12 @@
 the reply comes back as JSON lines and is written as it arrives.
 
 Protocol (one JSON object per line): the client sends {"op": "run", "request": {...}}; the
-worker answers {"accepted": true} at once, or {"busy": true} (another run holds it, or it is
-still loading) or {"stale": true} (its model file changed) and the client runs in-process
-instead; then {"text": ...} per streamed piece, {"alive": true} every HEARTBEAT_S while it
-works, and {"done": {stats}} or {"error": message, "type": AtlasError subclass}. A worker
-silent for SILENT_WORKER_S is given up on. {"op": "ping"} is answered with {"pong": pid}.
+worker answers {"accepted": true} at once, or {"busy": true} (it is stopping) or {"stale": true}
+(its model file changed) and the client runs in-process instead; then {"text": ...} per
+streamed piece, {"alive": true} every HEARTBEAT_S while it loads or works, {"note": text} for
+what loading says (shown on stderr), and {"done": {stats}} or {"error": message, "type":
+AtlasError subclass}. A worker silent for SILENT_WORKER_S is given up on. {"op": "ping"} is
+answered with {"pong": pid}.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -44,6 +46,9 @@ def run(
         accepted_s, wrote = None, False
         while (message := _read(lines)) is not None:
             if "alive" in message:
+                continue
+            if "note" in message:  # what loading says (a kernel compile), as in-process
+                print(str(message["note"]), file=sys.stderr, flush=True)
                 continue
             if accepted_s is None:
                 if not message.get("accepted"):

@@ -19,6 +19,7 @@ import time
 import traceback
 from pathlib import Path
 
+from atlas_cli.backend.ops.cpu import jit
 from atlas_cli.backend.prefix_disk import default_folder, default_quota
 from atlas_cli.cpu_threads import use_threads
 from atlas_cli.errors import AtlasError
@@ -53,6 +54,7 @@ class Worker:
         self.identity: tuple = ()
         self.lock = threading.Lock()  # one run at a time; the others wait their turn
         self.clients: set[int] = set()  # the connections being answered or waiting
+        self.notes: list[str] = []  # what loading says (a kernel compile): each client hears it
         self.stopping = threading.Event()
         self.deadline = time.monotonic() + hold_s
 
@@ -83,7 +85,7 @@ class Worker:
         """Answer `request` once the model has loaded and the runs before it have ended (a run
         started while another answers, or while the model loads, shares this copy); the
         client hears a heartbeat meanwhile."""
-        out = Replies(conn)
+        out = Replies(conn, self.notes)
         self.clients.add(id(out))
         try:
             with out.heartbeat():
@@ -182,10 +184,11 @@ class Replies:
     (a long prompt may take minutes before its first piece), a heartbeat, so that the client
     can tell a working worker from a wedged one (`client.SILENT_WORKER_S`)."""
 
-    def __init__(self, conn: socket.socket):
+    def __init__(self, conn: socket.socket, notes: list[str] = ()):
         self.conn = conn
         self.lock = threading.Lock()  # two threads write to one socket
         self.gone = False  # the client closed the connection (Ctrl-C)
+        self.notes, self.told = notes, 0  # the worker's notes, and how many this client heard
 
     def send(self, message: dict) -> None:
         with self.lock:
@@ -200,8 +203,14 @@ class Replies:
         done = threading.Event()
 
         def beat():
-            while not done.wait(client.HEARTBEAT_S):
+            while True:
                 with contextlib.suppress(OSError):  # the client went: the reply finds out
+                    while self.told < len(self.notes):
+                        self.send({"note": self.notes[self.told]})
+                        self.told += 1
+                if done.wait(client.HEARTBEAT_S):
+                    return
+                with contextlib.suppress(OSError):
                     self.send({"alive": True})
 
         thread = threading.Thread(target=beat, daemon=True)
@@ -255,6 +264,7 @@ def main(argv: list[str]) -> int:
     try:
         threading.Thread(target=worker.serve, args=(server,), daemon=True).start()
         use_threads(spec.threads)
+        jit.notice_to = worker.notes.append  # a compile's notice goes to the waiting run
         worker.model, resolved = spec.open()
         worker.path, worker.device = resolved.path, resolved.device
         worker.identity = fingerprint(worker.path)

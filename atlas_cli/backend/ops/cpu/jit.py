@@ -22,6 +22,7 @@ import functools
 import hashlib
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 KERNEL_FILES = (
@@ -99,14 +100,18 @@ def _use_kernel_cache_dir() -> None:
         config.CACHE_DIR = path
 
 
+# where `compile_notice` goes instead of stderr (a keep-alive worker hands it to its client)
+notice_to: Callable[[str], None] | None = None
+
+
 def compile_notice() -> None:
     """One plain line on stderr before the kernels compile (only when they are not cached)."""
-    print(
-        f"atlas: compiling the CPU kernels (about a minute, once; cached in "
-        f"{kernel_cache_dir()})...",
-        file=sys.stderr,
-        flush=True,
-    )
+    where = kernel_cache_dir()
+    line = f"atlas: compiling the CPU kernels (about a minute, once; cached in {where})..."
+    if notice_to is not None:
+        notice_to(line)
+    else:
+        print(line, file=sys.stderr, flush=True)
 
 
 @functools.cache
