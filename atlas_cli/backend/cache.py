@@ -13,6 +13,7 @@ positions) and `truncate` falls back to the latest checkpoint at or before the a
 
 from __future__ import annotations
 
+import math
 import mmap
 import sys
 from dataclasses import dataclass, field
@@ -250,11 +251,11 @@ def lazy_zeros(shape: tuple[int, ...], dtype) -> np.ndarray:
     large arrays ask for transparent huge pages: one written position per (layer, head) row
     of 1 MB then made the whole context resident (178 MB for each cached conversation of
     the default model)."""
-    size = max(int(np.prod(shape)) * np.dtype(dtype).itemsize, 1)
-    mapped = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE)
+    count = math.prod(shape)
+    mapped = mmap.mmap(-1, max(count * np.dtype(dtype).itemsize, 1), flags=mmap.MAP_PRIVATE)
     if hasattr(mmap, "MADV_NOHUGEPAGE"):
         mapped.madvise(mmap.MADV_NOHUGEPAGE)
-    return np.frombuffer(mapped, dtype, count=int(np.prod(shape))).reshape(shape)
+    return np.frombuffer(mapped, dtype, count=count).reshape(shape)
 
 
 def saved_length(arrays: dict[str, np.ndarray], max_len: int) -> int:

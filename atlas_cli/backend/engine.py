@@ -422,8 +422,9 @@ class Engine:
         """Bring the conversation on disk that keeps more of `ids` than any in memory into
         the pool (where `choose` then takes it)."""
         limit = len(ids) - 1
+        in_memory = self.pool.best_reuse(ids, limit)
         found = self.disk.lookup(ids, limit)
-        if found is None or found[1] <= self.pool.best_reuse(ids, limit):
+        if found is None or found[1] <= in_memory:
             return
         path, common = found
         contents = self.disk.read(path)
@@ -434,10 +435,10 @@ class Engine:
         except SlotError as exc:
             self.disk.discard(path, str(exc))
             return
-        if cache.reusable(common) > self.pool.best_reuse(ids, limit):
+        if cache.reusable(common) > in_memory:
+            slot = self.pool.add(cache, saved_ids)
             # prompt_len 0: no conversation in memory uses it, so it is taken over in place
-            self.pool.add(cache, saved_ids).mtp = mtp
-            self.pool.slots[-1].prompt_len = 0
+            slot.mtp, slot.prompt_len = mtp, 0
 
     def choose_call(self, ids: list[int], null_ids: list[int], opening: list[int]) -> Choice:
         """tool_choice auto's call-or-reply for a model with no call syntax of its own
