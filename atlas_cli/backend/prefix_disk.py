@@ -106,9 +106,7 @@ class PrefixDisk:
         """The entry sharing the longest prefix with `ids[:limit]`, and that prefix's length."""
         target = np.asarray(ids[:limit], np.int64)
         best, length = None, 0
-        with self._lock:
-            entries = list(self.index().items())
-        for path, tokens in entries:
+        for path, tokens in self._entries():
             common = common_prefix(tokens, target)
             if common > length:
                 best, length = path, common
@@ -133,6 +131,11 @@ class PrefixDisk:
         self._forget(path)
         with contextlib.suppress(OSError):
             path.unlink()
+
+    def _entries(self) -> list[tuple[Path, np.ndarray]]:
+        """The index as it is now (the writer thread may change it while it is read)."""
+        with self._lock:
+            return list(self.index().items())
 
     def _forget(self, path: Path) -> None:
         with self._lock:
@@ -175,11 +178,9 @@ class PrefixDisk:
         tokens = np.asarray(slot.ids, np.int64)
         path = self.folder / f"{hashlib.sha256(tokens.tobytes()).hexdigest()[:32]}.npz"
         arrays = slot_arrays(slot, self.model_id)  # on this thread: a device cache copies here
-        with self._lock:
-            entries = list(self.index().items())
         covered = [
             p
-            for p, t in entries
+            for p, t in self._entries()
             if p != path and len(t) < len(tokens) and common_prefix(t, tokens) == len(t)
             and slot.cache.reusable(len(t)) == len(t)
         ]  # fmt: skip
@@ -189,7 +190,8 @@ class PrefixDisk:
                 self.index().pop(p, None)
         if wait:
             self._write(arrays, path, covered)
-        else:
+        else:  # a long-running server spills many: keep only the writes not yet done
+            self._pending = [f for f in self._pending if not f.done()]
             self._pending.append(self._writer.submit(self._write, arrays, path, covered))
 
     def _write(self, arrays: dict[str, np.ndarray], path: Path, covered: list[Path]) -> None:
