@@ -52,6 +52,7 @@ DISK_SHARE = 4
 MIN_TOKENS = 128
 STALE_PARTIAL_S = 600  # a write this old with no rename is a killed process's
 SHUTDOWN_SPILL_S = 3.0  # what a stopping process spends writing (Lemonade kills after 5 s)
+STOP_WAIT_S = 5.0  # and, before that, how long it waits for the generation in flight to end
 SAMPLE_BYTES = 1 << 20  # of the weights file, read from its start, middle and end
 
 

@@ -22,11 +22,11 @@ EFFORT_BUDGETS = {"none": 0, "minimal": 256, "low": 1024, "medium": 4096, "high"
 
 
 class ThinkBudget:
-    def __init__(self, open_id: int, close_ids: list[int], budget: int, thinking: bool):
+    def __init__(self, open_id: int, close_ids: list[int], budget: int):
         self.open_id = open_id
         self.close_ids = close_ids
         self.budget = budget
-        self.thinking = thinking  # inside a <think> block now
+        self.thinking = False  # inside a <think> block now
         self.count = 0  # tokens of thought so far
         self.forcing: list[int] = []  # the closing tokens still to come
 
@@ -43,10 +43,9 @@ class ThinkBudget:
             return None
         after = tokenizer.encode(AFTER_CLOSE, add_special_tokens=False)
         tail = [t for t in prompt[-4:] if tokenizer.decode([t]).strip()]  # newlines aside
-        thinking = bool(tail) and tail[-1] == open_id
-        state = cls(open_id, [close_id, *after], budget, thinking)
-        if thinking and budget == 0:
-            state.forcing = list(state.close_ids)
+        state = cls(open_id, [close_id, *after], budget)
+        if tail and tail[-1] == open_id:  # the prompt opened the thought
+            state._open()
         return state
 
     def around(self, pick):
@@ -69,6 +68,12 @@ class ThinkBudget:
         forced[self.forcing[0]] = 0.0
         return forced
 
+    def _open(self) -> None:
+        """A thought begins (a budget of 0 closes it at once)."""
+        self.thinking, self.count = True, 0
+        if self.budget == 0:
+            self.forcing = list(self.close_ids)
+
     def seen(self, token: int) -> None:
         """Count a generated token; start forcing once the thought reaches the budget."""
         if self.forcing:
@@ -81,9 +86,7 @@ class ThinkBudget:
             return
         if not self.thinking:
             if token == self.open_id:
-                self.thinking, self.count = True, 0
-                if self.budget == 0:
-                    self.forcing = list(self.close_ids)
+                self._open()
             return
         if token == self.close_ids[0]:
             self.thinking = False

@@ -73,11 +73,9 @@ def _connect_when_bound(key: str, starting) -> socket.socket | None:
     deadline = time.monotonic() + SILENT_WORKER_S
     alive = (lambda: starting.poll() is None) if starting is not True else (lambda: True)
     while alive() and time.monotonic() < deadline:
-        path = registry.socket_path(key)
-        if path is not None and registry.owned_socket(path):
-            sock = _connect(key, starting=True)
-            if sock is not None:
-                return sock
+        sock = _connect(key, starting=True)
+        if sock is not None:
+            return sock
         time.sleep(0.02)
     return None
 

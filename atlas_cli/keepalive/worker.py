@@ -20,14 +20,13 @@ import traceback
 from pathlib import Path
 
 from atlas_cli.backend.ops.cpu import jit
-from atlas_cli.backend.prefix_disk import default_folder, default_quota
+from atlas_cli.backend.prefix_disk import STOP_WAIT_S, default_folder, default_quota
 from atlas_cli.cpu_threads import use_threads
 from atlas_cli.errors import AtlasError
 from atlas_cli.keepalive import client, registry
 from atlas_cli.run_service import LoadSpec, RunRequest, reply, stats_record
 from atlas_cli.store.paths import run_dir
 
-SPILL_WAIT_S = 5.0  # on the way out, for the run in flight to end before the spill
 TURN_POLL_S = 0.25  # how often a waiting run looks at the model and the lock
 
 
@@ -163,7 +162,7 @@ class Worker:
         of a model file that changed: they belong to the old one)."""
         if self.model is None or fingerprint(self.path) != self.identity:
             return
-        if self.lock.acquire(timeout=SPILL_WAIT_S):  # the run in flight ends first
+        if self.lock.acquire(timeout=STOP_WAIT_S):  # the run in flight ends first
             try:
                 self.model.engine.spill_all()
             finally:

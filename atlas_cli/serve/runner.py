@@ -21,6 +21,7 @@ from typing import TypeVar
 
 from atlas_cli.backend.constraint import Constraint
 from atlas_cli.backend.engine import Engine, GenerationStats
+from atlas_cli.backend.prefix_disk import STOP_WAIT_S
 from atlas_cli.backend.prefix_pool import SERVE_BUDGET, default_budget
 from atlas_cli.backend.sample import SamplingParams
 from atlas_cli.serve.metrics import Metrics
@@ -113,9 +114,6 @@ def _set_done(fut: asyncio.Future) -> None:
         fut.set_result(None)
 
 
-SPILL_WAIT_S = 5.0  # at shutdown, for the generation in flight to end before the spill
-
-
 class EngineRunner:
     def __init__(self, engine: Engine, metrics: Metrics, cache_bytes: int | None = None):
         """`cache_bytes`: the engine's prefix-pool budget (`--cache-size`); None: the server's
@@ -145,7 +143,7 @@ class EngineRunner:
         """Stop taking work; once the generation in flight has ended (its client is gone),
         keep the cached conversations on disk for the next server."""
         self._pool.shutdown(wait=False, cancel_futures=True)
-        if self.engine.disk is not None and self._engine_lock.acquire(timeout=SPILL_WAIT_S):
+        if self.engine.disk is not None and self._engine_lock.acquire(timeout=STOP_WAIT_S):
             try:
                 self.engine.spill_all()
             finally:
