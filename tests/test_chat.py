@@ -327,6 +327,7 @@ def test_save_load_round_trip(smollm2, tmp_path):
         "/system Be brief.",
         "What is the capital of France?",
         "/set temperature 0.3",
+        "/set reasoning_budget 64",
         f"/save {path}",
     )
     saved = json.loads(path.read_text())
@@ -335,7 +336,7 @@ def test_save_load_round_trip(smollm2, tmp_path):
 
     s2 = chat(smollm2, "/set temperature 0.9", f"/load {path}", "/show system")
     assert s2.repl.conv.messages() == s1.repl.conv.messages()
-    assert s2.repl.settings.temperature == 0.3
+    assert s2.repl.settings.temperature == 0.3 and s2.repl.settings.reasoning_budget == 64
     assert "Loaded 1 turn(s)" in s2.out
     assert ">>> What is the capital of France?" in s2.out  # the replay
     # saving what was loaded gives the same file

@@ -41,6 +41,7 @@ RESTORED = (
     "min_p",
     "repeat_penalty",
     "seed",
+    "reasoning_budget",
     "max_tokens",
     "stop",
 )
