@@ -46,6 +46,13 @@ class ServerThread:
         self.sock.close()
 
 
+def free_port() -> int:
+    """A loopback port nothing listens on now (for a server started as its own process)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def wait_for_health(port: int, proc) -> int | None:
     """Poll a server process's /health every 100 ms (as Lemonade does) until it answers 200,
     the process ends or two minutes pass; the last status."""

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 
@@ -18,7 +17,7 @@ from atlas_cli.backend.sample import SamplingOverrides
 from atlas_cli.errors import UsageError
 from atlas_cli.serve import llama_args, llama_server
 from atlas_cli.serve.llama_server import plan
-from tests.serve_helpers import ASK, dumps, raw_request, wait_for_health
+from tests.serve_helpers import ASK, dumps, free_port, raw_request, wait_for_health
 
 # what lemond 11.7.0 starts its llama.cpp backend with (-m, --ctx-size, --port, --jinja,
 # --metrics, then its overridable defaults), before the user's llamacpp_args
@@ -276,9 +275,7 @@ def test_lemonade_starts_reads_and_stops_the_server(smollm2_path):
     """The server as Lemonade drives it: its launch line with a user's `-ctk q8_0 -cb`,
     ready when GET /health answers 200, llama.cpp timings read from an answer, stopped with
     SIGTERM (Lemonade kills it 5 s later)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     argv = [sys.executable, "-m", "atlas_cli.serve.llama_server", "-m", str(smollm2_path)]
     argv += f"--ctx-size 512 --port {port} --jinja --metrics -ctk q8_0 -cb".split()
     env = {**os.environ, "ATLAS_DEVICE": "cpu"}

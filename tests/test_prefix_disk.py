@@ -6,6 +6,7 @@ conversations across a restart and reports them as cached."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import pytest
 
 from atlas_cli.backend import prefix_disk
 from atlas_cli.backend.engine import Engine
+from tests.serve_helpers import dumps, free_port, raw_request, wait_for_health
 from tests.test_prefix_pool import FIXTURES, fresh_logits, greedy
 
 SYSTEM = "You are a coding agent. " + " ".join(
@@ -163,7 +165,6 @@ def test_a_restarted_server_answers_the_next_turn_from_the_cache(which, smollm2_
     stopped with SIGTERM after one turn, started again; the second turn's prompt tokens are
     reported as cached."""
     from atlas_cli.backend.ops.cpu.jit import kernel_cache_dir
-    from scripts.memory_soak import free_port, post
 
     env = dict(os.environ, ATLAS_HOME=str(tmp_path), NUMBA_CACHE_DIR=str(kernel_cache_dir()))
     model = smollm2_path if which == "smollm2" else FIXTURES / "qwen35-vlm-bf16"
@@ -176,16 +177,11 @@ def test_a_restarted_server_answers_the_next_turn_from_the_cache(which, smollm2_
         cmd = [sys.executable, "-m", "atlas_cli", "serve", str(model), "--port", str(port)]
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         try:
-            deadline = time.monotonic() + 120
-            while True:
-                try:
-                    post(port, "/health")
-                    break
-                except OSError:
-                    assert proc.poll() is None and time.monotonic() < deadline
-                    time.sleep(0.2)
+            assert wait_for_health(port, proc) == 200
             body = {"messages": messages, "max_tokens": 6, "temperature": 0}
-            return post(port, "/v1/chat/completions", body)
+            status, _, raw = raw_request(port, "POST", "/v1/chat/completions", dumps(body))
+            assert status == 200, raw
+            return json.loads(raw)
         finally:
             proc.terminate()
             # uvicorn ends a graceful shutdown by raising the signal again

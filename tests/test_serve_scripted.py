@@ -16,6 +16,7 @@ from tests.serve_helpers import (
     WEATHER_TOOL,
     ServerThread,
     dumps,
+    free_port,
     raw_request,
     scripted_model,
     sse_events,
@@ -213,13 +214,10 @@ def test_accept_any_model_like_llama_server(model):
 
 def test_atlas_serve_command(smollm2_path, tmp_path):
     """`atlas serve` as a user starts it: binds, loads, answers, and refuses a taken port."""
-    import socket
     import subprocess
     import sys
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     cmd = [sys.executable, "-m", "atlas_cli", "serve", str(smollm2_path)]
     cmd += ["--port", str(port), "--ctx-size", "256", "--served-model-name", "tiny"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
