@@ -56,8 +56,12 @@ STOP_WAIT_S = 5.0  # and, before that, how long it waits for the generation in f
 SAMPLE_BYTES = 1 << 20  # of the weights file, read from its start, middle and end
 
 
-def default_folder() -> Path:
-    return paths.cache_dir() / "prefix"
+def disk_place(folder: str | Path | None = None, quota: int | None = None) -> tuple[Path, int]:
+    """Where conversations are kept on disk and within what quota (`--cache-dir`,
+    `--cache-disk`): the given ones, else the prefix folder of atlas's cache folder and
+    `default_quota` there."""
+    folder = Path(folder).expanduser() if folder else paths.cache_dir() / "prefix"
+    return folder, default_quota(folder) if quota is None else quota
 
 
 def default_quota(folder: Path) -> int:

@@ -20,7 +20,7 @@ import traceback
 from pathlib import Path
 
 from atlas_cli.backend.ops.cpu import jit
-from atlas_cli.backend.prefix_disk import STOP_WAIT_S, default_folder, default_quota
+from atlas_cli.backend.prefix_disk import STOP_WAIT_S, disk_place
 from atlas_cli.cpu_threads import use_threads
 from atlas_cli.errors import AtlasError
 from atlas_cli.keepalive import client, registry
@@ -267,9 +267,7 @@ def main(argv: list[str]) -> int:
         worker.model, resolved = spec.open()
         worker.path, worker.device = resolved.path, resolved.device
         worker.identity = fingerprint(worker.path)
-        worker.model.engine.keep_on_disk(
-            default_folder(), default_quota(default_folder()), worker.path
-        )
+        worker.model.engine.keep_on_disk(*disk_place(), worker.path)
         worker.renew()
         worker.wait_until_idle()
     except AtlasError as exc:

@@ -181,7 +181,7 @@ def serve(
     import uvicorn
 
     from atlas_cli import backend, session
-    from atlas_cli.backend.prefix_disk import default_folder, default_quota
+    from atlas_cli.backend.prefix_disk import disk_place
 
     backend.check_kv_type(kv_dtype)
     if not 0 <= port <= 65535:
@@ -215,8 +215,7 @@ def serve(
         slot_save_path=slot_folder(slot_save_path) if slot_save_path else None,
         slot_save_quota=DEFAULT_QUOTA if slot_save_quota is None else slot_save_quota,
     )
-    folder = Path(cache_dir).expanduser() if cache_dir else default_folder()
-    quota = default_quota(folder) if cache_disk_bytes is None else cache_disk_bytes
+    folder, quota = disk_place(cache_dir, cache_disk_bytes)
     if quota > 0:
         config = dataclasses.replace(config, disk_cache=(folder, quota))
     sock = bind(host, port)
