@@ -37,6 +37,7 @@ GAP = r"/[ \t\r\n]{0,4}/"
 # not start so: llguidance's lexer commits to no shorter lexeme once a longer one (prose) is
 # still possible, so such a start must belong to the drift alone.
 DRIFT_START = r"(```json|[\[{])(?s:.*)"
+HERMES_CALL = "hermes_call"  # the rule of one Hermes call object (`_Writer.hermes`)
 
 
 @dataclass(frozen=True)
@@ -104,9 +105,10 @@ class _Writer:
             return f"{self.rule(self.fresh(stem).upper(), f'/{text}/{unless}')} {tag}"
         return self.rule(self.fresh(stem), f"/{text}{_regex_escape(tag)}/{unless}", "lazy")
 
-    def json(self, schema: Mapping, lenient: bool = False) -> str:
+    def json(self, schema: Mapping, lenient: bool = False, name: str | None = None) -> str:
         return self.rule(
-            self.fresh("json"), "%json " + json_schema_grammar(dict(schema), lenient=lenient)
+            name or self.fresh("json"),
+            "%json " + json_schema_grammar(dict(schema), lenient=lenient),
         )
 
     # -- reasoning ------------------------------------------------------------------------------
@@ -153,33 +155,18 @@ class _Writer:
         return " | ".join(options)
 
     def drift_calls(self, req: GrammarRequest) -> str:
-        """A call object (or with parallel calls a list of them), bare or fenced."""
-        value = self.hermes(req.tools)
+        """A call object (or with parallel calls a list of them), bare or fenced; the object is
+        `calls`' own (`HERMES_CALL`), compiled once."""
+        value = HERMES_CALL
         if req.parallel:
-            options = self.hermes_options(req.tools)
-            items = options[0] if len(options) == 1 else {"anyOf": options}
-            many = self.json({"type": "array", "items": items, "minItems": 1}, lenient=True)
+            call = hermes_call_schema(req.tools)
+            many = self.json({"type": "array", "items": call, "minItems": 1}, lenient=True)
             value = self.rule(self.fresh("drift_value"), f"{value} | {many}")
         fenced = f"/```json[ \\t]*\\n/ {value} /\\n```/"
         return self.rule("drift", f"({fenced} | {value}) {GAP}")
 
     def hermes(self, tools: Mapping[str, dict]) -> str:
-        options = self.hermes_options(tools)
-        schema = options[0] if len(options) == 1 else {"anyOf": options}
-        return self.json(schema, lenient=True)
-
-    @staticmethod
-    def hermes_options(tools: Mapping[str, dict]) -> list[dict]:
-        """One call object's schema per tool: its name and its arguments."""
-        return [
-            {
-                "type": "object",
-                "properties": {"name": {"const": name}, "arguments": _object_schema(params)},
-                "required": ["name", "arguments"],
-                "additionalProperties": False,
-            }
-            for name, params in tools.items()
-        ]
+        return self.json(hermes_call_schema(tools), lenient=True, name=HERMES_CALL)
 
     def xml(self, tools: Mapping[str, dict]) -> str:
         functions = [self.xml_function(name, params) for name, params in tools.items()]
@@ -283,3 +270,17 @@ def _regex_escape(text: str) -> str:
         else:
             out.append(ch)
     return "".join(out)
+
+
+def hermes_call_schema(tools: Mapping[str, dict]) -> dict:
+    """One Hermes call object of any of `tools`: its name and its arguments."""
+    options = [
+        {
+            "type": "object",
+            "properties": {"name": {"const": name}, "arguments": _object_schema(params)},
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
+        }
+        for name, params in tools.items()
+    ]
+    return options[0] if len(options) == 1 else {"anyOf": options}
