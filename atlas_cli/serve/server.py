@@ -16,9 +16,9 @@ from pathlib import Path
 from atlas_cli.backend.sample import SamplingOverrides
 from atlas_cli.errors import AtlasError, UsageError
 from atlas_cli.serve.app import ServeConfig, create_app
+from atlas_cli.serve.browser_guard import LOOPBACK_NAMES
 from atlas_cli.serve.slot_files import DEFAULT_QUOTA, slot_folder
 
-LOOPBACK = {"127.0.0.1", "::1", "localhost"}
 SIZE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 # Limits on what a client may hold. uvicorn has settings for idle keep-alive, connection count
@@ -223,7 +223,7 @@ def serve(
     config = dataclasses.replace(config, url=url)
     show_server_log()
     print(f"atlas serve: {name} on {url} (loading...)", file=sys.stderr)
-    if host not in LOOPBACK and not api_key:
+    if host not in LOOPBACK_NAMES and not api_key:
         print("atlas serve: listening beyond this machine without --api-key", file=sys.stderr)
     app = create_app(config)
     server = uvicorn.Server(uvicorn_config(app, log_level=log_level))
