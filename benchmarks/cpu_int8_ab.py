@@ -33,11 +33,12 @@ def _time_gemv(kernel, m, x, out, reps: int) -> float:
 
 def per_shape(model, rounds: int, n_tok: int) -> None:
     from atlas_cli.backend.ops.cpu import fast as cpu_fast
+    from atlas_cli.backend.ops.cpu import gemv_int8
     from atlas_cli.backend.ops.cpu import kernels as k
     from atlas_cli.backend.ops.cpu import prefill as cpu_prefill
 
     if n_tok == 1:
-        kernels, integer_types = (k.gemv_batch, k.gemv_batch_int8), k.INT8_TYPES
+        kernels, integer_types = (k.gemv_batch, gemv_int8.gemv_batch_int8), k.INT8_TYPES
     else:
         kernels, integer_types = (k.gemm, cpu_prefill.gemm_int16), cpu_prefill.INT16_TYPES
 

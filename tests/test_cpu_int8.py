@@ -24,6 +24,7 @@ import pytest
 from atlas_cli.backend.loaders import quant
 from atlas_cli.backend.ops.cpu import decode as cpu_decode
 from atlas_cli.backend.ops.cpu import fast as cpu_fast
+from atlas_cli.backend.ops.cpu import gemv_int8 as cpu_gemv_int8
 from atlas_cli.backend.ops.cpu import ir_int8 as cpu_ir_int8
 from atlas_cli.backend.ops.cpu import kernels as cpu_kernels
 from atlas_cli.backend.sample import SamplingOverrides
@@ -172,7 +173,7 @@ def test_integer_dot_is_exact(type_id, rng):
     xq, xf = quantize_model(x[0])
     assert np.array_equal(xq[: x.shape[1]].astype(np.float32) + xq[x.shape[1] :] / 256.0, x[0])
     out = np.empty((1, m.shape[0]), np.float32)
-    cpu_kernels.gemv_batch_int8(*m.kernel_args, m.perm, x, out)
+    cpu_gemv_int8.gemv_batch_int8(*m.kernel_args, m.perm, x, out)
     np.testing.assert_array_equal(out.astype(np.float64), want)
     assert np.abs(want).max() > 1000  # the sums are far from trivial
 
@@ -240,6 +241,30 @@ def test_integer_dot_on_random_blocks(type_id, n_tok, rng, monkeypatch):
     assert rel_err(cpu_fast.linear(x, w), want) < 1e-5
 
 
+@pytest.mark.parametrize("type_id", TYPES, ids=IDS)
+def test_four_row_dots_equal_one_row_dots(type_id, rng):
+    """gemv_batch_int8 takes ROWS rows per loop (their scales decoded together for the K
+    formats), the last rows of a chunk one by one: each row's result is the one-row dot's."""
+    from numba import njit
+
+    @njit
+    def one_by_one(t, w, off, rowbytes, nb, perm, xq, xf, out):
+        for r in range(perm.shape[0]):
+            woff = off + perm[r] * rowbytes
+            out[r] = cpu_gemv_int8.row_dot_int8(t, w, woff, xq, 0, xf, 0, nb)
+
+    rows, cols = 4 * cpu_gemv_int8.ROWS + 3, 512  # four-row groups and a tail
+    w = packed(type_id, random_blocks(type_id, rows, cols, rng), rng.permutation(rows))
+    x = rng.standard_normal((1, cols)).astype(np.float32)
+    got = np.empty((1, rows), np.float32)
+    cpu_gemv_int8.gemv_batch_int8(*w.kernel_args, w.perm, x, got)
+    xq, xf = np.empty(2 * cols, np.int8), np.empty(cols // 32 * XF, np.float32)
+    cpu_kernels.quantize_x(x[0], xq, xf)
+    want = np.empty(rows, np.float32)
+    one_by_one(*w.kernel_args, w.perm, xq, xf, want)
+    assert rel_err(got[0], want) < 1e-6  # the same products; float sums may reassociate
+
+
 def _dequantized_x(x: np.ndarray) -> np.ndarray:
     xq, xf = quantize_model(x)
     n = x.shape[0]
@@ -276,7 +301,7 @@ def test_fused_decode_on_int8_matches_reference(variant, rng, monkeypatch):
 
 def test_warm_up_loads_both_decode_paths():
     cpu_decode.warm_up()
-    for kernel in (cpu_kernels.gemv_batch_int8, cpu_kernels.gemv_batch, cpu_decode.decode_step):
+    for kernel in (cpu_gemv_int8.gemv_batch_int8, cpu_kernels.gemv_batch, cpu_decode.decode_step):
         assert kernel.signatures
 
 

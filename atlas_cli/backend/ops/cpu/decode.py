@@ -16,6 +16,7 @@ from atlas_cli.backend.cache import FAST_KV_DTYPE
 from atlas_cli.backend.ops.cpu import amx as cpu_amx
 from atlas_cli.backend.ops.cpu import jit
 from atlas_cli.backend.ops.cpu import rows as cpu_rows
+from atlas_cli.backend.ops.cpu.gemv_int8 import gemv_batch_int8, has_int8_dot, int8_rows
 from atlas_cli.backend.ops.cpu.ir_attention import (
     dots16,
     pv16_1,
@@ -39,9 +40,7 @@ from atlas_cli.backend.ops.cpu.kernels import (
     gather_rows,
     gemm,
     gemv_batch,
-    gemv_batch_int8,
     group_sums,
-    has_int8_dot,
     kv_bits,
     kv_rows,
     kv_store,
@@ -49,7 +48,6 @@ from atlas_cli.backend.ops.cpu.kernels import (
     quantize_x,
     row_dequant,
     row_dot,
-    row_dot_int8,
     softmax_row,
     tile_dots,
 )
@@ -260,9 +258,7 @@ def dots(mat, rows, r0, r1, w, v, xs, xq, xf, int8, out):
     rows (docs/performance.md)."""
     t, off, rb, nb = mat[0], mat[1], mat[2], mat[3]
     if int8 and has_int8_dot(t):
-        for r in range(r0, r1):
-            prefetch_row(w, off, rb, rows, r, r1)
-            out[r - r0] = row_dot_int8(t, w, off + rows[r] * rb, xq, 0, xf, 0, nb)
+        int8_rows(t, w, off, rb, nb, rows, r0, r1, xq, 0, xf, 0, out, 0)
     else:
         for r in range(r0, r1):
             prefetch_row(w, off, rb, rows, r, r1)

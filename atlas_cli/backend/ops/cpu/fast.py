@@ -28,6 +28,7 @@ from atlas_cli.backend.ops import numpy_ref as _ref
 from atlas_cli.backend.ops.cpu import amx as _amx
 from atlas_cli.backend.ops.cpu import fused as _fused
 from atlas_cli.backend.ops.cpu import gdn as _gdn
+from atlas_cli.backend.ops.cpu import gemv_int8 as _gemv_int8
 from atlas_cli.backend.ops.cpu import kernels as _k
 from atlas_cli.backend.ops.cpu import prefill as _prefill
 from atlas_cli.backend.ops.cpu import rows as _rows
@@ -92,7 +93,7 @@ def linear(x: np.ndarray, w, bias: np.ndarray | None = None) -> np.ndarray:
             amx = w.type_id in _amx.AMX_TYPES and _amx.ready()
             kernel = _amx.gemm_amx if amx else _prefill.gemm_int16
     elif integer and w.type_id in _k.INT8_TYPES:
-        kernel = _k.gemv_batch_int8
+        kernel = _gemv_int8.gemv_batch_int8
     else:
         kernel = _k.gemv_batch
     kernel(*w.kernel_args, w.perm, x2, out)

@@ -423,14 +423,15 @@ def prefetch(typingctx, w, start, n):
     return sig, codegen
 
 
-def prefetch_line(b: ir.IRBuilder, address) -> None:
-    """LLVM's prefetch of the 64-byte line holding `address` (any pointer): read, keep in every
-    level; a hint that cannot fault, wherever the address points."""
+def prefetch_line(b: ir.IRBuilder, address, locality: int = 3) -> None:
+    """LLVM's prefetch of the 64-byte line holding `address` (any pointer): read, into every
+    level (locality 3) or L2 and beyond (2); a hint that cannot fault, wherever the address
+    points."""
     i8p = _I8.as_pointer()
     fn = cgutils.get_or_insert_function(
         b.module, ir.FunctionType(ir.VoidType(), [i8p, _I32, _I32, _I32]), "llvm.prefetch.p0i8"
     )
-    read, keep, data = ir.Constant(_I32, 0), ir.Constant(_I32, 3), ir.Constant(_I32, 1)
+    read, keep, data = ir.Constant(_I32, 0), ir.Constant(_I32, locality), ir.Constant(_I32, 1)
     b.call(fn, [b.bitcast(address, i8p), read, keep, data])
 
 

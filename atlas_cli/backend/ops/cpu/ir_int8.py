@@ -306,16 +306,16 @@ def _k_scales_vec(b, p):
     return b.fmul(_fsplat(b, d, 8), b.uitofp(sc, v8)), b.fmul(_fsplat(b, ndmin, 8), b.uitofp(m, v8))
 
 
-def _int_q4_k(b, p):
-    scales, offsets = _k_scales_vec(b, p)
+def _int_q4_k(b, p, k_scales=None):
+    scales, offsets = k_scales or _k_scales_vec(b, p)
     codes = []
     for c in range(4):  # qs[32c + l]: sub-block 2c in the low nibble, 2c+1 in the high one
         codes += _nibbles(b, _bytes(b, p, 16 + 32 * c, 32))
     return _Block(codes, scales, offsets)
 
 
-def _int_q5_k(b, p):
-    scales, offsets = _k_scales_vec(b, p)
+def _int_q5_k(b, p, k_scales=None):
+    scales, offsets = k_scales or _k_scales_vec(b, p)
     qh = _bytes(b, p, 16, 32)
     codes = []
     for c in range(4):
@@ -421,11 +421,22 @@ class _Row:
 
     def step(self, first, count: int) -> None:
         """Accumulate blocks first .. first + count - 1 (count 1 or 2)."""
-        b, elems, nbytes = self.b, self.elems, self.nbytes
-        blk = self.emit(b, b.gep(self.row, [b.mul(first, _i64(nbytes))]))
+        self.accumulate(self.blocks(first, count), first)
+
+    def block_at(self, index):
+        """A pointer to block `index` of the row."""
+        return self.b.gep(self.row, [self.b.mul(index, _i64(self.nbytes))])
+
+    def blocks(self, first, count: int) -> _Block:
+        """Blocks first .. first + count - 1 (count 1 or 2) as one _Block."""
+        blk = self.emit(self.b, self.block_at(first))
         if count == 2:
-            second = b.gep(self.row, [b.mul(b.add(first, _i64(1)), _i64(nbytes))])
-            blk = blk.join(b, self.emit(b, second))
+            blk = blk.join(self.b, self.emit(self.b, self.block_at(self.b.add(first, _i64(1)))))
+        return blk
+
+    def accumulate(self, blk: _Block, first) -> None:
+        """Add the dot of `blk`, the blocks from `first` on, with x to the accumulators."""
+        b, elems = self.b, self.elems
         groups = len(blk.codes)  # 32-groups of x in this step
         g0 = b.mul(first, _i64(elems // 32))
         dx = _load_floats(b, b.gep(self.planes[0], [g0]), groups)

@@ -4,8 +4,8 @@
   have to happen before numba is first imported.
 - The disk cache: numba stamps a cached function with the contents (or, in older releases, the
   mtime) of its own source file only. The kernels span several files (the LLVM IR of the block
-  formats in ir.py and of their integer dots in ir_int8.py and ir_int16.py, the
-  loops in kernels.py and prefill.py, the chunked Gated DeltaNet in gdn.py, the
+  formats in ir.py and of their integer dots in ir_int8.py, ir_int8_rows.py and ir_int16.py, the
+  loops in kernels.py, gemv_int8.py and prefill.py, the chunked Gated DeltaNet in gdn.py, the
   fused decode steps in decode.py and blocks.py), and a change to a callee must
   recompile its callers, so their stamp covers all of them.
 - Where that cache lives: with atlas's other derived data (store.paths.cache_dir()/numba), not
@@ -28,6 +28,8 @@ from pathlib import Path
 KERNEL_FILES = (
     "ir.py",
     "ir_int8.py",
+    "ir_int8_rows.py",
+    "gemv_int8.py",
     "ir_int16.py",
     "ir_attention.py",
     "ir_sync.py",

@@ -2,7 +2,7 @@
 
 Weights stay in their GGUF blocks; a row's blocks are decoded by the LLVM IR of cpu/ir.py,
 dispatched here on the format. Decode products by default round x to two int8 planes
-(`quantize_x`) and use the integer dots of cpu/ir_int8.py (`gemv_batch_int8`, `row_dot_int8`);
+(`quantize_x`) and use the integer dots of cpu/ir_int8.py (cpu/gemv_int8.py);
 `gemv_batch` and prefill keep x in float32. Every @njit function is cached on disk
 (`cache=True`), stamped with all the kernel files (jit.py). The exact ones (the
 dequantizers, `quantize_x`) say `fastmath=False`: numba compiles a callee with the fast-math of
@@ -76,22 +76,7 @@ from atlas_cli.backend.ops.cpu.ir import (  # noqa: F401  (BLOCKS, F16, ...: thi
     prefetch,
     widen_half,
 )
-from atlas_cli.backend.ops.cpu.ir_int8 import (  # noqa: F401  (INT8_TYPES, XF: this path's facts)
-    INT8_TYPES,
-    XF,
-    idot_iq4_nl,
-    idot_iq4_xs,
-    idot_q2_k,
-    idot_q3_k,
-    idot_q4_0,
-    idot_q4_1,
-    idot_q4_k,
-    idot_q5_0,
-    idot_q5_1,
-    idot_q5_k,
-    idot_q6_k,
-    idot_q8_0,
-)
+from atlas_cli.backend.ops.cpu.ir_int8 import INT8_TYPES, XF  # noqa: F401  (this path's facts)
 
 jit.configure()
 
@@ -260,41 +245,6 @@ def row_dot(t, w, woff, x, xoff, xs, xsoff, nb):
     return dot_f32(w, woff, x, xoff, xs, xsoff, nb)
 
 
-@njit(cache=True, inline="always")
-def row_dot_int8(t, w, woff, xq, xqoff, xf, xfoff, nb):
-    """row_dot on the int8-quantized x (quantize_x); only for the types in INT8_TYPES.
-    Inlined where it is called: the decode kernels' row loops then branch on the type instead
-    of calling a dispatcher per row, 13% of a 1,024-column Q4_K matrix (docs/performance.md)."""
-    if t == Q4_K:
-        return idot_q4_k(w, woff, xq, xqoff, xf, xfoff, nb)
-    if t == Q6_K:
-        return idot_q6_k(w, woff, xq, xqoff, xf, xfoff, nb)
-    if t == Q8_0:
-        return idot_q8_0(w, woff, xq, xqoff, xf, xfoff, nb)
-    if t == Q5_K:
-        return idot_q5_k(w, woff, xq, xqoff, xf, xfoff, nb)
-    if t == Q4_1:
-        return idot_q4_1(w, woff, xq, xqoff, xf, xfoff, nb)
-    if t == Q5_0:
-        return idot_q5_0(w, woff, xq, xqoff, xf, xfoff, nb)
-    if t == Q5_1:
-        return idot_q5_1(w, woff, xq, xqoff, xf, xfoff, nb)
-    if t == Q3_K:
-        return idot_q3_k(w, woff, xq, xqoff, xf, xfoff, nb)
-    if t == IQ4_NL:
-        return idot_iq4_nl(w, woff, xq, xqoff, xf, xfoff, nb)
-    if t == IQ4_XS:
-        return idot_iq4_xs(w, woff, xq, xqoff, xf, xfoff, nb)
-    if t == Q2_K:
-        return idot_q2_k(w, woff, xq, xqoff, xf, xfoff, nb)
-    return idot_q4_0(w, woff, xq, xqoff, xf, xfoff, nb)
-
-
-@njit(cache=True, inline="always")
-def has_int8_dot(t):
-    return t in INT8_TYPES
-
-
 @njit(cache=True, fastmath=False)
 def row_dequant(t, w, woff, out, ooff, nb):
     """Write the float32 values of one stored row into out[ooff:]."""
@@ -410,23 +360,6 @@ def gemv_batch(t, w, off, rowbytes, nb, perm, x, out):
         woff = off + perm[r] * rowbytes
         for i in range(n_tok):
             out[i, r] = row_dot(t, w, woff, xf, i * cols, xs, i * ng, nb)
-
-
-@njit(parallel=True, cache=True, fastmath=True)
-def gemv_batch_int8(t, w, off, rowbytes, nb, perm, x, out):
-    """gemv_batch with x rounded to int8 per 32-group and integer dot products (INT8_TYPES)."""
-    n_tok, cols = x.shape
-    rows = perm.shape[0]
-    ng = cols // GROUP
-    xq = np.empty(n_tok * 2 * cols, np.int8)  # per token: its two planes
-    xf = np.empty(n_tok * ng * XF, np.float32)
-    for i in range(n_tok):
-        quantize_x(x[i], xq[i * 2 * cols : (i + 1) * 2 * cols], xf[i * ng * XF : (i + 1) * ng * XF])
-    for r in prange(rows):
-        prefetch_row(w, off, rowbytes, perm, r, rows)
-        woff = off + perm[r] * rowbytes
-        for i in range(n_tok):
-            out[i, r] = row_dot_int8(t, w, woff, xq, i * 2 * cols, xf, i * ng * XF, nb)
 
 
 @njit(parallel=True, cache=True, fastmath=False)
