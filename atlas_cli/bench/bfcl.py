@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from atlas_cli.bench import bfcl_cases as cases
+from atlas_cli.bench import bfcl_mlperf
 from atlas_cli.bench.http_target import EndpointError, chat_url
 from atlas_cli.bench.options import BFCL_MAX_TOKENS, BFCL_TIMEOUT_S
 from atlas_cli.errors import UsageError
@@ -36,6 +37,7 @@ class Settings:
     max_tokens: int = BFCL_MAX_TOKENS
     url: str | None = None
     timeout_s: float = BFCL_TIMEOUT_S
+    mlperf: bool = False  # the MLPerf Edge Agentic set and scores (bfcl_mlperf.py)
 
 
 def parse_categories(text: str | None) -> tuple[str, ...]:
@@ -65,6 +67,18 @@ def check_settings(settings: Settings) -> None:
         raise UsageError(f"--max-tokens must be at least 1, got {settings.max_tokens}")
     if settings.timeout_s <= 0:
         raise UsageError(f"--timeout must be above 0, got {settings.timeout_s}")
+    if settings.mlperf and (settings.mode != "fc" or settings.tool_choice != "auto"):
+        raise UsageError("--mlperf asks as MLPerf's harness does: --mode fc, --tool-choice auto")
+    if settings.mlperf and settings.categories != cases.CATEGORIES:
+        raise UsageError("--mlperf draws its own categories; leave out --categories")
+
+
+def todo(settings: Settings) -> list[cases.Case]:
+    """The cases a run asks: the first `limit` of each chosen category, or of each subset of
+    MLPerf's set."""
+    if settings.mlperf:
+        return bfcl_mlperf.draw(settings.limit)
+    return [c for name in settings.categories for c in cases.load(name, settings.limit)]
 
 
 class ChatClient:
@@ -94,6 +108,10 @@ class ChatClient:
         }
         if settings.mode == "prompt":
             body["messages"] = cases.prompt_messages(case)
+        elif settings.mlperf:  # as its harness builds the request
+            body["messages"] = [{**m, "content": m.get("content") or ""} for m in case.messages]
+            body["tools"] = cases.openai_tools(case.functions, hint=False)
+            body["tool_choice"] = "auto"
         else:
             body["messages"] = case.messages
             body["tools"] = cases.openai_tools(case.functions)
@@ -146,12 +164,12 @@ def run(settings: Settings, url: str, api_key: str | None = None) -> dict[str, A
     from atlas_cli.bench import progress
 
     check_settings(settings)
-    todo = [c for name in settings.categories for c in cases.load(name, settings.limit)]
+    asked = todo(settings)
     client = ChatClient(url, settings.model, api_key, settings.timeout_s)
     rows = []
     try:
-        with progress.steps("bfcl", len(todo)) as report:
-            for case in todo:
+        with progress.steps("bfcl", len(asked)) as report:
+            for case in asked:
                 row = run_case(client, case, settings)
                 rows.append(row)
                 report(f"{case.id} {'ok' if row['valid'] else row['error_type']}")
@@ -181,10 +199,11 @@ def _tally(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def result_document(settings: Settings, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """{"kind": "bfcl", settings, "summary" (all cases pooled), "categories", "cases"}."""
-    by_category = {
-        name: _tally([r for r in rows if r["category"] == name]) for name in settings.categories
-    }
+    """{"kind": "bfcl", settings, "summary" (all cases pooled), "categories", "cases"}, and
+    with --mlperf "mlperf": its scores (bfcl_mlperf.scores)."""
+    names = dict.fromkeys(r["category"] for r in rows) if settings.mlperf else settings.categories
+    by_category = {name: _tally([r for r in rows if r["category"] == name]) for name in names}
+    extra = {"mlperf": bfcl_mlperf.scores(rows)} if settings.mlperf else {}
     return {
         "kind": "bfcl",
         "model": settings.model,
@@ -196,6 +215,7 @@ def result_document(settings: Settings, rows: list[dict[str, Any]]) -> dict[str,
         "bfcl_eval": cases.version(),
         "summary": _tally(rows),
         "categories": by_category,
+        **extra,
         "cases": rows,
     }
 
@@ -217,4 +237,12 @@ def markdown_report(result: dict[str, Any]) -> str:
             f"| {name} | {t['correct']} | {t['total']} | {t['accuracy']:.1%} | "
             f"{t['protocol_errors']} |"
         )
+    if "mlperf" in result:
+        m = result["mlperf"]
+        parts = ", ".join(f"{k} {v:.2%}" for k, v in m["categories"].items())
+        lines += [
+            "",
+            f"MLPerf Edge Agentic set: overall {m['overall']:.2%}, "
+            f"category-balanced {m['category_balanced']:.2%} ({parts})",
+        ]
     return "\n".join(lines)

@@ -44,6 +44,9 @@ CATEGORIES = (
     "live_irrelevance",
     "live_relevance",
 )
+# Also loadable, for the MLPerf set (bfcl_mlperf.py), which sends their functions as it sends
+# the Python ones; the checker reads their values as Java or JavaScript
+OTHER_LANGUAGES = {"simple_java": "JAVA", "simple_javascript": "JAVASCRIPT"}
 MODES = ("fc", "prompt")
 
 # The checker's model names: an OpenAI-style function-calling model (tools sent with "." in a
@@ -117,7 +120,7 @@ def is_relevance(category: str) -> bool:
 def load(category: str, limit: int | None = None) -> list[Case]:
     """The first `limit` cases of a category (all when None), in BFCL's order."""
     _require()
-    if category not in CATEGORIES:
+    if category not in CATEGORIES and category not in OTHER_LANGUAGES:
         raise AtlasError(f"unknown BFCL category {category!r}; pick from {', '.join(CATEGORIES)}")
     entries = _jsonl(_data_file(category))[:limit]
     answers: dict[str, Any] = {}
@@ -170,12 +173,13 @@ def _cast_types(properties: dict[str, Any], mapping: dict[str, str]) -> dict[str
     return properties
 
 
-def openai_tools(functions: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """BFCL's `convert_to_tool` for OpenAI chat completions: the `tools` field it sends."""
+def openai_tools(functions: list[dict[str, Any]], hint: bool = True) -> list[dict[str, Any]]:
+    """BFCL's `convert_to_tool` for OpenAI chat completions: the `tools` field it sends (on the
+    docs with its language hint; without it as the MLPerf harness sends them)."""
     from bfcl_eval.constants.type_mappings import GORILLA_TO_OPENAPI
 
     tools = []
-    for f in hinted(functions):
+    for f in hinted(functions) if hint else copy.deepcopy(functions):
         f["name"] = f["name"].replace(".", "_")  # OpenAI's names match ^[a-zA-Z0-9_-]{1,64}$
         params = f.setdefault("parameters", {})
         params["type"] = "object"
@@ -368,8 +372,9 @@ def score(case: Case, reply: Reply, mode: str) -> Verdict:
         return Verdict(called, None if called else "relevance_error:decoder_failed")
     if not _is_call_list(decoded):
         return Verdict(False, "ast_decoder:decoder_wrong_output_format")
+    language = Language[OTHER_LANGUAGES.get(case.category, "PYTHON")]
     result = checker.ast_checker(
-        case.functions, decoded, case.answer, Language.PYTHON, case.category, CHECKER_MODEL[mode]
+        case.functions, decoded, case.answer, language, case.category, CHECKER_MODEL[mode]
     )
     if result["valid"]:
         return Verdict(True)

@@ -213,6 +213,7 @@ def bfcl_cmd(
     save_baseline: o.SaveBaseline = None,
     tolerance: o.Tolerance = gate.TOLERANCE,
     mlperf_rule: o.MlperfRule = False,
+    mlperf: o.MlperfSet = False,
 ):
     """Berkeley Function Calling Leaderboard v4, single-turn: BFCL's cases and checker.
 
@@ -230,6 +231,7 @@ def bfcl_cmd(
         max_tokens=max_tokens,
         url=url,
         timeout_s=timeout,
+        mlperf=mlperf,
     )
     with _apply_threads(threads):
         if url:

@@ -177,6 +177,14 @@ BfclMaxTokens = Annotated[int, typer.Option(help="Most new tokens per answer.")]
 AnswerTimeout = Annotated[
     float, typer.Option(help="Seconds to wait for one answer; a later one is a protocol error.")
 ]
+MlperfSet = Annotated[
+    bool,
+    typer.Option(
+        "--mlperf",
+        help="MLPerf Edge Agentic's BFCL set (995 cases of non_live, live and hallucination "
+        "at 62/10/10%) scored as its harness does: overall and category-balanced accuracy.",
+    ),
+]
 MlperfRule = Annotated[
     bool,
     typer.Option(
