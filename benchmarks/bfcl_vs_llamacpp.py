@@ -8,8 +8,9 @@ Starts one server at a time on a loopback port, `atlas serve MODEL` and then
 `python -m llama_cpp.server --model FILE --chat_format chatml-function-calling` (llama.cpp's
 grammar-constrained function calling), runs `atlas bench bfcl --url ... -o json` against each
 with the same flags (function-calling mode, tool_choice auto, temperature 0 unless told
-otherwise), and prints correct/total per category for both, with protocol errors. The JSON
-results are kept in --out. The file is the one `atlas show MODEL` names in the store.
+otherwise), and prints correct/total per category for both, with protocol errors; `--mlperf`
+runs MLPerf Edge Agentic's set and prints its two headline scores and gate against llama.cpp.
+The JSON results are kept in --out. The file is the one `atlas show MODEL` names in the store.
 `--also "atlas before=old/atlas.json"` adds a column from an earlier run (another commit).
 """
 
@@ -105,6 +106,8 @@ def bench(engine: str, model: str, path: Path, args) -> dict:
             command += ["--limit", str(args.limit)]
         if args.categories:
             command += ["--categories", args.categories]
+        if args.mlperf:
+            command += ["--mlperf"]
         t0 = time.perf_counter()
         subprocess.run(command, check=True, env=CHILD_ENV, stdout=subprocess.DEVNULL)
         print(f"{engine}: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
@@ -156,6 +159,12 @@ def main() -> None:
     p.add_argument("--chat-format", default="chatml-function-calling", help="llama.cpp's")
     p.add_argument("--llama-python", default=sys.executable, help="python with llama_cpp")
     p.add_argument("--engines", default="atlas,llama.cpp")
+    p.add_argument(
+        "--mlperf",
+        action="store_true",
+        help="MLPerf Edge Agentic's set (atlas bench bfcl --mlperf; --limit per subset, 0: all "
+        "995) and its gate: each engine's two headline scores against llama.cpp's",
+    )
     p.add_argument("--out", type=Path, default=Path("bfcl-results"))
     p.add_argument(
         "--reuse", action="store_true", help="take an engine's result from --out if it is there"
@@ -187,6 +196,32 @@ def main() -> None:
     limit = f"first {args.limit} cases" if args.limit else "all cases"
     print(f"BFCL v4 ({mode}, {limit} per category, temperature 0), {path.name}\n")
     print(table(results))
+    if args.mlperf:
+        print("\n" + mlperf_lines(results))
+
+
+def mlperf_lines(results: dict[str, dict]) -> str:
+    """Each engine's MLPerf headline scores, and against llama.cpp's (the reference system)
+    whether both are at least 97% of it, MLPerf's pass rule."""
+    from atlas_cli.bench.gate import MLPERF_FRACTION
+
+    ref = results.get("llama.cpp", {}).get("mlperf")
+    lines = []
+    for engine, doc in results.items():
+        m = doc.get("mlperf")
+        if m is None:
+            continue
+        line = (
+            f"{engine}: overall {m['overall']:.2%}, category-balanced {m['category_balanced']:.2%}"
+        )
+        if ref and engine != "llama.cpp":
+            ratios = [
+                m[k] / ref[k] if ref[k] else float("inf") for k in ("overall", "category_balanced")
+            ]
+            verdict = "PASS" if min(ratios) >= MLPERF_FRACTION else "FAIL"
+            line += f" = {ratios[0]:.3f} / {ratios[1]:.3f} of llama.cpp's: {verdict}"
+        lines.append(line)
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -116,3 +116,23 @@ def test_the_mlperf_rule_holds_the_category_balanced_score_too():
     assert gate.mlperf_accuracy(doc(0.5, 0.6), doc(0.5, 0.6)).passed
     assert not gate.mlperf_accuracy(doc(0.5, 0.58), doc(0.5, 0.6)).passed  # 96.7% of 0.6
     assert not gate.mlperf_accuracy(doc(0.48, 0.6), doc(0.5, 0.6)).passed
+
+
+def test_the_side_by_side_script_applies_the_rule_to_llama_cpp():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bfcl_vs_llamacpp.py"
+    spec = importlib.util.spec_from_file_location("bfcl_vs_llamacpp", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    ref = {"mlperf": {"overall": 0.5, "category_balanced": 0.6}}
+    lines = script.mlperf_lines(
+        {
+            "atlas": {"mlperf": {"overall": 0.49, "category_balanced": 0.6}},
+            "other": {"mlperf": {"overall": 0.6, "category_balanced": 0.58}},  # 96.7%
+            "llama.cpp": ref,
+        }
+    ).splitlines()
+    assert lines[0].endswith("= 0.980 / 1.000 of llama.cpp's: PASS")
+    assert lines[1].endswith(": FAIL") and lines[2].startswith("llama.cpp: overall 50.00%")
