@@ -29,7 +29,10 @@
 //   recurrent state update in place (as gdn_recurrent), then RMSNormGated with z.
 //   proj (C + nv*dv + 2*nv): [conv(q|k|v) (C) | z (nv*dv) | b (nv) | a (nv)]; state (nv, dk, dv);
 //   out (nv, dv). Reference: numpy_ref.l2norm, gated_delta_rule, rms_norm_gated. Grid (nv),
-//   block 256; the same size limits as gdn_recurrent.
+//   block GDN_DEC_THREADS (512). Thread (part, j) holds state rows part*32 .. part*32 + 31 of
+//   column j, rows past dk zero (q and k zero-padded there too), so its loops have a constant
+//   trip count: a 128 x 128 head is 4 parts x 128 columns. 256 threads of up to 64 rows, the
+//   count known only at run time, took 255 registers and spilled 188 bytes on sm_121.
 // qk_rope_kv_<kv>: q/k RMSNorm (optional), partial neox RoPE at position *pos, K/V appended to
 //   the cache at *pos; q copied out contiguous (and sigmoid of gated attention's output gate).
 //   qkv: [q (nh * hd, or nh * 2hd with each head's gate after it) | k (nkv*hd) | v (nkv*hd)].
@@ -304,21 +307,25 @@ ATLAS_DEV void dg_entry(const DgArgs& a) {
     }
 ATLAS_FOR_EACH_FORMAT(DGEMV_ENTRY)
 
-#define GDN_DEC_RMAX 64
+#define GDN_DEC_THREADS 512
+#define GDN_DEC_RMAX 32  // state rows per thread
+#define GDN_DEC_KMAX (256 + GDN_DEC_RMAX)  // dk <= 256, zero-padded to whole parts
 
-extern "C" __global__ void __launch_bounds__(256)
+extern "C" __global__ void __launch_bounds__(GDN_DEC_THREADS)
     gdn_decode(const float* __restrict__ proj, const float* __restrict__ A,
                const float* __restrict__ dt_bias, float* __restrict__ state,
                const float* __restrict__ norm_w, float* __restrict__ out, int nk, int nv, int dk,
                int dv, float scale, float eps) {
-    __shared__ float qsh[256];
-    __shared__ float ksh[256];
+    __shared__ float qsh[GDN_DEC_KMAX];
+    __shared__ float ksh[GDN_DEC_KMAX];
     __shared__ float vsh[256];
-    __shared__ float red[256];
+    __shared__ float red[GDN_DEC_THREADS];
     __shared__ float red32[32];
     int h = blockIdx.x, tid = threadIdx.x;
     int hk = h / (nv / nk);
     int C = 2 * nk * dk + nv * dv;
+    int np = (dk + GDN_DEC_RMAX - 1) / GDN_DEC_RMAX;  // row parts
+    for (int i = dk + tid; i < np * GDN_DEC_RMAX; i += blockDim.x) qsh[i] = ksh[i] = 0.0f;
     float qq = 0.0f, kk = 0.0f;
     for (int i = tid; i < dk; i += blockDim.x) {
         float qv = proj[(long long)hk * dk + i], kv = proj[(long long)nk * dk + hk * dk + i];
@@ -337,20 +344,19 @@ extern "C" __global__ void __launch_bounds__(256)
     const float* zb = proj + C;
     float b = sigmoidf_(zb[(long long)nv * dv + h]);
     float decay = expf(A[h] * softplusf_(zb[(long long)nv * dv + nv + h] + dt_bias[h]));
-    int np = min((int)blockDim.x / dv, dk);  // row parts, as gdn_recurrent
-    int R = dk / np;
     int j = tid % dv, part = tid / dv;
     bool active = part < np;
+    int rows = active ? min(dk - part * GDN_DEC_RMAX, GDN_DEC_RMAX) : 0;  // real rows held
     float S[GDN_DEC_RMAX];
-    float* st = state + (long long)h * dk * dv;
+    float* st = state + ((long long)h * dk + part * GDN_DEC_RMAX) * dv + j;
     __syncthreads();  // q, k, v staged
 #pragma unroll
-    for (int r = 0; r < GDN_DEC_RMAX; r++)
-        S[r] = (active && r < R) ? st[(long long)(part * R + r) * dv + j] * decay : 0.0f;
-    float op = gdn_delta_update(S, ksh, qsh, vsh, red, b, part, R, j, dv, np, tid, active);
+    for (int r = 0; r < GDN_DEC_RMAX; r++) S[r] = r < rows ? st[r * dv] * decay : 0.0f;
+    float op = gdn_delta_update(S, ksh, qsh, vsh, red, b, part, GDN_DEC_RMAX, j, dv, np, tid,
+                                active);
 #pragma unroll
     for (int r = 0; r < GDN_DEC_RMAX; r++)
-        if (active && r < R) st[(long long)(part * R + r) * dv + j] = S[r];
+        if (r < rows) st[r * dv] = S[r];
     if (active) red[tid] = op;
     __syncthreads();
     float o = 0.0f;

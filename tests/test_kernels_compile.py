@@ -51,14 +51,12 @@ def test_nvrtc_compiles_without_warnings(file):
     if not nvrtc.available():
         _missing("NVRTC (pip install nvidia-cuda-nvrtc)")
     source = rt.expand_source(file)
-    # register spills are flagged for sm_90 (where we measure); NVRTC 13.5's ptxas spills 8
-    # bytes in two cold kernels for sm_121 (dequant_nvfp4, gemm_f16), which we accept
+    # a register spill or local memory is a warning on every target (gdn_decode once spilled
+    # 188 bytes on sm_121 only)
     spills = ["--ptxas-options=--warn-on-spills", "--ptxas-options=--warn-on-local-memory-usage"]
 
     def build(arch):
-        return arch, nvrtc.compile_source(
-            source, file, arch, extra_options=spills if arch == "sm_90" else []
-        )
+        return arch, nvrtc.compile_source(source, file, arch, extra_options=spills)
 
     with ThreadPoolExecutor(len(CUDA_ARCHS)) as pool:  # NVRTC runs outside the GIL
         results = list(pool.map(build, CUDA_ARCHS))

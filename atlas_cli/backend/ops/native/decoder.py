@@ -28,6 +28,8 @@ PRO_NONE, PRO_NORM, PRO_MUL = 0, 1, 2  # decode.cu DG_NONE, DG_NORM, DG_MUL
 EPI_STORE, EPI_ADD, EPI_SWIGLU = 0, 1, 2  # decode.cu DG_STORE, DG_ADD, DG_SWIGLU
 SEGS_MAX = 4  # decode.cu DG_SEGS
 BLOCK_ROWS = 16  # decode.cu DG_BLOCK_ROWS: output rows per dgemv block
+GDN_DECODE_THREADS = 512  # decode.cu GDN_DEC_THREADS
+GDN_DECODE_ROWS = 32  # decode.cu GDN_DEC_RMAX: state rows per thread
 
 
 @dataclass(frozen=True)
@@ -315,16 +317,12 @@ class DeviceDecoder:
 
     def _gdn_layer(self, i: int, layer: Layer, cache) -> list[Launch]:
         m: GatedDeltaNet = layer.mixer
-        nk, dk, nv, dv = m.n_k_heads, m.k_head_dim, m.n_v_heads, m.v_head_dim
         state = cache.linear[i]
         norm = self.w[layer.input_norm]
         conv = (self.w[m.conv], state.conv)
         out = self.gemv(m.inputs, self.x, self.proj, PRO_NORM, norm, conv=conv)
-        args = [ptr(self.proj.ptr), ptr(self.w[m.decay].ptr), ptr(self.w[m.dt_bias].ptr)]
-        args += [ptr(state.recurrent.ptr), ptr(self.w[m.norm].ptr)]
-        args += [ptr(self.gdn_out.ptr), i32(nk), i32(nv), i32(dk), i32(dv)]
-        args += [f32(dk**-0.5), f32(self.eps)]
-        out.append(Launch("decode.cu", "gdn_decode", (nv,), (256,), args))
+        weights = (self.w[m.decay], self.w[m.dt_bias], self.w[m.norm])
+        out.append(gdn_decode(self.proj, *weights, state.recurrent, self.gdn_out, m, self.eps))
         return out + self.gemv((m.output,), self.gdn_out, self.x, epi=EPI_ADD)
 
     def _attn_layer(self, i: int, layer: Layer, cache) -> list[Launch]:
@@ -407,13 +405,21 @@ def supports(model) -> bool:
     return True
 
 
+def gdn_decode(proj, decay, dt_bias, norm, state, out, m: GatedDeltaNet, eps: float) -> Launch:
+    """decode.cu gdn_decode for layer mixer `m`: proj (the conv'd q|k|v, z, b, a) and the
+    recurrent state (in place) -> out (nv * dv)."""
+    nk, dk, nv, dv = m.n_k_heads, m.k_head_dim, m.n_v_heads, m.v_head_dim
+    args = [ptr(proj.ptr), ptr(decay.ptr), ptr(dt_bias.ptr), ptr(state.ptr), ptr(norm.ptr)]
+    args += [ptr(out.ptr), i32(nk), i32(nv), i32(dk), i32(dv), f32(dk**-0.5), f32(eps)]
+    return Launch("decode.cu", "gdn_decode", (nv,), (GDN_DECODE_THREADS,), args)
+
+
 def _gdn_fits(m: GatedDeltaNet) -> bool:
-    """decode.cu gdn_decode's limits: a value head in 256 threads' parts, conv taps <= 8."""
+    """decode.cu gdn_decode's limits: a value head's columns times its parts of
+    GDN_DECODE_ROWS state rows within one block, dk and dv <= 256, conv taps <= 8."""
     dk, dv = m.k_head_dim, m.v_head_dim
-    parts = min(256 // dv, dk) if dv <= 256 else 0
-    if not (parts and 256 % dv == 0 and dk % parts == 0 and dk // parts <= 64 and dk <= 256):
-        return False
-    return m.conv_kernel <= 8
+    parts = -(-dk // GDN_DECODE_ROWS)
+    return dk <= 256 and dv <= 256 and parts * dv <= GDN_DECODE_THREADS and m.conv_kernel <= 8
 
 
 def _on_host(v) -> np.ndarray:
