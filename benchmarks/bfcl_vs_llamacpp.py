@@ -6,10 +6,13 @@
 
 Starts one server at a time on a loopback port, `atlas serve MODEL` and then
 `python -m llama_cpp.server --model FILE --chat_format chatml-function-calling` (llama.cpp's
-grammar-constrained function calling), runs `atlas bench bfcl --url ... -o json` against each
-with the same flags (function-calling mode, tool_choice auto, temperature 0 unless told
-otherwise), and prints correct/total per category for both, with protocol errors; `--mlperf`
-runs MLPerf Edge Agentic's set and prints its two headline scores and gate against llama.cpp.
+grammar-constrained function calling) or, with `--llama-server PATH`, llama.cpp's own C++
+server as MLPerf Edge Agentic's reference system runs (`--jinja --reasoning off -np 1 --seed
+42`: its tool calls parsed from the model's template syntax), runs `atlas bench bfcl --url
+... -o json` against each with the same flags (function-calling mode, tool_choice auto,
+temperature 0 unless told otherwise), and prints correct/total per category for both, with
+protocol errors; `--mlperf` runs MLPerf Edge Agentic's set and prints its two headline scores
+and gate against llama.cpp.
 The JSON results are kept in --out. The file is the one `atlas show MODEL` names in the store.
 `--also "atlas before=old/atlas.json"` adds a column from an earlier run (another commit).
 """
@@ -66,6 +69,12 @@ def gguf_path(model: str) -> Path:
 def server_command(engine: str, model: str, path: Path, port: int, args) -> list[str]:
     if engine == "atlas":
         return [sys.executable, "-m", "atlas_cli", "serve", model, "--port", str(port)]
+    if args.llama_server:  # MLPerf Edge Agentic's reference system, its flags
+        return [
+            args.llama_server, "-m", str(path), "--port", str(port), "--host", "127.0.0.1",
+            "--jinja", "--reasoning", "off", "--ctx-size", str(args.ctx_size), "-np", "1",
+            "--seed", "42", "-t", str(args.threads),
+        ]  # fmt: skip
     return [
         args.llama_python,
         "-m",
@@ -86,7 +95,8 @@ def server_command(engine: str, model: str, path: Path, port: int, args) -> list
 def bench(engine: str, model: str, path: Path, args) -> dict:
     """Start the engine's server, run `atlas bench bfcl --url` against it, stop the server."""
     port = free_port()
-    ready = f"http://127.0.0.1:{port}" + ("/health" if engine == "atlas" else "/v1/models")
+    python_server = engine != "atlas" and not args.llama_server
+    ready = f"http://127.0.0.1:{port}" + ("/v1/models" if python_server else "/health")
     log = open(args.out / f"{engine}-server.log", "w")  # noqa: SIM115 (lives as long as the server)
     server = subprocess.Popen(
         server_command(engine, model, path, port, args), stdout=log, stderr=log, env=CHILD_ENV
@@ -155,9 +165,18 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=512)
     p.add_argument("--timeout", type=float, default=600, help="seconds per answer")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="llama.cpp threads")
-    p.add_argument("--ctx-size", type=int, default=8192, help="llama.cpp context")
+    p.add_argument(
+        "--ctx-size", type=int, default=None, help="llama.cpp context (8192; 32768 with --mlperf)"
+    )
     p.add_argument("--chat-format", default="chatml-function-calling", help="llama.cpp's")
     p.add_argument("--llama-python", default=sys.executable, help="python with llama_cpp")
+    p.add_argument(
+        "--llama-server",
+        default=None,
+        metavar="PATH",
+        help="llama.cpp's own C++ llama-server instead of llama_cpp.server, run with MLPerf's "
+        "reference flags (--jinja --reasoning off -np 1 --seed 42; --ctx-size 32768 with --mlperf)",
+    )
     p.add_argument("--engines", default="atlas,llama.cpp")
     p.add_argument(
         "--mlperf",
@@ -177,6 +196,8 @@ def main() -> None:
         help="one more column from an earlier result file (repeatable)",
     )
     args = p.parse_args()
+    if args.ctx_size is None:
+        args.ctx_size = 32768 if args.mlperf else 8192
     args.out.mkdir(parents=True, exist_ok=True)
     path = gguf_path(args.model)
     print(f"{args.model}: {path}", file=sys.stderr)
