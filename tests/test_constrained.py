@@ -10,7 +10,9 @@ through the real default model, greedy, and the answer is parsed and validated w
 
 from __future__ import annotations
 
+import itertools
 import json
+import re
 import string
 from pathlib import Path
 
@@ -21,7 +23,7 @@ from atlas_cli.backend.constraint import Constraint, grammar_tokenizer, new_cons
 from atlas_cli.backend.engine import Engine, GenerationStats
 from atlas_cli.backend.sample import SamplingParams
 from atlas_cli.errors import GrammarError
-from atlas_cli.serve.grammar import GrammarRequest, build_grammar
+from atlas_cli.serve.grammar import GrammarRequest, build_grammar, other_name_regex
 from atlas_cli.serve.toolcalls import HermesParser, Qwen3CoderParser
 from tests.serve_helpers import streamed_call
 
@@ -193,7 +195,8 @@ def test_random_schemas_at_the_mask_level(gtok, syntax):
 def test_auto_holds_calls_in_the_models_own_drift_to_the_schemas(gtok):
     """Qwen2.5-Coder writes its calls as a ```json block or a bare object: with tools and
     `auto` such a start is a call, held to the tools' schemas like one after `<tool_call>`;
-    prose may not start with JSON or a ```json fence then (a reply that does is a call)."""
+    prose may not start with JSON or a ```json fence then (a reply that does is a call),
+    unless the object names a function that was not offered: that is prose, free from there."""
     params = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
     tools = {"get_weather": params, "get_time": params}
     auto = build_grammar(GrammarRequest(tools, "auto"), gtok.is_special)
@@ -201,13 +204,34 @@ def test_auto_holds_calls_in_the_models_own_drift_to_the_schemas(gtok):
     for text in [f"```json\n{call}\n```", call, f"[{call}, {call}]", f"```json\n[{call}]\n```"]:
         assert fits(gtok, auto, text), text
         assert len(valid_calls(text, tools, HermesParser)) >= 1
-    assert not fits(gtok, auto, '```json\n{"name": "get_wether", "arguments": {}}\n```')
+    for name in ("get_wether", "get_weather_now", "get", "", "area_of_triangle"):
+        other = f'```json\n{{"name": "{name}", "arguments": {{"base": 10}}}}\n```\nDone.'
+        assert fits(gtok, auto, other) and fits(gtok, auto, other[8:]), other
+        assert valid_calls(other, tools, HermesParser) == []
     assert not fits(gtok, auto, '{"name": "get_weather", "arguments": {"town": "Paris"}}')
+    assert not fits(gtok, auto, '```json\n{"name": "get_time", "arguments": {}}\n```')
     assert not fits(gtok, auto, '```json\n{"city": "Paris"}\n```')  # JSON that is no call
     assert fits(gtok, auto, 'Here is the weather:\n```json\n{"city": "Paris"}\n```')
     assert fits(gtok, auto, "```python\nprint(1)\n```")
     one = build_grammar(GrammarRequest(tools, "auto", parallel=False), gtok.is_special)
     assert fits(gtok, one, call) and not fits(gtok, one, f"[{call}]")
+
+
+def test_other_name_regex_is_every_name_but_the_given_ones():
+    """The drift's escape hatch: a JSON string naming anything but an offered function (names
+    that are prefixes of each other, dots, non-ASCII, the empty name), checked against a brute
+    force over short strings of the names' own characters."""
+    rng = np.random.default_rng(5)
+    alphabet = "ab_.é"
+    for _ in range(40):
+        names = {"".join(rng.choice(list(alphabet), rng.integers(1, 4))) for _ in range(4)}
+        pattern = re.sub(r"\\x\{([0-9a-f]+)\}", lambda m: f"\\u{int(m[1], 16):04x}",
+                         other_name_regex(names))  # fmt: skip
+        regex = re.compile(pattern)
+        for n in range(5):
+            for chars in map("".join, itertools.product(alphabet, repeat=n)):
+                written = json.dumps(chars, ensure_ascii=False)
+                assert bool(regex.fullmatch(written)) == (chars not in names), chars
 
 
 def test_arguments_the_function_does_not_name_are_closed_off(gtok):

@@ -21,7 +21,7 @@ pattern or format is not), every other type is its JSON text under the parameter
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -38,6 +38,7 @@ GAP = r"/[ \t\r\n]{0,4}/"
 # still possible, so such a start must belong to the drift alone.
 DRIFT_START = r"(```json|[\[{])(?s:.*)"
 HERMES_CALL = "hermes_call"  # the rule of one Hermes call object (`_Writer.hermes`)
+_CALL_HEAD = json.dumps('{"name": ')  # how a Hermes call object starts, as json.dumps writes it
 
 
 @dataclass(frozen=True)
@@ -155,18 +156,31 @@ class _Writer:
         return " | ".join(options)
 
     def drift_calls(self, req: GrammarRequest) -> str:
-        """A call object (or with parallel calls a list of them), bare or fenced; the object is
-        `calls`' own (`HERMES_CALL`), compiled once."""
-        value = HERMES_CALL
+        """A call object (or with parallel calls a list of them), bare or fenced, of `calls`'
+        own named tools (`HERMES_CALL`'s alternatives, compiled once). An object whose name is
+        none of the tools is the model's prose, free from there on: a model that names a
+        function it was not given (BFCL's irrelevance cases) means no call to one it was."""
+        fence, close = "/```json[ \\t]*\\n/", "/\\n```/"
+        other = self.rule("OTHER_NAME", f"/{other_name_regex(req.tools)}(?s:.*)/")
+        options = [
+            f"{fence} {_CALL_HEAD} (tool_call_named {close} {GAP} | {other})",
+            f"{_CALL_HEAD} (tool_call_named {GAP} | {other})",
+        ]
         if req.parallel:
-            call = hermes_call_schema(req.tools)
-            many = self.json({"type": "array", "items": call, "minItems": 1}, lenient=True)
-            value = self.rule(self.fresh("drift_value"), f"{value} | {many}")
-        fenced = f"/```json[ \\t]*\\n/ {value} /\\n```/"
-        return self.rule("drift", f"({fenced} | {value}) {GAP}")
+            many = self.rule("drift_many", f'"[" {HERMES_CALL} (", " {HERMES_CALL})* "]"')
+            options += [f"{fence} {many} {close} {GAP}", f"{many} {GAP}"]
+        return self.rule("drift", " | ".join(options))
 
     def hermes(self, tools: Mapping[str, dict]) -> str:
-        return self.json(hermes_call_schema(tools), lenient=True, name=HERMES_CALL)
+        """One Hermes call object, `{"name": NAME, "arguments": {...}}` as json.dumps writes
+        it, NAME one of `tools` and the arguments valid by its schema."""
+        named = []
+        for name, params in tools.items():
+            head = json.dumps(f'{json.dumps(name, ensure_ascii=False)}, "arguments": ')
+            args = self.json(_object_schema(params), lenient=True)
+            named.append(self.rule(self.fresh("named"), f'{head} {args} "}}"'))
+        self.rule("tool_call_named", " | ".join(named))
+        return self.rule(HERMES_CALL, f"{_CALL_HEAD} tool_call_named")
 
     def xml(self, tools: Mapping[str, dict]) -> str:
         functions = [self.xml_function(name, params) for name, params in tools.items()]
@@ -272,15 +286,27 @@ def _regex_escape(text: str) -> str:
     return "".join(out)
 
 
-def hermes_call_schema(tools: Mapping[str, dict]) -> dict:
-    """One Hermes call object of any of `tools`: its name and its arguments."""
-    options = [
-        {
-            "type": "object",
-            "properties": {"name": {"const": name}, "arguments": _object_schema(params)},
-            "required": ["name", "arguments"],
-            "additionalProperties": False,
-        }
-        for name, params in tools.items()
-    ]
-    return options[0] if len(options) == 1 else {"anyOf": options}
+def other_name_regex(names: Iterable[str]) -> str:
+    """A regex of a JSON string (quotes included) holding any name but `names` (as json.dumps
+    writes them): at each node of the names' trie, stop where no name ends, or go on with a
+    character no name has next, or with one a name has."""
+    trie: dict = {}
+    for name in names:
+        node = trie
+        for ch in json.dumps(name, ensure_ascii=False)[1:-1]:
+            node = node.setdefault(ch, {})
+        node[None] = {}  # a name ends here
+
+    def rest(node: dict) -> str:
+        chars = sorted(ch for ch in node if ch is not None)
+        parts = [f"[^\\x{{22}}{''.join(_regex_char(ch) for ch in chars)}][^\\x{{22}}]*"]
+        parts += [_regex_char(ch) + rest(node[ch]) for ch in chars]
+        body = "(?:" + "|".join(parts) + ")"
+        return body if None in node else body + "?"
+
+    return f"\\x{{22}}{rest(trie)}\\x{{22}}"
+
+
+def _regex_char(ch: str) -> str:
+    """One character as a regex atom, in a class or outside one."""
+    return ch if ch.isascii() and (ch.isalnum() or ch == "_") else f"\\x{{{ord(ch):x}}}"
