@@ -12,8 +12,11 @@
 //   with 16-byte loads, with an online softmax (flash-attention style). Split-K over the key
 //   axis: grid (ceil(T*G/R), nkv, nsplit), block 32 R. With nsplit == 1 the normalised output
 //   goes straight to `out` (T, nh, hd); otherwise each split writes unnormalised partials and
-//   attn_combine merges them (flash-decoding). `start_ptr`, when not null, overrides `start` from device memory so that
-//   a captured graph can replay the decode step at a new position.
+//   attn_combine merges them (flash-decoding). `start_ptr`, when not null, overrides `start`
+//   from device memory so that a captured graph can replay the decode step at a new position.
+//   split_len 0: the splits follow the length the block sees, ceil(len / nsplit) keys each
+//   (whole tiles, at least ATTN_SPLIT_MIN), so a graph captured for a large cache spreads a
+//   short context over every split (splits past the length write empty partials).
 // attn_combine: out (T, nh, hd) from part_o (nsplit, T, nh, hd) and part_ml (nsplit, T, nh, 2).
 //   Grid (T * nh), block 32..256.
 // attn_prefill_<kv>_hd<HD> (attention_mma.cuh): the same contract on tensor cores for
@@ -24,6 +27,7 @@
 #define KV_FP8 1
 #define KV_F32 2  // float32 cache: exact parity with the numpy reference, for debugging
 #define ATTN_ROWS 8  // most warps (query rows) per block: a decode block covers a group of 8
+#define ATTN_SPLIT_MIN 64  // fewest keys per split when the length sets the splits
 
 #include "attention_mma.cuh"
 
@@ -115,8 +119,13 @@ ATLAS_DEV void attn_body(const float* __restrict__ q, const void* __restrict__ k
     for (int d = lane; d < HD; d += ATLAS_WARP)
         qs[w][d] = valid ? q[((long long)t * nh + head) * HD + d] * qscale : 0.0f;
     int last_row = min((int)(blockIdx.x * rpb + rpb - 1), T * G - 1);
+    int len = start + last_row / G + 1;  // keys the block's last row sees (block-uniform)
+    if (split_len == 0) {  // from the length: gridDim.z splits of at least ATTN_SPLIT_MIN keys
+        int nz = (int)gridDim.z;
+        split_len = max(ATTN_SPLIT_MIN, ((len + nz - 1) / nz + KT - 1) / KT * KT);
+    }
     int k_begin = blockIdx.z * split_len;
-    int k_end = min(k_begin + split_len, start + last_row / G + 1);  // block-uniform
+    int k_end = min(k_begin + split_len, len);
     float m = -atlas_inf(), l = 0.0f, o[DPL];
 #pragma unroll
     for (int i = 0; i < DPL; i++) o[i] = 0.0f;

@@ -28,6 +28,8 @@ PRO_NONE, PRO_NORM, PRO_MUL = 0, 1, 2  # decode.cu DG_NONE, DG_NORM, DG_MUL
 EPI_STORE, EPI_ADD, EPI_SWIGLU = 0, 1, 2  # decode.cu DG_STORE, DG_ADD, DG_SWIGLU
 SEGS_MAX = 4  # decode.cu DG_SEGS
 BLOCK_ROWS = 16  # decode.cu DG_BLOCK_ROWS: output rows per dgemv block
+MAX_SPLITS = 32  # decode attention's key splits at most (part_o / part_ml hold as many)
+ATTN_SPLIT_MIN = 64  # attention.cu ATTN_SPLIT_MIN: fewest keys per split
 GDN_DECODE_THREADS = 512  # decode.cu GDN_DEC_THREADS
 GDN_DECODE_ROWS = 32  # decode.cu GDN_DEC_RMAX: state rows per thread
 
@@ -188,8 +190,8 @@ class DeviceDecoder:
         self.act, self.gate_tmp, self.up_tmp = (ops.zeros((ff,)) for _ in range(3))
         nq = self.nh * self.hd
         self.q, self.gate, self.attn_out = (ops.zeros((nq,)) for _ in range(3))
-        self.part_o = ops.zeros((32, nq))  # attention split-K partials (attention.cu)
-        self.part_ml = ops.zeros((32, self.nh, 2))
+        self.part_o = ops.zeros((MAX_SPLITS, nq))  # attention split-K partials (attention.cu)
+        self.part_ml = ops.zeros((MAX_SPLITS, self.nh, 2))
         gdn = [lay.mixer for lay in d.layers if lay.kind is LayerKind.GATED_DELTANET]
         if gdn:
             self.gdn_out = ops.zeros((gdn[0].n_v_heads * gdn[0].v_head_dim,))
@@ -347,27 +349,8 @@ class DeviceDecoder:
         return out + self.gemv((m.output,), self.attn_out, self.x, *gate, EPI_ADD)
 
     def _attention(self, kv, kb, vb) -> list[Launch]:
-        """attention.cu's decode attention, its length read from `pos`; split-K chosen from
-        the capacity (a split past the length does no work), so the list holds while the
-        cache does not grow."""
-        nh, nkv, hd, cap = self.nh, self.nkv, self.hd, kv.capacity
-        nsplit = 1 if nh >= 256 else max(1, min(32, cap // 512))
-        per = -(-cap // nsplit)
-        split_len = -(-per // 32) * 32
-        nsplit = -(-cap // split_len)
-        out = self.attn_out
-        part_o, part_ml = (self.part_o, self.part_ml) if nsplit > 1 else (out, out)
-        args = [ptr(self.q.ptr), ptr(kb.ptr), ptr(vb.ptr), f32(kv.k_scale), f32(kv.v_scale)]
-        args += [ptr(out.ptr), ptr(part_o.ptr), ptr(part_ml.ptr), i32(1), i32(nh), i32(nkv)]
-        args += [i32(cap), i32(0), ptr(self.pos.ptr), i32(split_len)]
-        g = nh // nkv
-        rows = row_kernel_rows(1, g)
-        grid = (-(-g // rows), nkv, nsplit)
-        launches = [Launch("attention.cu", f"attn_{kv.dtype}_hd{hd}", grid, (32 * rows,), args)]
-        if nsplit > 1:
-            args = [ptr(part_o.ptr), ptr(part_ml.ptr), ptr(out.ptr), i32(nsplit), i32(nh)]
-            launches.append(Launch("attention.cu", "attn_combine", (nh,), (128,), [*args, i32(hd)]))
-        return launches
+        parts = (self.part_o, self.part_ml)
+        return decode_attention(self.q, kb, vb, kv, self.pos, self.attn_out, parts, self.nh)
 
     def _final_launch(self, slot: int) -> Launch:
         """The final norm fused into the lm_head GEMV, which also writes the normed hidden
@@ -403,6 +386,28 @@ def supports(model) -> bool:
         elif not _gdn_fits(m):
             return False
     return True
+
+
+def decode_attention(q, kb, vb, kv, pos, out, parts, nh: int) -> list[Launch]:
+    """attention.cu's decode attention of q (nh, hd) over the cache buffers kb, vb of KVCache
+    `kv`, its length read from `pos` on the device. The splits of the keys follow that length
+    (split_len 0: up to MAX_SPLITS of at least 64 keys), so a list captured for the cache's
+    capacity spreads a short context over every split. parts: (part_o, part_ml) buffers for
+    MAX_SPLITS partials."""
+    nkv, hd, cap = kv.nkv, kv.hd, kv.capacity
+    nsplit = 1 if nh >= 256 else max(1, min(MAX_SPLITS, cap // ATTN_SPLIT_MIN))
+    part_o, part_ml = parts if nsplit > 1 else (out, out)
+    args = [ptr(q.ptr), ptr(kb.ptr), ptr(vb.ptr), f32(kv.k_scale), f32(kv.v_scale)]
+    args += [ptr(out.ptr), ptr(part_o.ptr), ptr(part_ml.ptr), i32(1), i32(nh), i32(nkv)]
+    args += [i32(cap), i32(0), ptr(pos.ptr), i32(0 if nsplit > 1 else cap)]
+    g = nh // nkv
+    rows = row_kernel_rows(1, g)
+    grid = (-(-g // rows), nkv, nsplit)
+    launches = [Launch("attention.cu", f"attn_{kv.dtype}_hd{hd}", grid, (32 * rows,), args)]
+    if nsplit > 1:
+        args = [ptr(part_o.ptr), ptr(part_ml.ptr), ptr(out.ptr), i32(nsplit), i32(nh)]
+        launches.append(Launch("attention.cu", "attn_combine", (nh,), (128,), [*args, i32(hd)]))
+    return launches
 
 
 def gdn_decode(proj, decay, dt_bias, norm, state, out, m: GatedDeltaNet, eps: float) -> Launch:
