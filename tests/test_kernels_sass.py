@@ -177,11 +177,11 @@ DG_BODIES_F32 = {"none": (2, 2), "mul": (2, 2), "pair": (2, 1)}
 DG_MEASURED = {
     "nvfp4": (4.38, 4.36),
     "q4_k": (4.03, 4.07),
-    "q5_k": (4.50, 4.62),
+    "q5_k": (4.50, 4.91),  # pair 4.62 at 168 registers; held to 128 (two blocks per SM)
     "q4_0": (3.29, 3.26),
     "q4_1": (3.29, 3.26),
     "q8_0": (3.93, 3.90),
-    "q6_k": (4.55, 4.65),
+    "q6_k": (4.55, 4.95),  # pair 4.65 at 147 registers; held to 128 likewise
     "q5_0": (3.74, 3.70),
     "q5_1": (3.68, 3.64),
     "q3_k": (4.36, 4.53),
@@ -191,8 +191,16 @@ DG_MEASURED = {
     "f16": (2.41, 2.32),
     "f32": (1.77, 1.55),
 }
+
+
+def _dg_bound(fmt: str, pair: bool) -> float:
+    """2% over the measured count for compiler drift, never past the format's ceiling."""
+    ceiling = MAX_PER_WEIGHT_TABLE if fmt in TABLE_FORMATS else MAX_PER_WEIGHT
+    return min(DG_MEASURED[fmt][pair] * 1.02, ceiling)
+
+
 assert all(
-    m * 1.02 <= (MAX_PER_WEIGHT_TABLE if fmt in TABLE_FORMATS else MAX_PER_WEIGHT)
+    m <= (MAX_PER_WEIGHT_TABLE if fmt in TABLE_FORMATS else MAX_PER_WEIGHT)
     for fmt, ms in DG_MEASURED.items()
     for m in ms
 )
@@ -223,7 +231,7 @@ def test_sm90_dgemv_bodies(decode_sass, fmt):
         assert c["LDG.E"] == 0 and c["LDG.E.CONSTANT"] == units * WORD_LOADS.get(fmt, 0), c
         assert c["LDG.E.U16.CONSTANT"] == units * SCALE_LOADS.get(fmt, 0), c
         per_weight = sum(c.values()) / (32 * units)
-        bound = DG_MEASURED[fmt][pair] * 1.02
+        bound = _dg_bound(fmt, pair)
         assert per_weight <= bound, f"dgemv_{fmt}: {per_weight:.2f} per weight, bound {bound:.2f}"
     # the staging: x (and the vector) with 16-byte loads in the loops that wait at barriers
     staging = [c for c in loops if c["BAR.SYNC.DEFER_BLOCKING"] and c["STS.128"]]
