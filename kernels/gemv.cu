@@ -3,6 +3,8 @@
 // 32 elements (a unit) at a time; nothing is written back.  Reference: numpy_ref.linear on
 // the dequantized weight (products within float32 rounding; the summation order differs).
 // One logical warp per output row, 8 warps per block: grid (ceil(rows / 8)), block 256.
+// gemv_t8_<fmt>: the same for 2 <= T <= 8 (an MTP verify): each lane keeps four units' loads in
+// flight, as at T == 1, and multiplies each decoded unit with all T tokens.
 //
 // The row is swept in tiles of 32 units, one unit per lane, so a warp streams contiguous
 // bytes. Per tile the block first issues its weight loads, then stages x for the tile in
@@ -18,8 +20,9 @@
 
 // TT: 1 (the decode step, T == 1 known at compile time) or GEMV_MAX_T (T read at run time).
 // The deq32 path has only the second: one body per format keeps its registers unspilled.
-// U: tiles per loop iteration. The T == 1 body takes four (two for f32: each lane four or two
-// lane units), which divides the barriers and the loop per weight by as much.
+// U: tiles per loop iteration. The 16-byte bodies take four (two for f32: each lane four or two
+// lane units in flight); T == 1 stages their x at once, which divides the barriers and the loop
+// per weight by as much, T <= 8 a tile at a time (gemv_tiles).
 template <int F, int TT, bool VEC, int U>
 ATLAS_DEV void gemv_body(const u8* __restrict__ W, const u8* __restrict__ S, float gs,
                          const float* __restrict__ x, const float* __restrict__ bias,
@@ -63,7 +66,10 @@ ATLAS_DEV void gemv_body(const u8* __restrict__ W, const u8* __restrict__ S, flo
     }
 }
 
-template <int F>
+// TOKENS 1: the T == 1 body; GEMV_MAX_T: T <= 8 (an MTP verify), its own entry point so that
+// its registers (its 8 tokens' accumulators beside 4 tiles of weights in flight) do not cost the
+// T == 1 body its occupancy. Each falls back to deq32 (any T) when a row or x is misaligned.
+template <int F, int TOKENS>
 ATLAS_DEV void gemv_entry(const u8* __restrict__ W, const u8* __restrict__ S, float gs,
                           const float* __restrict__ x, const float* __restrict__ bias,
                           float* __restrict__ y, int T, int rows, int cols, long long row_bytes,
@@ -71,13 +77,10 @@ ATLAS_DEV void gemv_entry(const u8* __restrict__ W, const u8* __restrict__ S, fl
     __shared__ atlas_f4 xs[GEMV_MAX_T * GEMV_TILE_F4];
     __shared__ float xsum[GvFmt<F>::sums ? GEMV_MAX_T * 64 : 1];
     bool vec = gemv_aligned(W, S, row_bytes, srow_bytes, F);
-    bool x_aligned = ((unsigned long long)x & 15ull) == 0;  // the T == 1 body assumes it
-    if (vec && T == 1 && x_aligned)
-        gemv_body<F, 1, true, F == FMT_F32 ? 2 : 4>(W, S, gs, x, bias, y, T, rows, cols,
-                                                    row_bytes, srow_bytes, xs, xsum);
-    else if (vec)
-        gemv_body<F, GEMV_MAX_T, true, 1>(W, S, gs, x, bias, y, T, rows, cols, row_bytes,
-                                          srow_bytes, xs, xsum);
+    bool x_aligned = ((unsigned long long)x & 15ull) == 0;  // the 16-byte bodies assume it
+    if (vec && x_aligned && (TOKENS > 1 || T == 1))
+        gemv_body<F, TOKENS, true, F == FMT_F32 ? 2 : 4>(W, S, gs, x, bias, y, T, rows, cols,
+                                                         row_bytes, srow_bytes, xs, xsum);
     else
         gemv_body<F, GEMV_MAX_T, false, 1>(W, S, gs, x, bias, y, T, rows, cols, row_bytes,
                                            srow_bytes, xs, xsum);
@@ -95,6 +98,13 @@ ATLAS_DEV void gemv_entry(const u8* __restrict__ W, const u8* __restrict__ S, fl
                     const float* __restrict__ x, const float* __restrict__ bias,                \
                     float* __restrict__ y, int T, int rows, int cols, long long row_bytes,      \
                     long long srow_bytes) {                                                     \
-        gemv_entry<F>(W, S, gs, x, bias, y, T, rows, cols, row_bytes, srow_bytes);              \
+        gemv_entry<F, 1>(W, S, gs, x, bias, y, T, rows, cols, row_bytes, srow_bytes);           \
+    }                                                                                           \
+    extern "C" __global__ void __launch_bounds__(256, 1)                                        \
+        gemv_t8_##name(const u8* __restrict__ W, const u8* __restrict__ S, float gs,            \
+                       const float* __restrict__ x, const float* __restrict__ bias,             \
+                       float* __restrict__ y, int T, int rows, int cols, long long row_bytes,   \
+                       long long srow_bytes) {                                                  \
+        gemv_entry<F, GEMV_MAX_T>(W, S, gs, x, bias, y, T, rows, cols, row_bytes, srow_bytes);  \
     }
 ATLAS_FOR_EACH_FORMAT(GEMV_ENTRY)

@@ -559,11 +559,13 @@ struct GvPrestaged {
 // One loop iteration: U tiles from unit0, each warp's NR rows (they share the staged x) against
 // TT staged tokens, into acc[r * TT + t]. Every thread of the block calls it: `stage(xs, xsum,
 // unit0)` stages one tile of x (GvStageX) and returns what it sums on the way, which this
-// returns; GvPrestaged: the tiles are staged already. U > 1 only with TT == 1:
-// tile j sits where token j would. MODE: the row's end (GV_CHECKED, ...); without checks the
-// warp's rows are live or clamped to real ones (their sums are dropped), so the loop carries
-// no divergent branch. !VEC (the deq32 fallback) dequantizes after the barrier, a unit at a
-// time, and takes GV_CHECKED.
+// returns; GvPrestaged: the tiles are staged already. The weight loads of all U tiles are
+// issued first. TT == 1 stages the U tiles at once (tile j where token j would sit); TT > 1
+// stages each tile's TT tokens in turn between its own barriers, so T <= 8 keeps T == 1's
+// bytes in flight with one tile of x staged. MODE: the row's end (GV_CHECKED, ...); without
+// checks the warp's rows are live or clamped to real ones (their sums are dropped), so the
+// loop carries no divergent branch. !VEC (the deq32 fallback) dequantizes after the barrier, a
+// unit at a time, and takes GV_CHECKED.
 template <int F, int TT, int NR, bool VEC, int U, int MODE, class Stage>
 ATLAS_DEV float gemv_tiles(const GvRow (&rows)[NR], int T, int units, int unit0, bool live,
                            int lane, const GvLane& L, atlas_f4* xs, float* xsum,
@@ -576,8 +578,9 @@ ATLAS_DEV float gemv_tiles(const GvRow (&rows)[NR], int T, int units, int unit0,
             if (VEC && (MODE != GV_CHECKED || live))
                 gv_fetch<F, MODE>(rows[r].w, rows[r].s, unit0 + 32 * j, units, lane, raw[r][j]);
     }
+    const bool per_tile = TT > 1;  // x staged a tile at a time (TT tokens of it)
     float staged = 0.0f;
-    if (!Stage::pre) {
+    if (!Stage::pre && !per_tile) {
         __syncthreads();  // the previous tile's x and weight bytes have been read
 #pragma unroll
         for (int j = 0; j < U; j++)
@@ -588,6 +591,11 @@ ATLAS_DEV float gemv_tiles(const GvRow (&rows)[NR], int T, int units, int unit0,
 #pragma unroll
     for (int j = 0; j < U; j++) {
         int u0 = unit0 + 32 * j;
+        if (!Stage::pre && per_tile) {
+            __syncthreads();  // the previous tile's x has been read
+            staged += stage(xs, xsum, u0);
+            __syncthreads();
+        }
         if (MODE == GV_CHECKED &&
             (!live || !(VEC ? gv_have<F>(u0, lane, units) : u0 + lane < units)))
             continue;
@@ -597,7 +605,7 @@ ATLAS_DEV float gemv_tiles(const GvRow (&rows)[NR], int T, int units, int unit0,
             else gemv_deq<F>(rows[r].w, rows[r].s, rows[r].gs, u0 + lane, g);
 #pragma unroll
             for (int t = 0; t < TT; t++) {
-                int k = t + j;  // the staged tile: token t, or (TT == 1) tile j
+                int k = per_tile ? t : t + j;  // the staged tile: token t, or (TT == 1) tile j
                 if (TT == 1 || t < T)
                     gemv_dot<F, VEC>(g, L, xs + k * GEMV_TILE_F4, xsum + k * 64, acc[r * TT + t]);
             }

@@ -127,6 +127,23 @@ def test_sm90_decode_loop_uses_128_bit_loads(sass, fmt, units, bound):
 
 
 @pytest.mark.slow  # builds the kernels with nvcc / clang to read their instructions
+@pytest.mark.parametrize("fmt,units", [(f, u) for f, u, _ in FAST_PATHS])
+def test_sm90_verify_gemv_keeps_t1_loads_in_flight(sass, fmt, units):
+    """gemv_t8_<fmt> (2 <= T <= 8, an MTP verify): its pass over whole tiles issues as many
+    16-byte weight loads as the T == 1 loop's (four lane units, two for f32), where one unit
+    per pass had a quarter of T == 1's bytes in flight; x is staged a tile (8 tokens) at a
+    time between the units' multiplies."""
+    loops = [c for c in map(_ops, _sass_loops(sass[f"gemv_t8_{fmt}"])) if c["LDG.E.128.CONSTANT"]]
+    staged = [c for c in loops if c["BAR.SYNC.DEFER_BLOCKING"]]
+    assert staged, f"gemv_t8_{fmt}: no loop staging x"
+    c = max(staged, key=lambda c: c["LDG.E.128.CONSTANT"])
+    x_loads = units * 8  # one 16-byte load of each of 8 tokens' x per tile
+    assert c["LDG.E.128.CONSTANT"] == units * ROW_LOADS[fmt] + x_loads, c
+    assert c["BAR.SYNC.DEFER_BLOCKING"] == 2 * units, c  # each tile's staging between two
+    assert not any(k.startswith(("LDL", "STL")) for k in c), c
+
+
+@pytest.mark.slow  # builds the kernels with nvcc / clang to read their instructions
 def test_sm90_nvfp4_decode_has_no_compare_select(sass):
     c, weights = _decode_loop(sass, "gemv_nvfp4")
     assert not c["FSEL"] and not c["I2FP.F32.U32"] and not c["ISETP.GE.U32.AND"], c

@@ -181,6 +181,7 @@ def check_linear(ops, rng, scale: int = 1) -> None:
             (1, 37, _cols(fmt, 96)),
             (1, 21, CHUNKED_COLS.get(fmt, CHUNKED_DEFAULT_COLS)),
             (3, 64, _cols(fmt, 256)),
+            (5, 19, _cols(fmt, 4096 + 1280)),  # T <= 8: whole 4-tile passes, then the rest
             (8, 33, _cols(fmt, 64)),
             (9, 70, _cols(fmt, 96)),
             (67 * scale, 129, _cols(fmt, 256 * scale)),

@@ -161,7 +161,8 @@ class WeightLaunchers(DeviceOpsBase):
         if t > GEMV_MAX_T:
             return self.gemm(x, w, b, self.gemm_choice().defines, out)
         args = self._linear_args(x, w, b, out)
-        self._launch("gemv.cu", f"gemv_{w.fmt}", (-(-w.rows // 8),), (256,), args)
+        name = f"gemv_{w.fmt}" if t == 1 else f"gemv_t8_{w.fmt}"  # T <= 8: its own registers
+        self._launch("gemv.cu", name, (-(-w.rows // 8),), (256,), args)
         return out
 
     def _linear_args(self, x: DeviceArray, w: DeviceWeight, b, out: DeviceArray) -> list:
