@@ -9,7 +9,7 @@ keeps what the others measured; scripts/device-check runs each in its own proces
 - `peak`: the device's copy bandwidth (a device-to-device copy, bytes read + written per
   second) and, where PyTorch is there, its bf16 tensor peak (an 8192^3 matrix product): the
   two limits every other row is a fraction of.
-- `gemv`: one token (T = 1) and an MTP-verify batch (T = 4) through a 16384 x 16384 matrix in
+- `gemv`: one token (T = 1) and MTP-verify batches (T = 2, 4, 8) through a 16384 x 16384 matrix in
   every weight format; the launches are captured in a graph and replayed, so launch cost does
   not hide the kernel. GB/s counts the weight's bytes (codes + scales).
 - `gemm`: a 2,048-token prompt chunk through the 27B shape's MLP matrix (17408 x 5120): TFLOP/s.
@@ -214,7 +214,7 @@ def gemv(b: Bench, formats) -> None:
     ops, rng, n = b.ops, np.random.default_rng(0), b.size["gemv"]
     for fmt in formats:
         dw = ops.prepare_weight(checks.random_weight(fmt, n, n, rng, reference=False)[0])
-        for t in (1, 4):
+        for t in (1, 2, 4, 8):  # 2..8: gemv_t8, an MTP verify
             x = ops.asarray(rng.standard_normal((t, n)).astype(np.float32))
             ms = b.device_ms(ops.linear, x, dw, reps=20)
             b.bandwidth(f"gemv {fmt} T={t} {n}x{n}", ms, weight_bytes(dw))

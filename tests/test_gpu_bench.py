@@ -25,7 +25,7 @@ def test_sections_write_their_rows_on_the_emulator(tmp_path):
     subprocess.run(cmd, check=True, capture_output=True, timeout=900)
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     gemv = [r for r in rows if r["op"].startswith("gemv q4_0")]
-    assert [r["op"].split()[2] for r in gemv] == ["T=1", "T=4"]
+    assert [r["op"].split()[2] for r in gemv] == ["T=1", "T=2", "T=4", "T=8"]
     # no copy-bandwidth row on the emulator, so no fraction
     assert all(r["ms"] > 0 and "GB/s" in r and r["of copy"] is None for r in gemv)
     assert [r["op"] for r in rows if r["op"].startswith("gdn")] == [
