@@ -1,6 +1,7 @@
 """Every kernel file compiles, warnings treated as errors, for the targets atlas ships for:
-sm_90 (H100/H200) and sm_121 (GB10) through NVRTC (and nvcc where installed), gfx1151 (Strix
-Halo) through clang -x hip with code generation. No GPU needed.
+sm_90 (H100/H200) and sm_121 (GB10) through NVRTC (and nvcc where installed), their
+architecture-specific sm_90a / sm_121a (the slow half), gfx1151 (Strix Halo) through clang -x
+hip with code generation. No GPU needed.
 
 In CI (CI set) a missing toolchain is a failure: .ci/run installs them (NVRTC from the
 nvidia-cuda-nvrtc wheel in the [test] extra, clang-19 + HIP headers from Debian). Elsewhere it
@@ -22,6 +23,7 @@ from atlas_cli.backend.ops.native import runtime as rt
 
 KERNELS = rt.kernels_dir()
 CUDA_ARCHS = ("sm_90", "sm_121")
+SPECIFIC_ARCHS = ("sm_90a", "sm_121a")  # what those devices compile for (nvrtc.device_target)
 HIP_ARCH = "gfx1151"
 
 
@@ -48,6 +50,17 @@ def test_every_kernel_file_is_listed():
 
 @pytest.mark.parametrize("file", rt.KERNEL_FILES)
 def test_nvrtc_compiles_without_warnings(file):
+    _compiles_clean(file, CUDA_ARCHS)
+
+
+@pytest.mark.slow  # NVRTC again for every file: with the slow half
+@pytest.mark.parametrize("file", rt.KERNEL_FILES)
+def test_nvrtc_compiles_for_the_architecture_specific_targets(file):
+    """What a GB10 or an H100/H200 runs (nvrtc.device_target picks sm_121a / sm_90a there)."""
+    _compiles_clean(file, SPECIFIC_ARCHS)
+
+
+def _compiles_clean(file: str, archs: tuple[str, ...]) -> None:
     if not nvrtc.available():
         _missing("NVRTC (pip install nvidia-cuda-nvrtc)")
     source = rt.expand_source(file)
@@ -58,11 +71,18 @@ def test_nvrtc_compiles_without_warnings(file):
     def build(arch):
         return arch, nvrtc.compile_source(source, file, arch, extra_options=spills)
 
-    with ThreadPoolExecutor(len(CUDA_ARCHS)) as pool:  # NVRTC runs outside the GIL
-        results = list(pool.map(build, CUDA_ARCHS))
+    with ThreadPoolExecutor(len(archs)) as pool:  # NVRTC runs outside the GIL
+        results = list(pool.map(build, archs))
     for arch, out in results:
         assert out.binary, f"{file} {arch}: empty cubin"
         assert "warning" not in out.log.lower(), f"{file} {arch}:\n{out.log}"
+
+
+def test_a_device_gets_its_architecture_specific_target():
+    if not nvrtc.available():
+        _missing("NVRTC (pip install nvidia-cuda-nvrtc)")
+    assert nvrtc.device_target(9, 0) == "sm_90a" and nvrtc.device_target(12, 1) == "sm_121a"
+    assert nvrtc.device_target(8, 6) == "sm_86"  # Ampere has no such target
 
 
 # attention.cu takes over a minute through NVRTC on two cores: with the slow tests

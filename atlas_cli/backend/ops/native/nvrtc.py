@@ -130,3 +130,22 @@ def compile_source(
         return Compiled(out.raw, log, kind)
     finally:
         lib.nvrtcDestroyProgram(ctypes.byref(prog))
+
+
+# compute capabilities with an architecture-specific target ("sm_90a", "sm_121a"): Hopper's
+# wgmma and TMA, Blackwell's block-scaled FP4 MMA and E2M1 conversions exist only there
+_SPECIFIC_MAJORS = (9, 10, 12)
+
+
+def device_target(major: int, minor: int) -> str:
+    """What to compile for on a device of compute capability major.minor: its
+    architecture-specific target where this NVRTC knows it (such code runs on that
+    architecture only, which is the device in hand), else the portable one."""
+    plain = f"sm_{major}{minor}"
+    if major not in _SPECIFIC_MAJORS:
+        return plain
+    try:
+        compile_source('extern "C" __global__ void probe() {}', "probe", plain + "a", kind="ptx")
+    except CompileError:
+        return plain
+    return plain + "a"

@@ -148,7 +148,7 @@ class CudaRuntime:
             raise CudaUnavailable(f"no usable CUDA device {device}: {exc}") from None
         self.cp = cp
         self.device_name = props["name"].decode()
-        self.target = f"sm_{props['major']}{props['minor']}"
+        self.target = nvrtc.device_target(props["major"], props["minor"])  # sm_90a, sm_121a
         self.stream = cp.cuda.Stream(non_blocking=True)
         self.stats = rt.CompileStats()
         self._modules: dict[str, _Module] = {}
