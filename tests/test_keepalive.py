@@ -312,8 +312,10 @@ def test_a_kept_alive_model_answers_the_next_run(home):
     long = atlas(env, "run", str(model), "word " * 9000)
     assert long.returncode == 1 and "context" in long.stderr and len(long.stderr.splitlines()) == 1
 
-    # Ctrl-C in a run the worker answers: the worker stays and serves the next one
+    # Ctrl-C in a run the worker answers: the worker stays and serves the next one. Greedy, the
+    # story runs all 400 tokens (~3 s); sampled, it could end before the signal and exit 0
     cmd = [sys.executable, "-m", "atlas_cli", "run", str(model), "Tell me a story", "-n", "400"]
+    cmd += ["--temperature", "0"]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     proc.stdout.read(8)
     proc.send_signal(signal.SIGINT)
