@@ -37,3 +37,18 @@ def test_sections_write_their_rows_on_the_emulator(tmp_path):
     )
     assert bad.returncode != 0
     assert len(out.read_text().splitlines()) == len(rows) + 2  # gdn's rows kept
+
+
+def test_device_check_fits_its_time_on_one_gpu():
+    """scripts/device-check's time limits (compile report, atlas hw, each benchmark section,
+    the GPU tests) add up to at most 420 s: one call fits a lent H100 in under 8 minutes."""
+    import re
+    from pathlib import Path
+
+    script = (Path(__file__).resolve().parents[1] / "scripts" / "device-check").read_text()
+    fixed = [int(s) for s in re.findall(r"\btimeout (\d+) ", script)]
+    tests = int(re.search(r"TEST_LIMIT:-(\d+)", script).group(1))
+    sections = re.search(r'SECTIONS="\$\{SECTIONS:-([^}]*)\}"', script).group(1)
+    limits = [int(entry.split(":")[1]) for entry in sections.split(",")]
+    assert len(fixed) == 2 and len(limits) >= 6
+    assert sum(fixed) + tests + sum(limits) <= 420
