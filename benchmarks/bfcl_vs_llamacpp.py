@@ -118,6 +118,8 @@ def bench(engine: str, model: str, path: Path, args) -> dict:
             command += ["--categories", args.categories]
         if args.mlperf:
             command += ["--mlperf"]
+        if args.reuse:
+            command += ["--resume", str(result_file)]
         t0 = time.perf_counter()
         subprocess.run(command, check=True, env=CHILD_ENV, stdout=subprocess.DEVNULL)
         print(f"{engine}: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
@@ -186,7 +188,10 @@ def main() -> None:
     )
     p.add_argument("--out", type=Path, default=Path("bfcl-results"))
     p.add_argument(
-        "--reuse", action="store_true", help="take an engine's result from --out if it is there"
+        "--reuse",
+        action="store_true",
+        help="go on from each engine's result in --out: its answered cases are kept, the rest "
+        "asked (atlas bench bfcl --resume), so a long run can be cut off and continued",
     )
     p.add_argument(
         "--also",
@@ -203,11 +208,7 @@ def main() -> None:
     print(f"{args.model}: {path}", file=sys.stderr)
     results = {}
     for engine in args.engines.split(","):
-        kept = args.out / f"{engine}.json"
-        reuse = args.reuse and kept.exists()
-        results[engine] = (
-            json.loads(kept.read_text()) if reuse else bench(engine, args.model, path, args)
-        )
+        results[engine] = bench(engine, args.model, path, args)
     for extra in args.also:
         label, sep, file = extra.partition("=")
         if not sep or not Path(file).is_file():

@@ -200,6 +200,33 @@ def test_command_scores_a_scripted_server(scripted_server, tmp_path):
     assert "| **overall** | 2 | 4 | 50.0% | 0 |" in result.stdout
 
 
+def test_a_cut_off_run_resumes_where_it_stopped(scripted_server, tmp_path):
+    """--resume FILE keeps the answers FILE holds (not its protocol errors), asks the rest,
+    writes FILE after every case; a file asked with other settings is refused in one line."""
+    url, engine, _ = scripted_server
+    engine.script, engine.prompts = TRIANGLE_CALL, []
+    kept = tmp_path / "kept.json"
+    args = ["scripted", "--url", url, "--limit", "2", "--categories", "simple_python,irrelevance"]
+    whole = bench(*args, "-o", "json", "--resume", str(kept))
+    assert whole.exit_code == 0, whole.output
+    assert json.loads(kept.read_text()) == json.loads(whole.stdout)
+    assert len(engine.prompts) == 4
+
+    doc = json.loads(kept.read_text())  # as if cut off after two cases, one of them refused
+    doc["cases"] = doc["cases"][:2]
+    doc["cases"][1] = {**doc["cases"][1], "valid": False, "error_type": "protocol_error"}
+    kept.write_text(json.dumps(doc))
+    engine.prompts = []
+    again = bench(*args, "-o", "json", "--resume", str(kept))
+    assert again.exit_code == 0, again.output
+    assert len(engine.prompts) == 3  # the refused case and the two never asked
+    assert json.loads(again.stdout)["cases"] == json.loads(whole.stdout)["cases"]
+    assert "simple_python_0 kept" in again.output
+
+    other = bench(*args, "--mode", "prompt", "--resume", str(kept))
+    assert other.exit_code == 2 and "other settings" in other.output
+
+
 def test_gate_on_a_baseline(scripted_server, tmp_path):
     url, engine, _ = scripted_server
     args = ["scripted", "--url", url, "--limit", "1", "--categories", "simple_python,irrelevance"]

@@ -13,12 +13,14 @@ wrong and the run goes on; a server that cannot be reached stops the run.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from atlas_cli.bench import bfcl_cases as cases
-from atlas_cli.bench import bfcl_mlperf
+from atlas_cli.bench import bfcl_mlperf, gate
 from atlas_cli.bench.http_target import EndpointError, chat_url
 from atlas_cli.bench.options import BFCL_MAX_TOKENS, BFCL_TIMEOUT_S
 from atlas_cli.errors import UsageError
@@ -158,34 +160,64 @@ def run_case(client: ChatClient, case: cases.Case, settings: Settings) -> dict[s
     return {**row, **asdict(verdict), "output": output}
 
 
-def run(settings: Settings, url: str, api_key: str | None = None) -> dict[str, Any]:
+def run(
+    settings: Settings, url: str, api_key: str | None = None, resume: Path | None = None
+) -> dict[str, Any]:
     """Every case of the chosen categories against `url`, one progress line per case on
-    stderr; the result document (what `-o json` prints and the gate compares)."""
+    stderr; the result document (what `-o json` prints and the gate compares). With `resume`,
+    the answers that file already holds (`kept`) are not asked again, and the document so far
+    is written back to it after every case, so a run cut off anywhere goes on from there."""
     from atlas_cli.bench import progress
 
     check_settings(settings)
     asked = todo(settings)
+    done = kept(resume, settings) if resume is not None and resume.exists() else {}
     client = ChatClient(url, settings.model, api_key, settings.timeout_s)
     rows = []
     try:
         with progress.steps("bfcl", len(asked)) as report:
             for case in asked:
-                row = run_case(client, case, settings)
+                row = done.get(case.id) or run_case(client, case, settings)
                 rows.append(row)
-                report(f"{case.id} {'ok' if row['valid'] else row['error_type']}")
+                if resume is not None and case.id not in done:
+                    gate.save(resume, result_document(settings, rows))
+                state = "kept" if case.id in done else "ok" if row["valid"] else row["error_type"]
+                report(f"{case.id} {state}")
     finally:
         client.close()
     return result_document(settings, rows)
 
 
-def in_process(settings: Settings, device: str, ctx_size: int | None) -> dict[str, Any]:
+def kept(path: Path, settings: Settings) -> dict[str, dict[str, Any]]:
+    """The answered cases of an earlier run's result document, by case id, when it was asked
+    as `settings` ask (protocol errors are asked again); a file of another run is an error."""
+    try:
+        doc = json.loads(path.read_text())
+        rows = doc["cases"]
+        same = (
+            doc["kind"] == "bfcl"
+            and doc["mode"] == settings.mode
+            and doc["max_tokens"] == settings.max_tokens
+            and ("mlperf" in doc) == settings.mlperf
+            and (settings.mode != "fc" or doc["tool_choice"] == settings.tool_choice)
+        )
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise UsageError(f"--resume: {path} is no BFCL result ({exc})") from None
+    if not same:
+        raise UsageError(f"--resume: {path} was asked with other settings (mode, --mlperf, ...)")
+    return {r["id"]: r for r in rows if r.get("error_type") != "protocol_error"}
+
+
+def in_process(
+    settings: Settings, device: str, ctx_size: int | None, resume: Path | None = None
+) -> dict[str, Any]:
     """The run against `atlas serve MODEL` started in this process."""
     from atlas_cli.serve.server import running
 
     check_settings(settings)
     cases.version()  # a missing bfcl-eval fails before the model loads
     with running(settings.model, device=device, ctx_size=ctx_size) as url:
-        return run(settings, url)
+        return run(settings, url, resume=resume)
 
 
 def _tally(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:

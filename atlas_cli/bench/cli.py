@@ -214,6 +214,7 @@ def bfcl_cmd(
     tolerance: o.Tolerance = gate.TOLERANCE,
     mlperf_rule: o.MlperfRule = False,
     mlperf: o.MlperfSet = False,
+    resume: o.BfclResume = None,
 ):
     """Berkeley Function Calling Leaderboard v4, single-turn: BFCL's cases and checker.
 
@@ -235,9 +236,10 @@ def bfcl_cmd(
     )
     with _apply_threads(threads):
         if url:
-            result = bfcl.run(settings, url, api_key or os.environ.get("OPENAI_API_KEY"))
+            key = api_key or os.environ.get("OPENAI_API_KEY")
+            result = bfcl.run(settings, url, key, resume=resume)
         else:
-            result = bfcl.in_process(settings, device, ctx_size)
+            result = bfcl.in_process(settings, device, ctx_size, resume=resume)
     if output_file:
         gate.save(output_file, result)
     typer.echo(json.dumps(result, indent=2) if output == "json" else bfcl.markdown_report(result))

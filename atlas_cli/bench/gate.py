@@ -74,9 +74,13 @@ def load(path: str | Path) -> dict[str, Any]:
 
 
 def save(path: str | Path, result: dict[str, Any]) -> None:
+    """Write `result` as JSON through a temp file and a rename: an interrupted write leaves the
+    last whole document (a resumable run saves after every case)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2) + "\n")
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(result, indent=2) + "\n")
+    tmp.replace(path)
 
 
 def metrics(result: dict[str, Any]) -> dict[str, tuple[float, bool]]:

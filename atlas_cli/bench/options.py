@@ -177,6 +177,14 @@ BfclMaxTokens = Annotated[int, typer.Option(help="Most new tokens per answer.")]
 AnswerTimeout = Annotated[
     float, typer.Option(help="Seconds to wait for one answer; a later one is a protocol error.")
 ]
+BfclResume = Annotated[
+    Path | None,
+    typer.Option(
+        "--resume",
+        help="Keep the answers this result file holds, ask the rest, and write the result "
+        "back to it after every case: an interrupted run goes on with the same command.",
+    ),
+]
 MlperfSet = Annotated[
     bool,
     typer.Option(
