@@ -12,7 +12,8 @@ keeps what the others measured; scripts/device-check runs each in its own proces
 - `gemv`: one token (T = 1) and MTP-verify batches (T = 2, 4, 8) through a 16384 x 16384 matrix in
   every weight format; the launches are captured in a graph and replayed, so launch cost does
   not hide the kernel. GB/s counts the weight's bytes (codes + scales).
-- `gemm`: a 2,048-token prompt chunk through the 27B shape's MLP matrix (17408 x 5120): TFLOP/s.
+- `gemm`: a 2,048-token prompt chunk through the 27B shape's MLP matrix (17408 x 5120), the
+  fast (bf16 operands) and the exact (bf16x3) kernel: TFLOP/s.
 - `attention`: prefill (causal, T = S = 2K and 16K) and decode (T = 1 against 2K and 16K
   cached positions) at the 27B shape's attention geometry (24 query heads, 4 KV heads, head dim 256,
   bf16 KV).
@@ -248,8 +249,9 @@ def gemm(b: Bench, formats) -> None:
     x = ops.asarray(rng.standard_normal((t, cols)).astype(np.float32))
     for fmt in formats:
         dw = ops.prepare_weight(checks.random_weight(fmt, rows, cols, rng, reference=False)[0])
-        ms = b.device_ms(ops.linear, x, dw, reps=5)
-        b.compute(f"gemm {fmt} T={t} {rows}x{cols}", ms, 2 * t * rows * cols)
+        for kind in ("fast", "exact"):  # gemm_fast.cu (bf16 operands) and gemm.cu (bf16x3)
+            ms = b.device_ms(ops.gemm, x, dw, None, None, None, kind, reps=5)
+            b.compute(f"gemm {kind} {fmt} T={t} {rows}x{cols}", ms, 2 * t * rows * cols)
         del dw
 
 

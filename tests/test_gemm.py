@@ -32,7 +32,7 @@ def emu_ops():
 
     cache = Path(tempfile.gettempdir()) / "atlas-emu-kernels"
     cache.mkdir(exist_ok=True)
-    ops = NativeOps(runtime_emu.EmuRuntime(cache), weight_dtype="f32")
+    ops = NativeOps(runtime_emu.EmuRuntime(cache), weight_dtype="f32", prefill="exact")
     ops.poison = True  # an output element the kernel forgot to write is NaN
     return ops
 
@@ -186,17 +186,19 @@ class FakeDevice(runtime_emu.EmuRuntime):
 
     def compile(self, file: str, defines: dict | None = None):
         mod = super().compile(file, defines)
-        if file == "gemm.cu" and defines == gemm_check.PORTABLE:
+        if file in gemm_check.FILES.values() and defines == gemm_check.PORTABLE:
             self._portable.add(id(mod.lib))
         return mod
 
     def launch(self, fn, grid, block, args) -> None:
         super().launch(fn, grid, block, args)
-        if fn.name.startswith("gemm_"):
+        if fn.name.startswith("gemm_") and not fn.name.startswith("gemm_x_"):
             portable = id(fn.lib) in self._portable
             self.gemm_launches.append(portable)
             if self.broken and not portable:
-                ctypes.c_float.from_address(args[5].value).value += 1.0
+                # y's argument: after W, S, gs, x (fast: xb, ld; fp4: xq, xs, xg), bias
+                out = 7 if fn.name.startswith("gemm_fp4_") else 6 if "fast" in fn.name else 5
+                ctypes.c_float.from_address(args[out].value).value += 1.0
 
 
 def _device_ops(tmp_path: Path, broken: bool):
@@ -204,7 +206,7 @@ def _device_ops(tmp_path: Path, broken: bool):
         pytest.skip("g++ not installed")
     from atlas_cli.backend.ops.native.device import NativeOps
 
-    return NativeOps(FakeDevice(tmp_path, broken), weight_dtype="f32")
+    return NativeOps(FakeDevice(tmp_path, broken), weight_dtype="f32", prefill="exact")
 
 
 def _prefill(ops) -> np.ndarray:
@@ -224,13 +226,13 @@ def test_a_wrong_tensor_core_kernel_falls_back_to_the_portable_one(tmp_path):
     assert "disagreed with the portable one on random bf16 data" in choice.reason
     # the check ran both builds on its first case, then every GEMM took the portable one
     assert ops.rt.gemm_launches[:2] == [False, True] and ops.rt.gemm_launches[2:] == [True]
-    verdict = gemm_check.verdict_path(ops.rt)
+    verdict = gemm_check.verdict_path(ops.rt, "exact")
     assert verdict.parent == tmp_path and verdict.exists()
 
     again = _device_ops(tmp_path, broken=True)  # a new process: the cached verdict, no check
     assert _prefill(again) < 2e-5 and again.rt.gemm_launches == [True]
     info = again.warmup()
-    assert info["gemm"] == {"kernel": "portable", "reason": choice.reason}
+    assert info["gemm"] == {"kind": "exact", "kernel": "portable", "reason": choice.reason}
 
 
 def test_a_right_tensor_core_kernel_is_used_and_the_verdict_keyed_like_the_cache(tmp_path):
@@ -245,19 +247,19 @@ def test_a_right_tensor_core_kernel_is_used_and_the_verdict_keyed_like_the_cache
 
     other = FakeDevice(tmp_path, broken=False)
     other.toolchain = "fake-nvrtc-2"  # a new toolchain: a new key, checked again
-    assert gemm_check.verdict_path(other) != gemm_check.verdict_path(ops.rt)
+    assert gemm_check.verdict_path(other, "exact") != gemm_check.verdict_path(ops.rt, "exact")
 
 
 def test_a_torn_verdict_is_checked_again(tmp_path):
     ops = _device_ops(tmp_path, broken=False)
-    path = gemm_check.verdict_path(ops.rt)
+    path = gemm_check.verdict_path(ops.rt, "exact")
     path.write_text('{"ok": tr')
     assert ops.gemm_choice().kernel == "tensor-core"
     assert ops.rt.gemm_launches  # it ran the check rather than trusting the file
 
 
 def test_the_emulator_runs_the_portable_path_without_a_check(emu_ops):
-    choice = gemm_check.choose(emu_ops)
+    choice = gemm_check.choose(emu_ops, "exact")
     assert (choice.kernel, choice.defines) == ("portable", None)
     assert "emu runtime" in choice.reason
 
@@ -284,5 +286,6 @@ def test_atlas_hw_says_which_gemm_runs(tmp_path, monkeypatch):
     monkeypatch.setattr(native, "kernel_report", kernel_report)
     r = CliRunner().invoke(app, ["hw"])
     assert r.exit_code == 0, r.output
-    line = next(x for x in r.stdout.splitlines() if "prefill gemm:" in x)
-    assert line.startswith("  prefill gemm: portable kernel, the tensor-core kernel disagreed")
+    line = next(x for x in r.stdout.splitlines() if "prefill gemm" in x)
+    want = "  prefill gemm (exact): portable kernel, the tensor-core kernel disagreed"
+    assert line.startswith(want)

@@ -21,13 +21,15 @@ def test_sections_write_their_rows_on_the_emulator(tmp_path):
         pytest.skip("g++ not installed")
     out = tmp_path / "bench.jsonl"
     cmd = [sys.executable, str(ROOT / "scripts" / "gpu_bench.py"), "--device", "emu", "--tiny"]
-    cmd += ["--only", "gemv,gdn", "--formats", "q4_0", "--out", str(out)]
+    cmd += ["--only", "gemv,gemm,gdn", "--formats", "q4_0", "--out", str(out)]
     subprocess.run(cmd, check=True, capture_output=True, timeout=900)
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     gemv = [r for r in rows if r["op"].startswith("gemv q4_0")]
     assert [r["op"].split()[2] for r in gemv] == ["T=1", "T=2", "T=4", "T=8"]
     # no copy-bandwidth row on the emulator, so no fraction
     assert all(r["ms"] > 0 and "GB/s" in r and r["of copy"] is None for r in gemv)
+    gemm = [r["op"].split()[:3] for r in rows if r["op"].startswith("gemm")]
+    assert gemm == [["gemm", "fast", "q4_0"], ["gemm", "exact", "q4_0"]]
     assert [r["op"] for r in rows if r["op"].startswith("gdn")] == [
         "gdn chunked prefill T=64",
         "gdn chunked prefill T=128",

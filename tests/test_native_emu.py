@@ -30,7 +30,7 @@ def emu_ops():
     # compiled modules are keyed by source hash, so a shared temp dir is never stale
     cache = Path(tempfile.gettempdir()) / "atlas-emu-kernels"
     cache.mkdir(exist_ok=True)
-    ops = NativeOps(runtime_emu.EmuRuntime(cache), weight_dtype="f32")
+    ops = NativeOps(runtime_emu.EmuRuntime(cache), weight_dtype="f32", prefill="exact")
     ops.poison = True
     return ops
 

@@ -31,7 +31,7 @@ def emu_ops(kv_dtype: str):
 
     cache = Path(tempfile.gettempdir()) / "atlas-emu-kernels"  # keyed by source hash
     cache.mkdir(exist_ok=True)
-    ops = NativeOps(runtime_emu.EmuRuntime(cache), kv_dtype=kv_dtype)
+    ops = NativeOps(runtime_emu.EmuRuntime(cache), kv_dtype=kv_dtype, prefill="exact")
     ops.poison = True  # an element a kernel forgets to write is NaN, not a stale value
     return ops
 

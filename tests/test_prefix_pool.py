@@ -121,7 +121,7 @@ def test_native_kv_cache_clone_and_export_on_the_emulator():
 
     cache_dir = Path(tempfile.gettempdir()) / "atlas-emu-kernels"
     cache_dir.mkdir(exist_ok=True)
-    ops = NativeOps(runtime_emu.EmuRuntime(cache_dir), weight_dtype="f32")
+    ops = NativeOps(runtime_emu.EmuRuntime(cache_dir), weight_dtype="f32", prefill="exact")
     cache = ops.device_kv_cache(2, 2, 64, 600)
     cache.reserve(300)
     k = np.random.default_rng(1).standard_normal((300, 2, 64)).astype(np.float32)

@@ -328,7 +328,7 @@ def kernel_lines(backend: str, k: dict[str, Any]) -> list[str]:
         f"{k['cache_hits']} from the cache"
     )
     if gemm := k.get("gemm"):  # the prefill GEMM's first-use self-check (ops/native/gemm_check.py)
-        lines.append(f"  prefill gemm: {gemm['kernel']} kernel, {gemm['reason']}")
+        lines.append(f"  prefill gemm ({gemm['kind']}): {gemm['kernel']} kernel, {gemm['reason']}")
     if att := k.get("attention"):  # the prefill attention's (ops/native/attention_check.py)
         lines.append(f"  prefill attention: {att['kernel']} kernel, {att['reason']}")
     return lines

@@ -213,12 +213,16 @@ class DeviceOpsBase:
     """What every launcher family shares: the runtime, allocation and uploads, compiled
     kernels by (file, name), and the asserts' float32 check."""
 
-    def __init__(self, runtime, kv_dtype: str = "bf16", weight_dtype: str = "stored"):
+    def __init__(
+        self, runtime, kv_dtype: str = "bf16", weight_dtype: str = "stored", prefill: str = "fast"
+    ):
         self.rt = runtime
         self.NAME = runtime.name
         self.kv_dtype = kv_dtype
         assert weight_dtype in ("stored", "bf16", "f32"), f"weight dtype {weight_dtype!r}"
         self.weight_dtype = weight_dtype  # float weights: as stored, or forced (prepare_weight)
+        assert prefill in ("fast", "exact", "fp4"), f"prefill {prefill!r}"
+        self.prefill = prefill  # the prefill GEMM's kind (weights.gemm)
         self.poison = False  # tests: fill every new output with NaN to catch unwritten elements
         self._fns: dict[tuple[str, str], Any] = {}
         self._uploads: dict[str, tuple[np.ndarray, DeviceArray]] = {}

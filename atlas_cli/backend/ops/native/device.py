@@ -15,6 +15,7 @@ device hybrid cache of Gated DeltaNet models.
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any
 
 from atlas_cli.backend.layers import CacheLayout
@@ -67,10 +68,29 @@ class NativeOps(
 # -- opening a device ----------------------------------------------------------------------
 
 
+PREFILL_MODES = ("fast", "exact", "fp4")
+
+
+def prefill_mode() -> str:
+    """The prefill GEMM the environment asks for: ATLAS_PREFILL=exact keeps every prefill
+    product float32-exact (gemm.cu, three bf16 MMAs per product); the default "fast" rounds x
+    and the weights to bf16 (gemm_fast.cu, one MMA per product), as llama.cpp and vLLM do;
+    "fp4" multiplies NVFP4 weights by NVFP4-quantized x on Blackwell's FP4 tensor cores
+    (gemm_fp4.cu; other weights and devices: "fast")."""
+    from atlas_cli.errors import UsageError
+
+    mode = os.environ.get("ATLAS_PREFILL") or "fast"
+    if mode not in PREFILL_MODES:
+        raise UsageError(f"ATLAS_PREFILL must be {', '.join(PREFILL_MODES)}, got {mode!r}")
+    return mode
+
+
 def open_device(device: str, kv_dtype: str = "bf16") -> NativeOps:
-    """NativeOps on "cuda", "hip" or "emu"; a DeviceError (one line, what to install) when the
-    runtime cannot start."""
+    """NativeOps on "cuda", "hip" or "emu" with the prefill GEMM of prefill_mode(); a
+    DeviceError (one line, what to install) when the runtime cannot start."""
     from atlas_cli.errors import DeviceError
+
+    prefill = prefill_mode()
 
     if device == "cuda":
         from atlas_cli.backend.ops.native import runtime_cuda as mod
@@ -92,7 +112,7 @@ def open_device(device: str, kv_dtype: str = "bf16") -> NativeOps:
     else:
         raise DeviceError(f"unknown native device {device!r} (cuda, hip, emu)")
     try:
-        return NativeOps(make(), kv_dtype=kv_dtype)
+        return NativeOps(make(), kv_dtype=kv_dtype, prefill=prefill)
     except unavailable as exc:
         raise DeviceError(f"--device {device}: {exc}") from None
 

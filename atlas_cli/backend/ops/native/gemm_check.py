@@ -1,9 +1,11 @@
-"""Which prefill GEMM runs: the tensor-core kernel of kernels/gemm.cu, checked once per device.
+"""Which prefill GEMM runs: the tensor-core kernel of kernels/gemm_fast.cu (bf16 operands, the
+default) or kernels/gemm.cu (float32-exact, `--exact`), checked once per device.
 
-The tensor-core paths (mma.sync on sm_80+, WMMA on gfx11) are inline PTX / vendor intrinsics
-whose numerics only the hardware shows; the emulator runs the portable path of the same file.
-So on a real device (runtime "cuda" or "hip") the first GEMM compares the tensor-core kernel
-with the portable one (gemm.cu compiled with ATLAS_PORTABLE) on random data, and keeps the
+The tensor-core paths (ldmatrix / mma.sync / cp.async on sm_80+, WMMA on gfx11) are inline PTX /
+vendor intrinsics whose numerics only the hardware shows; the emulator runs the portable path of
+the same file. So on a real device (runtime "cuda" or "hip") the first GEMM compares the
+tensor-core kernel with the portable one (the same file compiled with ATLAS_PORTABLE) on random
+data, and keeps the
 verdict beside the compile cache, keyed like the compiled binaries (ops/native/runtime.cache_key): a
 new source, target or toolchain checks again. On a mismatch atlas uses the portable kernel and
 `atlas hw` says so.
@@ -21,12 +23,15 @@ import numpy as np
 from atlas_cli.backend.ops.native import runtime as rt
 from atlas_cli.backend.ops.native.array import DeviceWeight, f32_to_bf16_bits
 
-PORTABLE = {"ATLAS_PORTABLE": 1}  # the define that compiles gemm.cu's portable path
+PORTABLE = {"ATLAS_PORTABLE": 1}  # the define that compiles a GEMM file's portable path
+FILES = {"fast": "gemm_fast.cu", "exact": "gemm.cu", "fp4": "gemm_fp4.cu"}  # kind -> file
+FP4_TARGETS = ("sm_120a", "sm_121a")  # where the block-scaled FP4 MMA exists
 CHECKED_RUNTIMES = ("cuda", "hip")  # the emulator has no tensor-core path to check
-# Both kernels multiply the same bf16 parts (x in three, the weight in one to three) and add the
-# same products in float32: they differ by summation order and by the tensor cores' own
-# rounding inside one 64-column step, ~1e-7..1e-6 of the output's scale. A wrong fragment
-# layout or a broken instruction is off by O(1); a product left out (x2 w0) by ~1e-5.
+# Both builds of a file multiply the same bf16 operands (gemm.cu: x in three parts, the weight
+# in one to three; gemm_fast.cu: one each) and add the same products in float32: they differ
+# by summation order and by the tensor cores' own rounding inside one 64-column step,
+# ~1e-7..1e-6 of the output's scale. A wrong fragment layout or a broken instruction is off by
+# O(1); a product left out (x2 w0) by ~1e-5.
 TOLERANCE = 1e-5
 # (format, tokens, rows, cols): the ways the multiply differs (bf16: three MMAs and a partial
 # last unit; f16: five, two weight parts; f32: six; NVFP4: the global scale at the end), edge
@@ -37,42 +42,52 @@ CASES = (
     ("f32", 130, 70, 96),
     ("nvfp4", 67, 129, 256),
 )
+# the W4A4 kernel's (NVFP4 only, whole 128-column steps): edge tiles, the ring wrapping
+FP4_CASES = (("nvfp4", 67, 129, 256), ("nvfp4", 9, 200, 512))
 
 
 @dataclass(frozen=True)
 class GemmChoice:
-    kernel: str  # "tensor-core" | "portable"
+    kind: str  # "fast" | "exact" | "fp4" (FILES)
+    kernel: str  # "tensor-core" | "portable" | "none" (fp4 where the device has no FP4 MMA)
     reason: str
-    defines: dict | None  # what gemm.cu is compiled with for this choice
+    defines: dict | None  # what the kind's file is compiled with for this choice
 
     def report(self) -> dict[str, str]:
-        return {"kernel": self.kernel, "reason": self.reason}
+        return {"kind": self.kind, "kernel": self.kernel, "reason": self.reason}
 
 
-def verdict_path(runtime) -> Path:
-    """Where the verdict for this runtime's gemm.cu binary is kept."""
-    source = rt.expand_source("gemm.cu")
+def verdict_path(runtime, kind: str) -> Path:
+    """Where the verdict for this runtime's binary of the `kind` GEMM is kept."""
+    source = rt.expand_source(FILES[kind])
     toolchain = str(getattr(runtime, "toolchain", ""))
     key = rt.cache_key(source, runtime.target, toolchain, None)
     directory = getattr(runtime, "cache_dir", None) or rt.kernel_cache_dir()
-    return Path(directory) / f"gemm-selfcheck-{runtime.target}-{key}.json"
+    return Path(directory) / f"{kind}-gemm-selfcheck-{runtime.target}-{key}.json"
 
 
-def choose(ops) -> GemmChoice:
-    """The GEMM for `ops` (a NativeOps): the cached verdict, or a fresh check."""
+def choose(ops, kind: str) -> GemmChoice:
+    """The `kind` GEMM ("fast" or "exact") for `ops` (a NativeOps): the cached verdict, or a
+    fresh check."""
     runtime = ops.rt
+    if kind == "fp4" and runtime.name != "emu" and runtime.target not in FP4_TARGETS:
+        reason = f"{runtime.target} has no block-scaled FP4 MMA: NVFP4 weights take the fast one"
+        return GemmChoice(kind, "none", reason, PORTABLE)
     if runtime.name not in CHECKED_RUNTIMES:
-        return GemmChoice("portable", f"the {runtime.name} runtime runs the portable path", None)
-    path = verdict_path(runtime)
+        return GemmChoice(
+            kind, "portable", f"the {runtime.name} runtime runs the portable path", None
+        )
+    path = verdict_path(runtime, kind)
     verdict = _read(path)
     if verdict is None:
-        verdict = run_check(ops)
+        verdict = run_check(ops, kind)
         _write(path, verdict)
     if verdict["ok"]:
         return GemmChoice(
-            "tensor-core", f"self-check passed (max difference {verdict['error']:.1e})", None
+            kind, "tensor-core", f"self-check passed (max difference {verdict['error']:.1e})", None
         )
     return GemmChoice(
+        kind,
         "portable",
         f"the tensor-core kernel disagreed with the portable one on random {verdict['format']} "
         f"data (difference {verdict['error']:.1e} > {TOLERANCE:.0e}): using the portable one",
@@ -80,16 +95,17 @@ def choose(ops) -> GemmChoice:
     )
 
 
-def run_check(ops) -> dict[str, Any]:
-    """Both kernels on CASES; {"ok", "error" (the worst relative difference), "format"}."""
+def run_check(ops, kind: str) -> dict[str, Any]:
+    """Both builds of the `kind` GEMM on CASES; {"ok", "error" (the worst relative
+    difference), "format"}."""
     rng = np.random.default_rng(20240615)
     worst, worst_fmt = 0.0, ""
-    for fmt, t, rows, cols in CASES:
+    for fmt, t, rows, cols in FP4_CASES if kind == "fp4" else CASES:
         w = _random_weight(ops, fmt, rows, cols, rng)
         x = ops.asarray(rng.standard_normal((t, cols)).astype(np.float32))
         bias = ops.asarray(rng.standard_normal(rows).astype(np.float32))
-        fast = ops.gemm(x, w, bias, None).numpy()
-        slow = ops.gemm(x, w, bias, PORTABLE).numpy()
+        fast = ops.gemm(x, w, bias, None, kind=kind).numpy()
+        slow = ops.gemm(x, w, bias, PORTABLE, kind=kind).numpy()
         scale = float(np.abs(slow).max()) if np.isfinite(slow).all() else 0.0
         err = float(np.abs(fast - slow).max() / scale) if scale else float("inf")
         if not np.isfinite(err):

@@ -31,6 +31,8 @@ KERNEL_FILES = (
     "embedding.cu",
     "gdn.cu",
     "gemm.cu",
+    "gemm_fast.cu",
+    "gemm_fp4.cu",
     "gemv.cu",
     "norm.cu",
     "rope.cu",

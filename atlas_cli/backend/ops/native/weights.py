@@ -28,7 +28,8 @@ class WeightLaunchers(DeviceOpsBase):
     # scores per block), so what grows with the chunk is the activations, linear in T: the
     # MLP's (T, intermediate) and, for Engine.logits, (T, vocab).
     PREFILL_CHUNK = 2048
-    _gemm_choice: gemm_check.GemmChoice | None = None  # decided at the first GEMM
+    _gemm_choices: dict | None = None  # kind -> GemmChoice, decided at its first GEMM
+    _scratches: dict | None = None  # _scratch
 
     def prepare_weight(self, w) -> DeviceWeight:
         """A loader's weight -> DeviceWeight: formats the kernels decode as they are stored
@@ -159,7 +160,8 @@ class WeightLaunchers(DeviceOpsBase):
         if t == 0:
             return out
         if t > GEMV_MAX_T:
-            return self.gemm(x, w, b, self.gemm_choice().defines, out)
+            kind, defines = self._prefill_gemm(w)
+            return self.gemm(x, w, b, defines, out, kind)
         args = self._linear_args(x, w, b, out)
         name = f"gemv_{w.fmt}" if t == 1 else f"gemv_t8_{w.fmt}"  # T <= 8: its own registers
         self._launch("gemv.cu", name, (-(-w.rows // 8),), (256,), args)
@@ -179,23 +181,79 @@ class WeightLaunchers(DeviceOpsBase):
             i64(w.srow_bytes),
         ]
 
-    def gemm_choice(self) -> gemm_check.GemmChoice:
-        """The tensor-core GEMM, or the portable one where its first-use check failed."""
-        if self._gemm_choice is None:
-            self._gemm_choice = gemm_check.choose(self)
-        return self._gemm_choice
+    def gemm_choice(self, kind: str | None = None) -> gemm_check.GemmChoice:
+        """The tensor-core GEMM of `kind` (default self.prefill), or the portable build of the
+        same file where its first-use check failed."""
+        kind = kind or self.prefill
+        if self._gemm_choices is None:
+            self._gemm_choices = {}
+        if kind not in self._gemm_choices:
+            self._gemm_choices[kind] = gemm_check.choose(self, kind)
+        return self._gemm_choices[kind]
 
-    def gemm(self, x: DeviceArray, w: DeviceWeight, b, defines, out=None) -> DeviceArray:
-        """gemm.cu compiled with `defines` (None: the tensor-core build, gemm_check.PORTABLE:
-        the portable one) on x (T, in), w, bias b or None -> (T, out)."""
+    def _prefill_gemm(self, w: DeviceWeight) -> tuple[str, dict | None]:
+        """(kind, defines) of the GEMM that multiplies `w` in prefill: self.prefill's, except
+        that "fp4" covers only NVFP4 weights it can take (whole 128-column steps, 16-byte
+        aligned rows) on a device whose W4A4 kernel passed its check; the rest run "fast"."""
+        kind = self.prefill
+        if kind == "fp4":
+            choice = self.gemm_choice("fp4")
+            takes = w.fmt == "nvfp4" and w.cols % 128 == 0 and w.row_bytes % 16 == 0
+            if takes and w.data.ptr % 16 == 0 and choice.defines is None:
+                return "fp4", None
+            kind = "fast"
+        return kind, self.gemm_choice(kind).defines
+
+    def gemm(self, x: DeviceArray, w: DeviceWeight, b, defines, out=None, kind=None) -> DeviceArray:
+        """The prefill GEMM of `kind` (default self.prefill) compiled with `defines` (None: the
+        tensor-core build, gemm_check.PORTABLE: the portable one) on x (T, in), w, bias b or
+        None -> (T, out). Kinds: "fast" (gemm_fast.cu: x and the weights rounded to bf16, one
+        MMA per product), "exact" (gemm.cu: float32-exact), "fp4" (gemm_fp4.cu: NVFP4
+        weights, x quantized to NVFP4, the block-scaled FP4 MMA)."""
+        kind = kind or self.prefill
         t = x.shape[0]
         out = self.empty((t, w.rows)) if out is None else out
-        key = ("gemm.cu", f"gemm_{w.fmt}", *sorted((defines or {}).items()))
-        if key not in self._fns:
-            self._fns[key] = self.rt.compile("gemm.cu", defines).function(key[1])
-        grid = (-(-t // 64) * -(-w.rows // 64),)  # 64 x 64 tiles, grouped in gemm.cu
-        self.rt.launch(self._fns[key], grid, (256,), self._linear_args(x, w, b, out))
+        file = gemm_check.FILES[kind]
+
+        def fn(entry: str):
+            key = (file, entry, *sorted((defines or {}).items()))
+            if key not in self._fns:
+                self._fns[key] = self.rt.compile(file, defines).function(entry)
+            return self._fns[key]
+
+        tail = self._linear_args(x, w, b, out)[4:]  # bias, y, T, rows, cols, row bytes
+        grid = (-(-t // 64) * -(-w.rows // 128),)  # 64 x 128 tiles (fast, fp4), grouped
+        if kind == "exact":
+            grid = (-(-t // 64) * -(-w.rows // 64),)  # 64 x 64 tiles, grouped in gemm.cu
+            self.rt.launch(fn(f"gemm_{w.fmt}"), grid, (256,), self._linear_args(x, w, b, out))
+        elif kind == "fp4":
+            assert w.fmt == "nvfp4" and w.cols % 128 == 0, f"fp4 GEMM of {w.fmt} {w.shape}"
+            xq = self._scratch("xq", t * w.cols // 2, np.uint8)
+            xs = self._scratch("xs", t * w.cols // 16, np.uint8)
+            xg = self._scratch("xg", t, np.float32)
+            qargs = [ptr(x.ptr), ptr(xq.ptr), ptr(xs.ptr), ptr(xg.ptr), i32(t), i32(w.cols)]
+            self.rt.launch(fn("gemm_x_nvfp4"), (t,), (256,), qargs)
+            args = [*self._wargs(w), ptr(xq.ptr), ptr(xs.ptr), ptr(xg.ptr), *tail]
+            self.rt.launch(fn("gemm_fp4_nvfp4"), grid, (256,), args)
+        else:
+            ld = -(-w.cols // 64) * 64  # whole 64-column steps, zero past cols
+            xb = self._scratch("xb", t * ld, np.uint16)
+            xargs = [ptr(x.ptr), ptr(xb.ptr), i32(t), i32(w.cols), i32(ld)]
+            self.rt.launch(fn("gemm_x_bf16"), (min(-(-t * ld // 256), 4096),), (256,), xargs)
+            args = [*self._wargs(w), ptr(xb.ptr), i32(ld), *tail]
+            self.rt.launch(fn(f"gemm_fast_{w.fmt}"), grid, (256,), args)
         return out
+
+    def _scratch(self, name: str, n: int, dtype) -> DeviceArray:
+        """A GEMM's copy of x (bf16, or NVFP4 codes, scales and global scales): one buffer per
+        name, grown to the largest prompt chunk and kept, so a captured graph's launches keep
+        pointing at live memory."""
+        if self._scratches is None:
+            self._scratches = {}
+        buf = self._scratches.get(name)
+        if buf is None or buf.size < n:
+            buf = self._scratches[name] = self.empty((max(n, 1),), dtype)
+        return buf
 
     def warmup(self) -> dict[str, Any]:
         """DeviceOpsBase.warmup, and which GEMM runs (checking it here on first use)."""

@@ -1,0 +1,198 @@
+// What the prefill GEMMs share (gemm.cu: float32-exact, bf16x3; gemm_fast.cu: one bf16 MMA
+// per product): the swizzled 64-column bf16 tiles in shared memory and the weight unit a thread
+// dequantizes into registers (16-byte loads where the format and alignment allow, else
+// quant.cuh's deq32).
+#pragma once
+#include "quant.cuh"
+
+#define GM_BK 64  // columns per step (two 32-element units)
+
+// ---- shared-memory staging: cp.async and ldmatrix on sm_80+ ---------------------------------
+
+#if defined(ATLAS_CUDA) && defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 800) && !defined(ATLAS_PORTABLE)
+#define GT_ASYNC 1
+
+ATLAS_DEV u32 gt_smem(const void* p) {
+    u32 a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+ATLAS_DEV void gt_copy16(void* dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(gt_smem(dst)), "l"(src));
+}
+ATLAS_DEV void gt_copy8(void* dst, const void* src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(gt_smem(dst)), "l"(src));
+}
+ATLAS_DEV void gt_commit() { asm volatile("cp.async.commit_group;"); }
+// every commit group but the newest N has landed (this thread's copies)
+template <int N>
+ATLAS_DEV void gt_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N));
+}
+#else  // plain copies, done when issued
+ATLAS_DEV void gt_copy16(void* dst, const void* src) { *(atlas_u4*)dst = *(const atlas_u4*)src; }
+ATLAS_DEV void gt_copy8(void* dst, const void* src) {
+    ((u32*)dst)[0] = ((const u32*)src)[0];
+    ((u32*)dst)[1] = ((const u32*)src)[1];
+}
+ATLAS_DEV void gt_commit() {}
+template <int N>
+ATLAS_DEV void gt_wait() {}
+#endif
+
+#if defined(GT_ASYNC) || defined(ATLAS_EMU)
+// ldmatrix.x4 (b16): lane l gives the address of row l % 8 of matrix l / 8 (16 bytes);
+// register j of lane l receives word l % 4 of row l / 4 of matrix j. The emulator fetches the
+// same words through warp shuffles of the addresses.
+ATLAS_DEV void gt_ldsm4(u32* r, const void* row) {
+#if defined(GT_ASYNC)
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(gt_smem(row)));
+#else
+    int lane = lane_id();
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const u32* p = (const u32*)atlas_emu_shfl(row, 8 * j + (lane >> 2));
+        r[j] = p[lane & 3];
+    }
+#endif
+}
+#endif
+
+// A tile row is 64 bf16 = 128 bytes = eight 16-byte chunks, unpadded: 3 x parts and up to 3
+// weight parts fill 48 KB, the static shared memory limit. Chunk c of row r is stored at chunk
+// c ^ (r & 7), so the eight rows of an MMA fragment load hit 32 different banks.
+typedef u16 gm_tile[GM_BK];
+
+ATLAS_DEV u16* gm_at(gm_tile* t, int r, int c) {
+    return &t[r][((((c >> 3) ^ r) & 7) << 3) | (c & 7)];
+}
+ATLAS_DEV const u16* gm_at(const gm_tile* t, int r, int c) {
+    return &t[r][((((c >> 3) ^ r) & 7) << 3) | (c & 7)];
+}
+
+// Unit u of a weight row into v[0..31] with 16-byte loads (the caller checked that the row is
+// 16-byte aligned and the unit whole). NVFP4 without its global scale: E2M1 x E4M3, exact.
+template <int F>
+ATLAS_DEV bool gm_unit_vec(const u8* __restrict__ row, const u8* __restrict__ srow, int u,
+                           float* v) {
+    if (F == FMT_NVFP4) {
+        atlas_u4 c = *((const atlas_u4*)row + u);
+        float s0, s1;
+        e4m3x2_to_f32(ld_u16(srow + 2 * u), &s0, &s1);
+        s0 = mul_rn(s0, 16384.0f);  // e2m1x8_scaled's values are E2M1 x 2^-14
+        s1 = mul_rn(s1, 16384.0f);
+        u32 w[4] = {c.x, c.y, c.z, c.w};
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            e2m1x8_scaled(w[q], v + 8 * q);
+#pragma unroll
+            for (int i = 0; i < 8; i++) v[8 * q + i] = mul_rn(v[8 * q + i], q < 2 ? s0 : s1);
+        }
+        return true;
+    } else if (F == FMT_BF16 || F == FMT_F16) {
+        const atlas_u4* p = (const atlas_u4*)row + 4 * u;
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            atlas_u4 c = p[q];
+            u32 w[4] = {c.x, c.y, c.z, c.w};
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                if (F == FMT_BF16) {
+                    v[8 * q + 2 * i] = __uint_as_float(w[i] << 16);
+                    v[8 * q + 2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+                } else {
+                    h2_to_f32(w[i], &v[8 * q + 2 * i], &v[8 * q + 2 * i + 1]);
+                }
+            }
+        }
+        return true;
+    } else if (F == FMT_F32) {
+        const atlas_f4* p = (const atlas_f4*)row + 8 * u;
+#pragma unroll
+        for (int q = 0; q < 8; q++) {
+            atlas_f4 c = p[q];
+            v[4 * q] = c.x;
+            v[4 * q + 1] = c.y;
+            v[4 * q + 2] = c.z;
+            v[4 * q + 3] = c.w;
+        }
+        return true;
+    } else if (F == FMT_Q6_K) {  // deq32's values, from 16-byte loads of the split rows
+        int h = (u & 7) >> 2, k = u & 3;
+        const u8* b = row + ROW_BYTES_Q6_K * (u >> 3);
+        const atlas_u4* ql = (const atlas_u4*)(b + 64 * h + 32 * (k & 1));
+        const atlas_u4* qh = (const atlas_u4*)(b + 128 + 32 * h);
+        const i8* sc = (const i8*)(b + 192);
+        float d = f16_to_f32(ld_u16(srow + SCALE_BYTES_Q6_K * (u >> 3)));
+        int p = q6k_scale(8 * h + 2 * k);  // the second half's scale is at p + 2
+        float dsc0 = mul_rn(d, (float)sc[p]), dsc1 = mul_rn(d, (float)sc[p + 2]);
+        int lshift = k >= 2 ? 4 : 0;
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+            atlas_u4 L = ql[c], H = qh[c];
+            u32 lw[4] = {L.x, L.y, L.z, L.w}, hw[4] = {H.x, H.y, H.z, H.w};
+#pragma unroll
+            for (int e = 0; e < 16; e++) {
+                u32 lo = (lw[e >> 2] >> (8 * (e & 3) + lshift)) & 15u;
+                u32 hi = (hw[e >> 2] >> (8 * (e & 3) + 2 * k)) & 3u;
+                v[16 * c + e] = mul_rn(c ? dsc1 : dsc0, (float)((int)(lo | (hi << 4)) - 32));
+            }
+        }
+        return true;
+    }
+    return false;  // Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 (16-byte code units too), Q3_K, Q4_K, Q5_K: deq32
+}
+
+struct GmArgs {
+    const u8* W;
+    const u8* S;
+    const float* x;
+    int T, rows, cols, units, m0, n0;
+    long long row_bytes, srow_bytes;
+    bool wvec, xvec;  // 16-byte loads allowed for the weight rows / for x
+};
+
+// Unit u (32 values) of weight row r into v, zeros past the matrix; NVFP4 without its global
+// scale (the epilogue applies it).
+template <int F>
+ATLAS_DEV void gm_weight_unit(const GmArgs& a, int r, int u, float* v) {
+    const bool plain = F == FMT_F32 || F == FMT_F16 || F == FMT_BF16;
+    if (r >= a.rows || u >= a.units) {
+#pragma unroll
+        for (int i = 0; i < 32; i++) v[i] = 0.0f;
+        return;
+    }
+    const u8* row = a.W + r * a.row_bytes;
+    const u8* srow = a.S + r * a.srow_bytes;
+    bool whole = !plain || 32 * u + 32 <= a.cols;
+    if (a.wvec && whole && gm_unit_vec<F>(row, srow, u, v)) return;
+    if (plain) {  // unaligned rows, or a partial last unit: element by element
+        // unconditional loads (past the row's end, its first element again): no branch
+        // per element, so the 32 addresses need not all be live at once
+#pragma unroll
+        for (int i = 0; i < 32; i++) {
+            int c = 32 * u + i;
+            float e = deq1<F>(row, c < a.cols ? c : 0);
+            v[i] = c < a.cols ? e : 0.0f;
+        }
+        return;
+    }
+    deq32<F>(row, srow, 1.0f, u, v);
+}
+
+#if defined(ATLAS_HIP) && defined(__GFX11__)
+// WMMA operands: 16 bf16 of one tile row, and the 8 float32 of a C tile per lane.
+typedef short gm_v16s __attribute__((ext_vector_type(16)));
+typedef float gm_v8f __attribute__((ext_vector_type(8)));
+typedef struct __attribute__((aligned(16))) {
+    atlas_u4 lo, hi;
+} gm_u8x;
+
+// Columns k..k+15 of row r: two 16-byte chunks, each where the swizzle put it.
+ATLAS_DEV gm_v16s gm_ld16(const gm_tile* t, int r, int k) {
+    gm_u8x v = {*(const atlas_u4*)gm_at(t, r, k), *(const atlas_u4*)gm_at(t, r, k + 8)};
+    return __builtin_bit_cast(gm_v16s, v);
+}
+#endif
