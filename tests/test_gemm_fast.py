@@ -49,7 +49,7 @@ def _case(fmt: str, t: int, rows: int, base: int, rng):
     return w, wf, x, bias
 
 
-def _check(got: np.ndarray, fmt: str, wf: np.ndarray, x: np.ndarray, bias, what: str) -> None:
+def check_fast(got: np.ndarray, fmt: str, wf: np.ndarray, x: np.ndarray, bias, what: str) -> None:
     # NVFP4's values are exact in bf16 before its global scale, which the epilogue applies
     wb = wf if fmt == "nvfp4" else bf16(wf)
     want = bf16(x).astype(np.float64) @ wb.astype(np.float64).T
@@ -77,7 +77,7 @@ def test_fast_gemm_matches_numpy_on_bf16_operands(emu_ops, fmt):
         w, wf, x, bias = _case(fmt, t, rows, base, rng)
         dev_b = None if bias is None else emu_ops.asarray(bias)
         got = emu_ops.linear(emu_ops.asarray(x), emu_ops.prepare_weight(w), dev_b).numpy()
-        _check(got, fmt, wf, x, bias, f"gemm_fast {fmt} T={t} {rows}x{x.shape[1]}")
+        check_fast(got, fmt, wf, x, bias, f"gemm_fast {fmt} T={t} {rows}x{x.shape[1]}")
 
 
 def test_fast_gemm_partial_units_and_unaligned_x(emu_ops):
@@ -90,7 +90,7 @@ def test_fast_gemm_partial_units_and_unaligned_x(emu_ops):
             x = rng.standard_normal((t + 1, cols)).astype(np.float32)
             dev_x = emu_ops.asarray(x)[1:]
             got = emu_ops.linear(dev_x, emu_ops.prepare_weight(w)).numpy()
-            _check(got, fmt, wf, x[1:], None, f"gemm_fast {fmt} T={t} 37x{cols}")
+            check_fast(got, fmt, wf, x[1:], None, f"gemm_fast {fmt} T={t} 37x{cols}")
 
 
 @pytest.mark.parametrize("fmt", ["bf16", "q4_k", "nvfp4"])
@@ -104,7 +104,7 @@ def test_the_sm80_fragment_code_matches_the_portable_kernel(emu_ops, fmt):
         dw, dx = emu_ops.prepare_weight(w), emu_ops.asarray(x)
         db = None if bias is None else emu_ops.asarray(bias)
         frag = emu_ops.gemm(dx, dw, db, EMU_MMA, kind="fast").numpy()
-        _check(frag, fmt, wf, x, bias, f"fragments {fmt} T={t} {rows}x{x.shape[1]}")
+        check_fast(frag, fmt, wf, x, bias, f"fragments {fmt} T={t} {rows}x{x.shape[1]}")
         portable = emu_ops.gemm(dx, dw, db, None, kind="fast").numpy()
         np.testing.assert_allclose(frag, portable, rtol=1e-5, atol=1e-5)
 
@@ -142,7 +142,7 @@ def test_the_fast_kernel_is_checked_against_its_portable_build(tmp_path, broken)
     w, wf = random_weight("bf16", 40, 96, rng)
     x = rng.standard_normal((12, 96)).astype(np.float32)
     got = ops.linear(ops.asarray(x), ops.prepare_weight(w)).numpy()
-    _check(got, "bf16", wf, x, None, "after the check")
+    check_fast(got, "bf16", wf, x, None, "after the check")
     choice = ops.gemm_choice()
     assert choice.kind == "fast"
     if broken:

@@ -202,6 +202,20 @@ def check_linear(ops, rng, scale: int = 1) -> None:
             assert rel_err(got, ref.linear(x, wf)) < 2e-5, f"linear {fmt} T={t} 37x{cols}"
 
 
+def check_gemm_fast(ops, rng, scale: int = 1) -> None:
+    """The fast prefill GEMM (bf16 operands, one MMA per product) whatever ops.prefill is:
+    numpy on the bf16-rounded operands up to summation order, and within 2 * 2^-8 sum |x w|
+    of the float32 product (tests/test_gemm_fast.py's bounds)."""
+    from tests.test_gemm_fast import check_fast
+
+    for fmt in FORMATS:
+        for t, rows, cols in ((9, 70, _cols(fmt, 96)), (67 * scale, 129, _cols(fmt, 256 * scale))):
+            w, wf = random_weight(fmt, rows, cols, rng)
+            x = rng.standard_normal((t, cols)).astype(np.float32)
+            got = ops.gemm(ops.asarray(x), ops.prepare_weight(w), None, None, kind="fast")
+            check_fast(got.numpy(), fmt, wf, x, None, f"gemm_fast {fmt} T={t} {rows}x{cols}")
+
+
 def check_embedding(ops, rng, scale: int = 1) -> None:
     for fmt in FORMATS:
         w, wf = random_weight(fmt, 50, _cols(fmt, 96), rng)
@@ -462,6 +476,7 @@ ALL_CHECKS = {
     "dequant": check_dequant,
     "fp8": check_fp8,
     "linear": check_linear,
+    "gemm_fast": check_gemm_fast,
     "embedding": check_embedding,
     "norms": check_norms,
     "rope": check_rope,
