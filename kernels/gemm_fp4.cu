@@ -58,6 +58,7 @@ extern "C" __global__ void __launch_bounds__(256)
                  float* __restrict__ xg, int T, int cols) {
     __shared__ float red[32];
     int t = blockIdx.x;
+    if (t >= T) return;  // one block per token
     const float* row = x + (long long)t * cols;
     float amax = 0.0f;
     for (int c = threadIdx.x; c < cols; c += blockDim.x) amax = fmaxf(amax, fabsf(row[c]));

@@ -4,6 +4,7 @@ A missing toolchain skips the calling test."""
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -93,15 +94,32 @@ def clang() -> str | None:
     return None
 
 
+AMD_TARGET = ["-x", "hip", "--offload-arch=gfx1151", "-nogpulib", "--cuda-device-only", "-O3"]
+
+
+@functools.cache
+def amd_device_lib(compiler: str) -> bytes:
+    """tests/amd_device_lib.hip as bitcode: the thread ids, barriers' fences and math the ROCm
+    device libraries would give the kernels, which -nogpulib leaves as calls."""
+    with tempfile.TemporaryDirectory() as d:
+        out = Path(d) / "lib.bc"
+        src = Path(__file__).with_name("amd_device_lib.hip")
+        cmd = [compiler, *AMD_TARGET, "-fgpu-rdc", "-emit-llvm", "-c", "-o", str(out), str(src)]
+        subprocess.run(cmd, check=True, capture_output=True)
+        return out.read_bytes()
+
+
 def gfx1151_asm(source: str) -> str:
-    """kernels/`source` as gfx1151 assembly (without the device libraries), else a skip."""
+    """kernels/`source` as gfx1151 assembly, linked with amd_device_lib (so that no call is
+    left), else a skip."""
     compiler = clang()
     if compiler is None or not Path("/usr/include/hip/hip_runtime.h").exists():
         pytest.skip("clang-19 and the HIP headers not installed")
     with tempfile.TemporaryDirectory() as d:
-        out = Path(d) / "k.s"
-        cmd = [compiler, "-x", "hip", "--offload-arch=gfx1151", "-nogpulib", "--cuda-device-only"]
-        cmd += ["-S", "-O3", f"-I{KERNELS}", "-o", str(out), str(KERNELS / source)]
+        out, lib = Path(d) / "k.s", Path(d) / "lib.bc"
+        lib.write_bytes(amd_device_lib(compiler))
+        cmd = [compiler, *AMD_TARGET, "-S", f"-I{KERNELS}", "-o", str(out), str(KERNELS / source)]
+        cmd += ["-Xclang", "-mlink-builtin-bitcode", "-Xclang", str(lib)]
         subprocess.run(cmd, check=True, capture_output=True)
         return out.read_text()
 

