@@ -11,7 +11,8 @@ keeps what the others measured; scripts/device-check runs each in its own proces
   two limits every other row is a fraction of.
 - `gemv`: one token (T = 1) and MTP-verify batches (T = 2, 4, 8) through a 16384 x 16384 matrix in
   every weight format; the launches are captured in a graph and replayed, so launch cost does
-  not hide the kernel. GB/s counts the weight's bytes (codes + scales).
+  not hide the kernel. GB/s counts the weight's bytes (codes + scales); T = 1 rows carry
+  benchmarks/gemv_model.py's predicted fraction for the device (H100, H200, GB10) beside it.
 - `gemm`: a 2,048-token prompt chunk through the 27B shape's MLP matrix (17408 x 5120), the
   fast (bf16 operands) and the exact (bf16x3) kernel: TFLOP/s.
 - `attention`: prefill (causal, T = S = 2K and 16K) and decode (T = 1 against 2K and 16K
@@ -121,11 +122,10 @@ class Bench:
         peak = self.peaks.get("bf16 TFLOP/s")
         return round(tflops / peak, 3) if peak else None
 
-    def bandwidth(self, op: str, ms: float, nbytes: float) -> None:
+    def bandwidth(self, op: str, ms: float, nbytes: float, extra: dict | None = None) -> None:
         gbs = nbytes / ms / 1e6
-        self.emit(
-            {"op": op, "ms": round(ms, 4), "GB/s": round(gbs, 1), "of copy": self.of_copy(gbs)}
-        )
+        row = {"op": op, "ms": round(ms, 4), "GB/s": round(gbs, 1), "of copy": self.of_copy(gbs)}
+        self.emit(row | (extra or {}))
 
     def compute(self, op: str, ms: float, flops: float) -> None:
         tf = flops / ms / 1e9
@@ -211,14 +211,38 @@ def peak(b: Bench, _formats) -> None:
     b.emit(row)
 
 
+def gemv_predictions(b: Bench) -> dict[str, float]:
+    """benchmarks/gemv_model.py's fraction of copy bandwidth for each format at T = 1, for this
+    device (an H100, H200 or GB10) and the code compiled for its target; {} where the model
+    does not know the device or the SASS tools are missing."""
+    import pytest
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import gemv_model
+
+    name = getattr(b.ops.rt, "device_name", "")
+    device = next((d for key, d in gemv_model.DEVICES.items() if key in name), None)
+    if device is None:
+        return {}
+    try:
+        kernels = gemv_model.compiled_kernels(b.ops.rt.target)
+    except (Exception, pytest.skip.Exception) as exc:
+        print(f"  (no GEMV model predictions: {exc})")
+        return {}
+    eta, _ = gemv_model.calibrate()
+    return {k.fmt: round(gemv_model.fraction(k, device, eta, b.size["gemv"]), 3) for k in kernels}
+
+
 def gemv(b: Bench, formats) -> None:
     ops, rng, n = b.ops, np.random.default_rng(0), b.size["gemv"]
+    predicted = gemv_predictions(b)
     for fmt in formats:
         dw = ops.prepare_weight(checks.random_weight(fmt, n, n, rng, reference=False)[0])
         for t in (1, 2, 4, 8):  # 2..8: gemv_t8, an MTP verify
             x = ops.asarray(rng.standard_normal((t, n)).astype(np.float32))
             ms = b.device_ms(ops.linear, x, dw, reps=20)
-            b.bandwidth(f"gemv {fmt} T={t} {n}x{n}", ms, weight_bytes(dw))
+            model = {"predicted of copy": predicted.get(fmt)} if t == 1 and predicted else {}
+            b.bandwidth(f"gemv {fmt} T={t} {n}x{n}", ms, weight_bytes(dw), model)
         del dw
 
 

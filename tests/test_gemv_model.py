@@ -57,3 +57,26 @@ def test_facts_from_the_compiled_code():
     assert [k.fmt for k in kernels] == [f for f, _, _ in FAST_PATHS]
     for k, (_, _, bound) in zip(kernels, FAST_PATHS, strict=True):
         assert 32 < k.registers <= 255 and k.per_weight <= bound, k
+
+
+@pytest.mark.slow  # compiles gemv.cu with NVRTC and reads its SASS
+def test_gpu_bench_prints_the_prediction_beside_the_measurement(tmp_path):
+    """scripts/gpu_bench.py's gemv rows at T = 1 carry the model's fraction for the device it
+    runs on (an H100 here, by name), computed from the code compiled for its target; a device
+    the model does not know gets none."""
+    from types import SimpleNamespace
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import gpu_bench
+
+    def bench(name: str):
+        rt = SimpleNamespace(device_name=name, target="sm_90a")
+        return SimpleNamespace(ops=SimpleNamespace(rt=rt), size={"gemv": 16384})
+
+    predicted = gpu_bench.gemv_predictions(bench("NVIDIA H100 80GB HBM3"))
+    if not predicted:
+        pytest.skip("NVRTC or cuobjdump not installed")
+    assert set(predicted) >= {"nvfp4", "q4_k", "bf16"}
+    assert all(0 < f <= 1 for f in predicted.values()), predicted
+    assert predicted["bf16"] >= predicted["q4_k"]  # fewer instructions per byte
+    assert gpu_bench.gemv_predictions(bench("NVIDIA A100-SXM4-80GB")) == {}
