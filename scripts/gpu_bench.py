@@ -11,8 +11,9 @@ keeps what the others measured; scripts/device-check runs each in its own proces
   two limits every other row is a fraction of.
 - `gemv`: one token (T = 1) and MTP-verify batches (T = 2, 4, 8) through a 16384 x 16384 matrix in
   every weight format; the launches are captured in a graph and replayed, so launch cost does
-  not hide the kernel. GB/s counts the weight's bytes (codes + scales); T = 1 rows carry
-  benchmarks/gemv_model.py's predicted fraction for the device (H100, H200, GB10) beside it.
+  not hide the kernel. GB/s counts the weight's bytes (codes + scales); then a `gemv model`
+  row per format: benchmarks/gemv_model.py's predicted fraction at T = 1 for the device (H100,
+  H200, GB10) and the code compiled for it.
 - `gemm`: a 2,048-token prompt chunk through the 27B shape's MLP matrix (17408 x 5120), the
   fast (bf16 operands) and the exact (bf16x3) kernel: TFLOP/s.
 - `attention`: prefill (causal, T = S = 2K and 16K) and decode (T = 1 against 2K and 16K
@@ -122,10 +123,11 @@ class Bench:
         peak = self.peaks.get("bf16 TFLOP/s")
         return round(tflops / peak, 3) if peak else None
 
-    def bandwidth(self, op: str, ms: float, nbytes: float, extra: dict | None = None) -> None:
+    def bandwidth(self, op: str, ms: float, nbytes: float) -> None:
         gbs = nbytes / ms / 1e6
-        row = {"op": op, "ms": round(ms, 4), "GB/s": round(gbs, 1), "of copy": self.of_copy(gbs)}
-        self.emit(row | (extra or {}))
+        self.emit(
+            {"op": op, "ms": round(ms, 4), "GB/s": round(gbs, 1), "of copy": self.of_copy(gbs)}
+        )
 
     def compute(self, op: str, ms: float, flops: float) -> None:
         tf = flops / ms / 1e9
@@ -235,15 +237,17 @@ def gemv_predictions(b: Bench) -> dict[str, float]:
 
 def gemv(b: Bench, formats) -> None:
     ops, rng, n = b.ops, np.random.default_rng(0), b.size["gemv"]
-    predicted = gemv_predictions(b)
     for fmt in formats:
         dw = ops.prepare_weight(checks.random_weight(fmt, n, n, rng, reference=False)[0])
         for t in (1, 2, 4, 8):  # 2..8: gemv_t8, an MTP verify
             x = ops.asarray(rng.standard_normal((t, n)).astype(np.float32))
             ms = b.device_ms(ops.linear, x, dw, reps=20)
-            model = {"predicted of copy": predicted.get(fmt)} if t == 1 and predicted else {}
-            b.bandwidth(f"gemv {fmt} T={t} {n}x{n}", ms, weight_bytes(dw), model)
+            b.bandwidth(f"gemv {fmt} T={t} {n}x{n}", ms, weight_bytes(dw))
         del dw
+    # last, so a section cut off by its time limit keeps the measurements
+    for fmt, fraction in gemv_predictions(b).items():
+        if fmt in formats:
+            b.emit({"op": f"gemv model {fmt} T=1 {n}x{n}", "predicted of copy": fraction})
 
 
 def gemv_blocks(b: Bench, formats) -> None:

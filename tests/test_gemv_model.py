@@ -61,9 +61,9 @@ def test_facts_from_the_compiled_code():
 
 @pytest.mark.slow  # compiles gemv.cu with NVRTC and reads its SASS
 def test_gpu_bench_prints_the_prediction_beside_the_measurement(tmp_path):
-    """scripts/gpu_bench.py's gemv rows at T = 1 carry the model's fraction for the device it
-    runs on (an H100 here, by name), computed from the code compiled for its target; a device
-    the model does not know gets none."""
+    """scripts/gpu_bench.py's gemv section ends with the model's fraction per format for the
+    device it runs on (an H100 here, by name), computed from the code compiled for its target;
+    a device the model does not know gets none."""
     from types import SimpleNamespace
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
