@@ -38,7 +38,7 @@
 
 #define GEMV_MAX_T 8
 #define GEMV_WARPS 8
-#define GEMV_UNIT_F4 9                       // float4 slots per staged unit: 8 of x + 1 of padding
+#define GEMV_UNIT_F4 9  // float4 slots per staged unit: half A, 1 of padding, half B (gv_lane)
 #define GEMV_TILE_F4 (32 * GEMV_UNIT_F4)     // one token's staged tile
 
 template <int F>
@@ -90,8 +90,12 @@ ATLAS_DEV GvLane gv_lane(int lane) {
         ub = ua + 2;
         ha = hb = s & 1;
     }
-    g.xa = ua * GEMV_UNIT_F4 + 4 * ha;
-    g.xb = ub * GEMV_UNIT_F4 + 4 * hb;
+    // half h of unit u at float4 9 u + 5 h: the 16-byte reads of 8 lanes at a time hit distinct
+    // banks (float4 index mod 8) for the plain layout (u = lane, h fixed: u mod 8) and for
+    // Q4_K's and Q5_K's (u in {0, 2, 4, 6} or {1, 3, 5, 7}, both h: u + 5 h); Q6_K's (u in
+    // {0, 1, 4, 5}, both h) has two lanes per bank group under any gap between the halves
+    g.xa = ua * GEMV_UNIT_F4 + 5 * ha;
+    g.xb = ub * GEMV_UNIT_F4 + 5 * hb;
     g.sa = 2 * ua + ha;
     g.sb = 2 * ub + hb;
     return g;
@@ -442,7 +446,7 @@ ATLAS_DEV void gv_decode(const GvRaw& g, int lane, GvUnit& o) {
 // the 4 threads of each half add their values (every lane of the warp must call).
 template <bool SUMS>
 ATLAS_DEV void gemv_put_x(atlas_f4 q, bool ok, atlas_f4* xs, float* xsum, int uu, int c) {
-    if (ok) xs[uu * GEMV_UNIT_F4 + c] = q;
+    if (ok) xs[uu * GEMV_UNIT_F4 + c + (c >> 2)] = q;  // half B (c >= 4) past the padding
     if (SUMS) {
         float s = ok ? (q.x + q.y) + (q.z + q.w) : 0.0f;
         s += warp_xor(s, 1);

@@ -70,3 +70,30 @@ def test_fast_prefill_is_within_llama_cpp_bounds_of_float32():
     assert same.mean() >= MIN_TOP1, f"top-1 {same.mean():.4f} over {len(same)} decided"
     # and the fast path did round: the float32 kernel stays within 1e-4 of these logits
     assert min(rounded) > 1e-4, rounded
+
+
+@pytest.mark.slow  # the emulator, 48 positions
+def test_the_prefill_kl_benchmark_runs(tmp_path):
+    """benchmarks/prefill_kl.py, which measures the real models: its line on a tiny one, and
+    its NVFP4 quantizer against the loader's own dequantization."""
+    import subprocess
+    import sys
+
+    if not runtime_emu.available():
+        pytest.skip("g++ not installed")
+    root = Path(__file__).resolve().parents[1]
+    model = FIXTURES / "qwen3-gguf" / "model.gguf"
+    cmd = [sys.executable, str(root / "benchmarks" / "prefill_kl.py"), str(model)]
+    out = subprocess.run([*cmd, "--positions", "48"], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    assert "fast against cpu-ref, 48 positions" in out.stdout and "mean KL" in out.stdout
+
+    sys.path.insert(0, str(root / "benchmarks"))
+    import prefill_kl
+
+    w = np.random.default_rng(0).standard_normal((8, 128)).astype(np.float32)
+    q = prefill_kl.to_nvfp4(w).dequantize()
+    # E2M1 under a per-16 E4M3 scale: within half the widest step (2 of 6) of each block's max
+    blockmax = np.abs(w).reshape(8, 8, 16).max(-1, keepdims=True)
+    assert (np.abs(q - w).reshape(8, 8, 16) <= blockmax / 6 * 1.0 + 1e-6).all()
+    assert np.corrcoef(q.ravel(), w.ravel())[0, 1] > 0.98
