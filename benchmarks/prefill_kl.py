@@ -31,8 +31,8 @@ from atlas_cli.backend.loaders.safetensors import NVFP4Tensor  # noqa: E402
 from atlas_cli.backend.ops.native import placement, runtime_emu  # noqa: E402
 from atlas_cli.backend.ops.native.device import NativeOps  # noqa: E402
 from tests.gpu.checks import E4M3, e4m3_encode_ref  # noqa: E402
-from tests.test_gemm_fp4 import e2m1_codes  # noqa: E402
 from tests.test_gemm_fast_models import DECIDED, log_softmax  # noqa: E402
+from tests.test_gemm_fp4 import e2m1_codes  # noqa: E402
 
 TEXT = ["docs/architecture.md", "atlas_cli/backend/ops/native/weights.py", "README.md"]
 
