@@ -27,27 +27,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from atlas_cli.backend import load  # noqa: E402
-from atlas_cli.backend.loaders.safetensors import NVFP4Tensor  # noqa: E402
 from atlas_cli.backend.ops.native import placement, runtime_emu  # noqa: E402
 from atlas_cli.backend.ops.native.device import NativeOps  # noqa: E402
-from tests.gpu.checks import E4M3, e4m3_encode_ref  # noqa: E402
+from atlas_cli.backend.requantize import requantize  # noqa: E402
 from tests.test_gemm_fast_models import DECIDED, log_softmax  # noqa: E402
-from tests.test_gemm_fp4 import e2m1_codes  # noqa: E402
 
 TEXT = ["docs/architecture.md", "atlas_cli/backend/ops/native/weights.py", "README.md"]
-
-
-def to_nvfp4(w: np.ndarray) -> NVFP4Tensor:
-    """A float32 matrix as modelopt quantizes it to NVFP4."""
-    w = np.asarray(w, np.float32)
-    gs = np.float32(np.abs(w).max() / (448 * 6))
-    blocks = w.reshape(w.shape[0], -1, 16)
-    sc = e4m3_encode_ref((np.abs(blocks).max(-1) / (6 * gs)).astype(np.float32))
-    d = (E4M3[sc] * gs).astype(np.float32)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        codes = e2m1_codes((blocks / d[..., None]).astype(np.float32))
-    codes = np.where(d[..., None] > 0, codes, 0).astype(np.uint8).reshape(w.shape[0], -1)
-    return NVFP4Tensor((codes[:, 0::2] | (codes[:, 1::2] << 4)).astype(np.uint8), sc, float(gs))
 
 
 def quantize_projections() -> None:
@@ -57,7 +42,7 @@ def quantize_projections() -> None:
     def to_device(ops, name, w):
         shape = getattr(w, "shape", ())
         if name.endswith("proj.weight") and len(shape) == 2 and shape[1] % 128 == 0:
-            w = to_nvfp4(w.dequantize() if hasattr(w, "dequantize") else w)
+            w = requantize(w.dequantize() if hasattr(w, "dequantize") else w, "nvfp4")
         return real(ops, name, w)
 
     placement.to_device = to_device

@@ -14,6 +14,7 @@ import pytest
 
 from atlas_cli.backend.ops.native import gemm_check, runtime_emu
 from atlas_cli.backend.ops.native.runtime import i32, ptr
+from atlas_cli.backend.requantize import e2m1_codes
 from tests.gpu.checks import E2M1, E4M3, e4m3_encode_ref, random_weight
 from tests.test_gemm import FakeDevice
 
@@ -31,16 +32,6 @@ def emu_ops():
     ops = NativeOps(runtime_emu.EmuRuntime(cache), weight_dtype="f32", prefill="fp4")
     ops.poison = True
     return ops
-
-
-def e2m1_codes(v: np.ndarray) -> np.ndarray:
-    """gemm_fp4.cu's e2m1_code: |v| to the nearest E2M1 magnitude, ties to the even code."""
-    a = np.abs(v)
-    i = sum(
-        (a > 0.25, a >= 0.75, a > 1.25, a >= 1.75, a > 2.5, a >= 3.5, a > 5.0),
-        np.zeros(v.shape, np.uint8),
-    ).astype(np.uint8)
-    return i | np.where(v < 0, 8, 0).astype(np.uint8)
 
 
 def quantize_x(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

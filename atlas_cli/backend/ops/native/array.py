@@ -223,6 +223,7 @@ class DeviceOpsBase:
         self.weight_dtype = weight_dtype  # float weights: as stored, or forced (prepare_weight)
         assert prefill in ("fast", "exact", "fp4"), f"prefill {prefill!r}"
         self.prefill = prefill  # the prefill GEMM's kind (weights.gemm)
+        self.lm_head = "stored"  # or a format an untied float lm_head is requantized to (placement)
         self.poison = False  # tests: fill every new output with NaN to catch unwritten elements
         self._fns: dict[tuple[str, str], Any] = {}
         self._uploads: dict[str, tuple[np.ndarray, DeviceArray]] = {}

@@ -23,6 +23,8 @@ def to_device(ops, name: str, w):
     vectors) as float32 device arrays."""
     if name == "rope_freqs":  # read on the host to build RoPE frequencies
         return w
+    if name == "lm_head.weight" and getattr(ops, "lm_head", "stored") != "stored":
+        w = _requantized_head(w, ops.lm_head)
     if is_matrix(name, w) or (name.endswith("embed_tokens.weight") and _is_2d(w)):
         return ops.prepare_weight(w)
     return ops.asarray(w)
@@ -30,3 +32,18 @@ def to_device(ops, name: str, w):
 
 def _is_2d(value) -> bool:
     return isinstance(value, np.ndarray) and value.ndim == 2
+
+
+FLOAT_KERNELS = ("f32", "f16", "bf16")
+
+
+def _requantized_head(w, fmt: str):
+    """An untied float lm_head in `fmt` (ATLAS_LM_HEAD); a quantized one stays as it is (a
+    GGUF's Q6_K head is already smaller than Q8_0)."""
+    from atlas_cli.backend.requantize import requantize
+
+    if isinstance(w, QuantizedWeight):
+        if w.format.kernel not in FLOAT_KERNELS:
+            return w
+        w = w.dequantize()
+    return requantize(np.asarray(w, np.float32), fmt) if _is_2d(np.asarray(w)) else w
