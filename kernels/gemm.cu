@@ -34,7 +34,6 @@
 #define GM_BN 64  // weight rows per tile
 #define GM_XP 3   // bf16 parts of x
 #define GM_SUM 2  // products x_i w_j with i + j <= GM_SUM are kept
-#define GM_GROUP 8  // token tiles that share each weight tile (see the top)
 
 #if defined(ATLAS_CUDA) && defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 800) && !defined(ATLAS_PORTABLE)
 #define GM_MMA_SM80 1
@@ -132,14 +131,6 @@ ATLAS_DEV void gm_stage(gm_tile (*xs)[GM_BM], gm_tile (*ws)[GM_BN], int tid, con
     }
 }
 
-ATLAS_DEV void gm_out(float* __restrict__ y, const float* __restrict__ bias, float scale, int T,
-                      int rows, int t, int r, float acc) {
-    if (t < T && r < rows) {
-        float o = mul_rn(acc, scale);
-        y[(long long)t * rows + r] = bias ? o + bias[r] : o;
-    }
-}
-
 // The kept products x_i * w_j (i + j <= GM_SUM, j < WP), smallest first; BODY uses i and j.
 // Every path multiplies in this order (after unrolling, i and j are constants).
 #define GM_PRODUCTS(WP, BODY)                                    \
@@ -165,14 +156,6 @@ struct GmAcc {
 
 ATLAS_DEV u32 gm_ld32(const u16* p) { return *(const u32*)p; }
 
-ATLAS_DEV void gm_mma(float* c, const u32* a, const u32* b) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
 ATLAS_DEV void gm_zero(GmAcc& acc) {
 #pragma unroll
     for (int i = 0; i < 2; i++)
@@ -182,9 +165,8 @@ ATLAS_DEV void gm_zero(GmAcc& acc) {
             for (int e = 0; e < 4; e++) acc.c[i][j][e] = 0.0f;
 }
 
-// Fragments as the PTX ISA lays them out for m16n8k16: lane = 4 g + q; A (row-major x tile)
-// a0 = (g, 2q..), a1 = (g + 8, 2q..), a2 = (g, 2q + 8..), a3 = (g + 8, 2q + 8..); B (the weight
-// tile, one row per n) b0 = (k 2q.., n g), b1 = (k 2q + 8.., n g).
+// Fragments as gemm_tiles.cuh's gt_mma_bf16 takes them: A the row-major x tile, B the weight
+// tile (one row per n).
 template <int WP>
 ATLAS_DEV void gm_step(GmAcc& acc, gm_tile (*xs)[GM_BM], gm_tile (*ws)[GM_BN], int tid) {
     int warp = tid >> 5, lane = tid & 31;
@@ -215,7 +197,7 @@ ATLAS_DEV void gm_step(GmAcc& acc, gm_tile (*xs)[GM_BM], gm_tile (*ws)[GM_BN], i
 #pragma unroll
         for (int ti = 0; ti < 2; ti++)
 #pragma unroll
-            for (int tj = 0; tj < 2; tj++) GM_PRODUCTS(WP, gm_mma(d.c[ti][tj], a[i][ti], b[j][tj]))
+            for (int tj = 0; tj < 2; tj++) GM_PRODUCTS(WP, gt_mma_bf16(d.c[ti][tj], a[i][ti], b[j][tj]))
     }
 #pragma unroll
     for (int ti = 0; ti < 2; ti++)
@@ -371,11 +353,7 @@ ATLAS_DEV void gemm_body(const u8* __restrict__ W, const u8* __restrict__ S, flo
     a.rows = rows;
     a.cols = cols;
     a.units = plain ? units_of(cols) : cols / 32;
-    int m_tiles = (T + GM_BM - 1) / GM_BM, n_tiles = (rows + GM_BN - 1) / GM_BN;
-    int group = blockIdx.x / (GM_GROUP * n_tiles), in_group = blockIdx.x % (GM_GROUP * n_tiles);
-    int size = m_tiles - GM_GROUP * group < GM_GROUP ? m_tiles - GM_GROUP * group : GM_GROUP;
-    a.m0 = (GM_GROUP * group + in_group % size) * GM_BM;
-    a.n0 = (in_group / size) * GM_BN;
+    gm_tile_origin(T, rows, GM_BM, GM_BN, &a.m0, &a.n0);
     a.row_bytes = row_bytes;
     a.srow_bytes = srow_bytes;
     a.wvec = ((unsigned long long)W & 15ull) == 0 && (row_bytes & 15) == 0;

@@ -31,7 +31,6 @@
 #define GF_BM 64  // tokens per tile
 #define GF_BN 128  // weight rows per tile
 #define GF_STAGES 3  // x steps in flight (cp.async ring)
-#define GF_GROUP 8  // token tiles that share each weight tile (gemm.cu GM_GROUP)
 
 #if defined(ATLAS_CUDA) && defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 800) && !defined(ATLAS_PORTABLE)
 #define GF_MMA_SM80 1
@@ -84,14 +83,6 @@ ATLAS_DEV void gf_stage_w(gm_tile* ws, int tid, const float* v) {
     }
 }
 
-ATLAS_DEV void gf_out(float* __restrict__ y, const float* __restrict__ bias, float scale, int T,
-                      int rows, int t, int r, float acc) {
-    if (t < T && r < rows) {
-        float o = mul_rn(acc, scale);
-        y[(long long)t * rows + r] = bias ? o + bias[r] : o;
-    }
-}
-
 // ---- the multiply of one 64 x 128 x 64 step --------------------------------------------------
 
 #if defined(GF_FRAGMENTS)
@@ -106,17 +97,10 @@ ATLAS_DEV void gf_zero(GfAcc& acc) {
     for (int i = 0; i < 32; i++) (&acc.c[0][0][0])[i] = 0.0f;
 }
 
-// c (16 x 8) += a (16 x 16) b (16 x 8); fragments as the PTX ISA lays them out for m16n8k16
-// (lane = 4 g + q): a0 = (g, 2q..), a1 = (g + 8, 2q..), a2 = (g, 2q + 8..), a3 = (g + 8,
-// 2q + 8..); b0 = (k 2q.., n g), b1 = (k 2q + 8.., n g); c0 = (g, 2q), c1 = (g, 2q + 1),
-// c2 = (g + 8, 2q), c3 = (g + 8, 2q + 1).
+// c (16 x 8) += a (16 x 16) b (16 x 8) (gemm_tiles.cuh's gt_mma_bf16 has the fragments).
 ATLAS_DEV void gf_mma(float* c, const u32* a, const u32* b) {
 #if defined(GF_MMA_SM80)
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    gt_mma_bf16(c, a, b);
 #else
     // the definition on the same registers: each element's A row and B column fetched from the
     // lanes that hold them, k-pair by k-pair
@@ -163,7 +147,7 @@ ATLAS_DEV void gf_epilogue(const GfAcc& acc, float* __restrict__ y, const float*
             for (int e = 0; e < 4; e++) {
                 int t = m0 + 32 * wm + 16 * i + g + 8 * (e >> 1);
                 int r = n0 + 32 * wn + 8 * n + 2 * q + (e & 1);
-                gf_out(y, bias, scale, T, rows, t, r, acc.c[i][n][e]);
+                gm_out(y, bias, scale, T, rows, t, r, acc.c[i][n][e]);
             }
 }
 
@@ -205,7 +189,7 @@ ATLAS_DEV void gf_epilogue(const GfAcc& acc, float* __restrict__ y, const float*
         for (int e = 0; e < 8; e++) {
             int t = m0 + 16 * (wave & 3) + 2 * e + (lane >> 4);
             int r = n0 + 64 * (wave >> 2) + 16 * j + (lane & 15);
-            gf_out(y, bias, scale, T, rows, t, r, acc.c[j][e]);
+            gm_out(y, bias, scale, T, rows, t, r, acc.c[j][e]);
         }
 }
 
@@ -243,7 +227,7 @@ ATLAS_DEV void gf_epilogue(const GfAcc& acc, float* __restrict__ y, const float*
     for (int t = 0; t < 4; t++)
 #pragma unroll
         for (int n = 0; n < 8; n++)
-            gf_out(y, bias, scale, T, rows, m0 + 4 * tm + t, n0 + 8 * tn + n, acc.c[t][n]);
+            gm_out(y, bias, scale, T, rows, m0 + 4 * tm + t, n0 + 8 * tn + n, acc.c[t][n]);
 }
 
 #endif
@@ -265,11 +249,7 @@ ATLAS_DEV void gemm_fast_body(const u8* __restrict__ W, const u8* __restrict__ S
     a.w.rows = rows;
     a.w.cols = cols;
     a.w.units = plain ? units_of(cols) : cols / 32;
-    int m_tiles = (T + GF_BM - 1) / GF_BM, n_tiles = (rows + GF_BN - 1) / GF_BN;
-    int group = blockIdx.x / (GF_GROUP * n_tiles), in_group = blockIdx.x % (GF_GROUP * n_tiles);
-    int size = m_tiles - GF_GROUP * group < GF_GROUP ? m_tiles - GF_GROUP * group : GF_GROUP;
-    a.w.m0 = (GF_GROUP * group + in_group % size) * GF_BM;
-    a.w.n0 = (in_group / size) * GF_BN;
+    gm_tile_origin(T, rows, GF_BM, GF_BN, &a.w.m0, &a.w.n0);
     a.w.row_bytes = row_bytes;
     a.w.srow_bytes = srow_bytes;
     a.w.wvec = ((unsigned long long)W & 15ull) == 0 && (row_bytes & 15) == 0;

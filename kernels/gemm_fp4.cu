@@ -31,7 +31,6 @@
 #define G4_BN 128  // weight rows per tile
 #define G4_BK 128  // columns per step (64 bytes of codes and 8 scales a row)
 #define G4_STAGES 3
-#define G4_GROUP 8  // token tiles that share each weight tile (gemm.cu GM_GROUP)
 
 // (the block-scaled MMA exists on the architecture-specific targets only: sm_120a, sm_121a)
 #if defined(ATLAS_CUDA) && !defined(ATLAS_PORTABLE) && defined(__CUDA_ARCH_SPECIFIC__) && \
@@ -284,11 +283,7 @@ extern "C" __global__ void __launch_bounds__(256)
     a.cols = cols;
     a.row_bytes = row_bytes;
     a.srow_bytes = srow_bytes;
-    int m_tiles = (T + G4_BM - 1) / G4_BM, n_tiles = (rows + G4_BN - 1) / G4_BN;
-    int group = blockIdx.x / (G4_GROUP * n_tiles), in_group = blockIdx.x % (G4_GROUP * n_tiles);
-    int size = m_tiles - G4_GROUP * group < G4_GROUP ? m_tiles - G4_GROUP * group : G4_GROUP;
-    a.m0 = (G4_GROUP * group + in_group % size) * G4_BM;
-    a.n0 = (in_group / size) * G4_BN;
+    gm_tile_origin(T, rows, G4_BM, G4_BN, &a.m0, &a.n0);
     int steps = cols / G4_BK;
     G4Acc acc;
     g4_zero(acc);

@@ -6,6 +6,28 @@
 #include "quant.cuh"
 
 #define GM_BK 64  // columns per step (two 32-element units)
+#define GM_GROUP 8  // token tiles that share each weight tile (gemm.cu's top says why)
+
+// The first token and weight row of this block's BM x BN tile. Blocks walk the weight tiles in
+// groups of GM_GROUP token tiles side by side, so each weight tile is read from DRAM once per
+// group (L2 serves the group's other token tiles) while the group's x stays in L2.
+ATLAS_DEV void gm_tile_origin(int T, int rows, int bm, int bn, int* m0, int* n0) {
+    int m_tiles = (T + bm - 1) / bm, n_tiles = (rows + bn - 1) / bn;
+    int group = blockIdx.x / (GM_GROUP * n_tiles), in_group = blockIdx.x % (GM_GROUP * n_tiles);
+    int size = m_tiles - GM_GROUP * group < GM_GROUP ? m_tiles - GM_GROUP * group : GM_GROUP;
+    *m0 = (GM_GROUP * group + in_group % size) * bm;
+    *n0 = (in_group / size) * bn;
+}
+
+// Output (t, r) of a tile times `scale` (NVFP4's global scale, else 1) plus the bias, if the
+// tile's element is inside y.
+ATLAS_DEV void gm_out(float* __restrict__ y, const float* __restrict__ bias, float scale, int T,
+                      int rows, int t, int r, float acc) {
+    if (t < T && r < rows) {
+        float o = mul_rn(acc, scale);
+        y[(long long)t * rows + r] = bias ? o + bias[r] : o;
+    }
+}
 
 // ---- shared-memory staging: cp.async and ldmatrix on sm_80+ ---------------------------------
 
@@ -38,6 +60,20 @@ ATLAS_DEV void gt_copy8(void* dst, const void* src) {
 ATLAS_DEV void gt_commit() {}
 template <int N>
 ATLAS_DEV void gt_wait() {}
+#endif
+
+#if defined(GT_ASYNC)
+// c (16 x 8) += a (16 x 16) b (16 x 8): bf16 operands, float32 accumulation; fragments as the
+// PTX ISA lays them out for m16n8k16 (lane = 4 g + q): a0 = (g, 2q..), a1 = (g + 8, 2q..),
+// a2 = (g, 2q + 8..), a3 = (g + 8, 2q + 8..); b0 = (k 2q.., n g), b1 = (k 2q + 8.., n g);
+// c0 = (g, 2q), c1 = (g, 2q + 1), c2 = (g + 8, 2q), c3 = (g + 8, 2q + 1).
+ATLAS_DEV void gt_mma_bf16(float* c, const u32* a, const u32* b) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
 #endif
 
 #if defined(GT_ASYNC) || defined(ATLAS_EMU)

@@ -6,7 +6,6 @@ wrong, one whose is right)."""
 from __future__ import annotations
 
 import ctypes
-import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -15,6 +14,7 @@ import pytest
 
 from atlas_cli.backend.ops import numpy_ref as ref
 from atlas_cli.backend.ops.native import gemm_check, runtime_emu
+from tests.emu import emu_native_ops
 from tests.gpu.checks import E2M1, E4M3, FORMATS, PLAIN, col_step, random_weight, rel_err
 from tests.test_gemm_sass import WEIGHT_PARTS
 
@@ -26,15 +26,7 @@ def _cols(fmt: str, base: int) -> int:
 
 @pytest.fixture(scope="module")
 def emu_ops():
-    if not runtime_emu.available():
-        pytest.skip("g++ not installed")
-    from atlas_cli.backend.ops.native.device import NativeOps
-
-    cache = Path(tempfile.gettempdir()) / "atlas-emu-kernels"
-    cache.mkdir(exist_ok=True)
-    ops = NativeOps(runtime_emu.EmuRuntime(cache), weight_dtype="f32", prefill="exact")
-    ops.poison = True  # an output element the kernel forgot to write is NaN
-    return ops
+    return emu_native_ops(weight_dtype="f32", prefill="exact")
 
 
 # (tokens, rows, cols before rounding to the format's block): edge tiles in every dimension,

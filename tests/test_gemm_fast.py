@@ -6,7 +6,6 @@ emulated on the same registers; and its first-use self-check on a fake device.""
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +14,7 @@ import pytest
 from atlas_cli.backend.ops import numpy_ref as ref
 from atlas_cli.backend.ops.native import gemm_check, runtime_emu
 from atlas_cli.backend.ops.native.runtime import i32, ptr
+from tests.emu import emu_native_ops
 from tests.gpu.checks import FORMATS, col_step, random_weight
 from tests.test_gemm import FakeDevice
 
@@ -29,15 +29,7 @@ def bf16(a: np.ndarray) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def emu_ops():
-    if not runtime_emu.available():
-        pytest.skip("g++ not installed")
-    from atlas_cli.backend.ops.native.device import NativeOps
-
-    cache = Path(tempfile.gettempdir()) / "atlas-emu-kernels"
-    cache.mkdir(exist_ok=True)
-    ops = NativeOps(runtime_emu.EmuRuntime(cache), weight_dtype="f32", prefill="fast")
-    ops.poison = True  # an output element the kernel forgot to write is NaN
-    return ops
+    return emu_native_ops(weight_dtype="f32", prefill="fast")
 
 
 def _case(fmt: str, t: int, rows: int, base: int, rng):

@@ -6,15 +6,13 @@ which weights and devices take it."""
 
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 from atlas_cli.backend.ops.native import gemm_check, runtime_emu
 from atlas_cli.backend.ops.native.runtime import i32, ptr
 from atlas_cli.backend.requantize import e2m1_codes
+from tests.emu import emu_native_ops
 from tests.gpu.checks import E2M1, E4M3, e4m3_encode_ref, random_weight
 from tests.test_gemm import FakeDevice
 
@@ -23,15 +21,7 @@ EMU_MMA = {"ATLAS_EMU_MMA": 1}
 
 @pytest.fixture(scope="module")
 def emu_ops():
-    if not runtime_emu.available():
-        pytest.skip("g++ not installed")
-    from atlas_cli.backend.ops.native.device import NativeOps
-
-    cache = Path(tempfile.gettempdir()) / "atlas-emu-kernels"
-    cache.mkdir(exist_ok=True)
-    ops = NativeOps(runtime_emu.EmuRuntime(cache), weight_dtype="f32", prefill="fp4")
-    ops.poison = True
-    return ops
+    return emu_native_ops(weight_dtype="f32", prefill="fp4")
 
 
 def quantize_x(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
