@@ -214,7 +214,12 @@ class DeviceOpsBase:
     kernels by (file, name), and the asserts' float32 check."""
 
     def __init__(
-        self, runtime, kv_dtype: str = "bf16", weight_dtype: str = "stored", prefill: str = "fast"
+        self,
+        runtime,
+        kv_dtype: str = "bf16",
+        weight_dtype: str = "stored",
+        prefill: str = "fast",
+        lm_head: str = "stored",
     ):
         self.rt = runtime
         self.NAME = runtime.name
@@ -223,9 +228,9 @@ class DeviceOpsBase:
         self.weight_dtype = weight_dtype  # float weights: as stored, or forced (prepare_weight)
         assert prefill in ("fast", "exact", "fp4"), f"prefill {prefill!r}"
         self.prefill = prefill  # the prefill GEMM's kind (weights.gemm)
-        self.lm_head = "stored"  # or a format an untied float lm_head is requantized to (placement)
+        self.lm_head = lm_head  # or a format an untied float lm_head is requantized to (placement)
         self.poison = False  # tests: fill every new output with NaN to catch unwritten elements
-        self._fns: dict[tuple[str, str], Any] = {}
+        self._fns: dict[tuple, Any] = {}
         self._uploads: dict[str, tuple[np.ndarray, DeviceArray]] = {}
         self._dummy = runtime.alloc(16)
 
@@ -238,10 +243,11 @@ class DeviceOpsBase:
         other.kv_dtype = kv_dtype
         return other
 
-    def _fn(self, file: str, name: str):
-        key = (file, name)
+    def _fn(self, file: str, name: str, defines: dict | None = None):
+        """Entry point `name` of `file` compiled with `defines`, compiled once."""
+        key = (file, name, *sorted((defines or {}).items()))
         if key not in self._fns:
-            self._fns[key] = self.rt.compile(file).function(name)
+            self._fns[key] = self.rt.compile(file, defines).function(name)
         return self._fns[key]
 
     def _launch(self, file: str, name: str, grid, block, args) -> None:

@@ -69,6 +69,7 @@ class NativeOps(
 
 
 PREFILL_MODES = ("fast", "exact", "fp4")
+LM_HEAD_FORMATS = ("stored", "q8_0", "nvfp4")
 
 
 def prefill_mode() -> str:
@@ -77,26 +78,24 @@ def prefill_mode() -> str:
     and the weights to bf16 (gemm_fast.cu, one MMA per product), as llama.cpp and vLLM do;
     "fp4" multiplies NVFP4 weights by NVFP4-quantized x on Blackwell's FP4 tensor cores
     (gemm_fp4.cu; other weights and devices: "fast")."""
-    from atlas_cli.errors import UsageError
-
-    mode = os.environ.get("ATLAS_PREFILL") or "fast"
-    if mode not in PREFILL_MODES:
-        raise UsageError(f"ATLAS_PREFILL must be {', '.join(PREFILL_MODES)}, got {mode!r}")
-    return mode
-
-
-LM_HEAD_FORMATS = ("stored", "q8_0", "nvfp4")
+    return _env_choice("ATLAS_PREFILL", PREFILL_MODES)
 
 
 def lm_head_format() -> str:
     """ATLAS_LM_HEAD: "q8_0" or "nvfp4" requantize an untied float lm_head at load (the 27B's
     bf16 head is ~15% of a decode step's bytes); "stored" (the default) keeps it as stored."""
+    return _env_choice("ATLAS_LM_HEAD", LM_HEAD_FORMATS)
+
+
+def _env_choice(name: str, choices: tuple[str, ...]) -> str:
+    """The environment variable `name`, one of `choices` (unset or empty: the first); another
+    value is a one-line error."""
     from atlas_cli.errors import UsageError
 
-    fmt = os.environ.get("ATLAS_LM_HEAD") or "stored"
-    if fmt not in LM_HEAD_FORMATS:
-        raise UsageError(f"ATLAS_LM_HEAD must be {', '.join(LM_HEAD_FORMATS)}, got {fmt!r}")
-    return fmt
+    value = os.environ.get(name) or choices[0]
+    if value not in choices:
+        raise UsageError(f"{name} must be {', '.join(choices)}, got {value!r}")
+    return value
 
 
 def open_device(device: str, kv_dtype: str = "bf16") -> NativeOps:
@@ -126,9 +125,7 @@ def open_device(device: str, kv_dtype: str = "bf16") -> NativeOps:
     else:
         raise DeviceError(f"unknown native device {device!r} (cuda, hip, emu)")
     try:
-        ops = NativeOps(make(), kv_dtype=kv_dtype, prefill=prefill)
-        ops.lm_head = lm_head
-        return ops
+        return NativeOps(make(), kv_dtype=kv_dtype, prefill=prefill, lm_head=lm_head)
     except unavailable as exc:
         raise DeviceError(f"--device {device}: {exc}") from None
 

@@ -1,5 +1,6 @@
-"""Which prefill GEMM runs: the tensor-core kernel of kernels/gemm_fast.cu (bf16 operands, the
-default) or kernels/gemm.cu (float32-exact, `--exact`), checked once per device.
+"""Which prefill GEMM runs (ATLAS_PREFILL): the tensor-core kernel of kernels/gemm_fast.cu (bf16
+operands, the default), kernels/gemm.cu (float32-exact, `exact`) or kernels/gemm_fp4.cu (W4A4,
+`fp4`), each checked once per device.
 
 The tensor-core paths (ldmatrix / mma.sync / cp.async on sm_80+, WMMA on gfx11) are inline PTX /
 vendor intrinsics whose numerics only the hardware shows; the emulator runs the portable path of
@@ -67,7 +68,7 @@ def verdict_path(runtime, kind: str) -> Path:
 
 
 def choose(ops, kind: str) -> GemmChoice:
-    """The `kind` GEMM ("fast" or "exact") for `ops` (a NativeOps): the cached verdict, or a
+    """The `kind` GEMM (a key of FILES) for `ops` (a NativeOps): the cached verdict, or a
     fresh check."""
     runtime = ops.rt
     if kind == "fp4" and runtime.name != "emu" and runtime.target not in FP4_TARGETS:

@@ -23,7 +23,7 @@ def to_device(ops, name: str, w):
     vectors) as float32 device arrays."""
     if name == "rope_freqs":  # read on the host to build RoPE frequencies
         return w
-    if name == "lm_head.weight" and getattr(ops, "lm_head", "stored") != "stored":
+    if name == "lm_head.weight" and ops.lm_head != "stored":
         w = _requantized_head(w, ops.lm_head)
     if is_matrix(name, w) or (name.endswith("embed_tokens.weight") and _is_2d(w)):
         return ops.prepare_weight(w)

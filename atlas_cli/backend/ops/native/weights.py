@@ -216,17 +216,16 @@ class WeightLaunchers(DeviceOpsBase):
         file = gemm_check.FILES[kind]
 
         def fn(entry: str):
-            key = (file, entry, *sorted((defines or {}).items()))
-            if key not in self._fns:
-                self._fns[key] = self.rt.compile(file, defines).function(entry)
-            return self._fns[key]
+            return self._fn(file, entry, defines)
 
-        tail = self._linear_args(x, w, b, out)[4:]  # bias, y, T, rows, cols, row bytes
-        grid = (-(-t // 64) * -(-w.rows // 128),)  # 64 x 128 tiles (fast, fp4), grouped
+        args = self._linear_args(x, w, b, out)
         if kind == "exact":
             grid = (-(-t // 64) * -(-w.rows // 64),)  # 64 x 64 tiles, grouped in gemm.cu
-            self.rt.launch(fn(f"gemm_{w.fmt}"), grid, (256,), self._linear_args(x, w, b, out))
-        elif kind == "fp4":
+            self.rt.launch(fn(f"gemm_{w.fmt}"), grid, (256,), args)
+            return out
+        tail = args[4:]  # bias, y, T, rows, cols, row bytes: after W, S, gs and x
+        grid = (-(-t // 64) * -(-w.rows // 128),)  # 64 x 128 tiles, grouped as in gemm.cu
+        if kind == "fp4":
             assert w.fmt == "nvfp4" and w.cols % 128 == 0, f"fp4 GEMM of {w.fmt} {w.shape}"
             xq = self._scratch("xq", t * w.cols // 2, np.uint8)
             xs = self._scratch("xs", t * w.cols // 16, np.uint8)
