@@ -92,11 +92,6 @@ struct GfAcc {
     float c[2][4][4];
 };
 
-ATLAS_DEV void gf_zero(GfAcc& acc) {
-#pragma unroll
-    for (int i = 0; i < 32; i++) (&acc.c[0][0][0])[i] = 0.0f;
-}
-
 // c (16 x 8) += a (16 x 16) b (16 x 8) (gemm_tiles.cuh's gt_mma_bf16 has the fragments).
 ATLAS_DEV void gf_mma(float* c, const u32* a, const u32* b) {
 #if defined(GF_MMA_SM80)
@@ -137,18 +132,12 @@ ATLAS_DEV void gf_step(GfAcc& acc, const gm_tile* xs, const gm_tile* ws, int tid
 
 ATLAS_DEV void gf_epilogue(const GfAcc& acc, float* __restrict__ y, const float* __restrict__ bias,
                            float scale, int T, int rows, int m0, int n0, int tid) {
-    int warp = tid >> 5, lane = tid & 31;
-    int wm = warp & 1, wn = warp >> 1, g = lane >> 2, q = lane & 3;
 #pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int n = 0; n < 4; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int t = m0 + 32 * wm + 16 * i + g + 8 * (e >> 1);
-                int r = n0 + 32 * wn + 8 * n + 2 * q + (e & 1);
-                gm_out(y, bias, scale, T, rows, t, r, acc.c[i][n][e]);
-            }
+    for (int i = 0; i < 32; i++) {
+        int t, r;
+        gt_frag_out(tid, i, &t, &r);
+        gm_out(y, bias, scale, T, rows, m0 + t, n0 + r, (&acc.c[0][0][0])[i]);
+    }
 }
 
 #elif defined(GF_WMMA_GFX11)
@@ -159,13 +148,6 @@ ATLAS_DEV void gf_epilogue(const GfAcc& acc, float* __restrict__ y, const float*
 struct GfAcc {
     gm_v8f c[4];
 };
-
-ATLAS_DEV void gf_zero(GfAcc& acc) {
-#pragma unroll
-    for (int j = 0; j < 4; j++)
-#pragma unroll
-        for (int e = 0; e < 8; e++) acc.c[j][e] = 0.0f;
-}
 
 ATLAS_DEV void gf_step(GfAcc& acc, const gm_tile* xs, const gm_tile* ws, int tid) {
     int wave = tid >> 5, lane = tid & 31;
@@ -199,11 +181,6 @@ struct GfAcc {
     float c[4][8];
 };
 
-ATLAS_DEV void gf_zero(GfAcc& acc) {
-#pragma unroll
-    for (int i = 0; i < 32; i++) (&acc.c[0][0])[i] = 0.0f;
-}
-
 ATLAS_DEV void gf_step(GfAcc& acc, const gm_tile* xs, const gm_tile* ws, int tid) {
     int tm = tid >> 4, tn = tid & 15;
 #pragma unroll 4
@@ -222,12 +199,12 @@ ATLAS_DEV void gf_step(GfAcc& acc, const gm_tile* xs, const gm_tile* ws, int tid
 
 ATLAS_DEV void gf_epilogue(const GfAcc& acc, float* __restrict__ y, const float* __restrict__ bias,
                            float scale, int T, int rows, int m0, int n0, int tid) {
-    int tm = tid >> 4, tn = tid & 15;
 #pragma unroll
-    for (int t = 0; t < 4; t++)
-#pragma unroll
-        for (int n = 0; n < 8; n++)
-            gm_out(y, bias, scale, T, rows, m0 + 4 * tm + t, n0 + 8 * tn + n, acc.c[t][n]);
+    for (int i = 0; i < 32; i++) {
+        int t, r;
+        gt_thread_out(tid, i, &t, &r);
+        gm_out(y, bias, scale, T, rows, m0 + t, n0 + r, (&acc.c[0][0])[i]);
+    }
 }
 
 #endif
@@ -239,26 +216,13 @@ ATLAS_DEV void gemm_fast_body(const u8* __restrict__ W, const u8* __restrict__ S
                               long long row_bytes, long long srow_bytes) {
     __shared__ __attribute__((aligned(16))) gm_tile xs[GF_STAGES][GF_BM];
     __shared__ __attribute__((aligned(16))) gm_tile ws[GF_BN];
-    const bool plain = F == FMT_F32 || F == FMT_F16 || F == FMT_BF16;
     int tid = threadIdx.x;
     GfArgs a;
-    a.w.W = W;
-    a.w.S = S;
-    a.w.x = nullptr;
-    a.w.T = T;
-    a.w.rows = rows;
-    a.w.cols = cols;
-    a.w.units = plain ? units_of(cols) : cols / 32;
-    gm_tile_origin(T, rows, GF_BM, GF_BN, &a.w.m0, &a.w.n0);
-    a.w.row_bytes = row_bytes;
-    a.w.srow_bytes = srow_bytes;
-    a.w.wvec = ((unsigned long long)W & 15ull) == 0 && (row_bytes & 15) == 0;
-    a.w.xvec = false;
+    a.w = gm_args<F>(W, S, nullptr, T, rows, cols, row_bytes, srow_bytes, GF_BM, GF_BN);
     a.xb = xb;
     a.ld = ld;
     int steps = (a.w.units + 1) / 2;
-    GfAcc acc;
-    gf_zero(acc);
+    GfAcc acc = {};
     // the ring's first GF_STAGES - 1 steps, one commit group each (empty past the end, so the
     // group count and gt_wait's distance stay the same to the last step)
 #pragma unroll

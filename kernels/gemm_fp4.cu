@@ -138,11 +138,6 @@ struct G4Acc {
     float c[2][4][4];
 };
 
-ATLAS_DEV void g4_zero(G4Acc& acc) {
-#pragma unroll
-    for (int i = 0; i < 32; i++) (&acc.c[0][0][0])[i] = 0.0f;
-}
-
 // c (16 x 8) += (a sa) (16 x 64) (b sb) (64 x 8), E2M1 codes, E4M3 scales per 16 codes.
 ATLAS_DEV void g4_mma(float* c, const u32* a, const u32* b, u32 sa, u32 sb) {
 #if defined(G4_OMMA)
@@ -205,18 +200,12 @@ ATLAS_DEV void g4_step(G4Acc& acc, const G4Stage& st, int tid) {
 
 ATLAS_DEV void g4_epilogue(const G4Acc& acc, float* __restrict__ y, const float* __restrict__ bias,
                            const float* __restrict__ xg, float gs, const G4Args& a, int tid) {
-    int warp = tid >> 5, lane = tid & 31;
-    int wm = warp & 1, wn = warp >> 1, g = lane >> 2, q = lane & 3;
 #pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int n = 0; n < 4; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int t = a.m0 + 32 * wm + 16 * i + g + 8 * (e >> 1);
-                int r = a.n0 + 32 * wn + 8 * n + 2 * q + (e & 1);
-                g4_out(y, bias, xg, gs, a.T, a.rows, t, r, acc.c[i][n][e]);
-            }
+    for (int i = 0; i < 32; i++) {
+        int t, r;
+        gt_frag_out(tid, i, &t, &r);
+        g4_out(y, bias, xg, gs, a.T, a.rows, a.m0 + t, a.n0 + r, (&acc.c[0][0][0])[i]);
+    }
 }
 
 #else  // portable: the codes decoded and multiplied with fmaf, 4 tokens x 8 rows per thread
@@ -224,11 +213,6 @@ ATLAS_DEV void g4_epilogue(const G4Acc& acc, float* __restrict__ y, const float*
 struct G4Acc {
     float c[4][8];
 };
-
-ATLAS_DEV void g4_zero(G4Acc& acc) {
-#pragma unroll
-    for (int i = 0; i < 32; i++) (&acc.c[0][0])[i] = 0.0f;
-}
 
 // column k of row r of a code tile with its scale words, as float32 (exact: E2M1 x E4M3)
 ATLAS_DEV float g4_value(const g4_row* codes, const u32 (*scales)[2], int r, int k) {
@@ -254,13 +238,12 @@ ATLAS_DEV void g4_step(G4Acc& acc, const G4Stage& st, int tid) {
 
 ATLAS_DEV void g4_epilogue(const G4Acc& acc, float* __restrict__ y, const float* __restrict__ bias,
                            const float* __restrict__ xg, float gs, const G4Args& a, int tid) {
-    int tm = tid >> 4, tn = tid & 15;
 #pragma unroll
-    for (int t = 0; t < 4; t++)
-#pragma unroll
-        for (int n = 0; n < 8; n++)
-            g4_out(y, bias, xg, gs, a.T, a.rows, a.m0 + 4 * tm + t, a.n0 + 8 * tn + n,
-                   acc.c[t][n]);
+    for (int i = 0; i < 32; i++) {
+        int t, r;
+        gt_thread_out(tid, i, &t, &r);
+        g4_out(y, bias, xg, gs, a.T, a.rows, a.m0 + t, a.n0 + r, (&acc.c[0][0])[i]);
+    }
 }
 
 #endif
@@ -285,8 +268,7 @@ extern "C" __global__ void __launch_bounds__(256)
     a.srow_bytes = srow_bytes;
     gm_tile_origin(T, rows, G4_BM, G4_BN, &a.m0, &a.n0);
     int steps = cols / G4_BK;
-    G4Acc acc;
-    g4_zero(acc);
+    G4Acc acc = {};
 #pragma unroll
     for (int s = 0; s < G4_STAGES - 1; s++) {  // one commit group per step, empty past the end
         if (s < steps) g4_issue(a, ring[s], tid, s);

@@ -218,6 +218,42 @@ ATLAS_DEV void gm_weight_unit(const GmArgs& a, int r, int u, float* v) {
     deq32<F>(row, srow, 1.0f, u, v);
 }
 
+// A block's GmArgs: the weight and its units, this block's tile origin (bm x bn tiles), and x
+// where the kernel reads float32 x itself (gemm.cu; nullptr where x arrives otherwise).
+template <int F>
+ATLAS_DEV GmArgs gm_args(const u8* W, const u8* S, const float* x, int T, int rows, int cols,
+                         long long row_bytes, long long srow_bytes, int bm, int bn) {
+    const bool plain = F == FMT_F32 || F == FMT_F16 || F == FMT_BF16;
+    GmArgs a;
+    a.W = W;
+    a.S = S;
+    a.x = x;
+    a.T = T;
+    a.rows = rows;
+    a.cols = cols;
+    a.units = plain ? units_of(cols) : cols / 32;
+    gm_tile_origin(T, rows, bm, bn, &a.m0, &a.n0);
+    a.row_bytes = row_bytes;
+    a.srow_bytes = srow_bytes;
+    a.wvec = ((unsigned long long)W & 15ull) == 0 && (row_bytes & 15) == 0;
+    a.xvec = ((unsigned long long)x & 15ull) == 0 && (cols & 3) == 0;  // unread without x
+    return a;
+}
+
+// Where output i (0..31) of thread `tid` sits in a 64-token x 128-row tile (gemm_fast.cu,
+// gemm_fp4.cu). The MMA builds: 8 warps as 2 x 4 of 32 tokens x 32 rows, i = 16 ti + 4 n + e
+// for m16 tile ti, n8 tile n and C element e (gt_mma_bf16's layout); the portable builds: 4
+// tokens x 8 rows a thread, i = 8 t + n.
+ATLAS_DEV void gt_frag_out(int tid, int i, int* t, int* r) {
+    int warp = tid >> 5, lane = tid & 31, e = i & 3;
+    *t = 32 * (warp & 1) + 16 * (i >> 4) + (lane >> 2) + 8 * (e >> 1);
+    *r = 32 * (warp >> 1) + 8 * ((i >> 2) & 3) + 2 * (lane & 3) + (e & 1);
+}
+ATLAS_DEV void gt_thread_out(int tid, int i, int* t, int* r) {
+    *t = 4 * (tid >> 4) + (i >> 3);
+    *r = 8 * (tid & 15) + (i & 7);
+}
+
 #if defined(ATLAS_HIP) && defined(__GFX11__)
 // WMMA operands: 16 bf16 of one tile row, and the 8 float32 of a C tile per lane.
 typedef short gm_v16s __attribute__((ext_vector_type(16)));
