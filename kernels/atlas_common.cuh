@@ -96,6 +96,27 @@ ATLAS_DEV float f16_to_f32(u16 h) {
     return __uint_as_float(sign | ((exp + 112u) << 23) | (man << 13));
 }
 
+// float32 -> IEEE half, round to nearest even (subnormals included, overflow to infinity).
+ATLAS_DEV u16 f32_to_f16(float f) {
+#if defined(ATLAS_CUDA) && !defined(ATLAS_PORTABLE)
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+#else
+    u32 u = __float_as_uint(f), sign = (u >> 16) & 0x8000u;
+    u &= 0x7fffffffu;
+    if (u > 0x7f800000u) return (u16)(sign | 0x7e00u);   // NaN
+    if (u >= 0x477ff000u) return (u16)(sign | 0x7c00u);  // >= 65520: infinity
+    if (u >= 0x38800000u) {                              // normal: rebias, round 13 bits off
+        u32 r = u - 0x38000000u;
+        r += 0xfffu + ((r >> 13) & 1u);
+        return (u16)(sign | (r >> 13));
+    }
+    // subnormal (or zero): the value in units of 2^-24, rounded to nearest even
+    return (u16)(sign | (u32)rintf(__uint_as_float(u) * 16777216.0f));
+#endif
+}
+
 // ---- FP8 E4M3 (float8_e4m3fn: bias 7, no infinities, S.1111.111 is NaN) ---------------------
 
 ATLAS_DEV float e4m3_to_f32_portable(u8 b) {

@@ -97,17 +97,7 @@ ATLAS_DEV void gf_mma(float* c, const u32* a, const u32* b) {
 #if defined(GF_MMA_SM80)
     gt_mma_bf16(c, a, b);
 #else
-    // the definition on the same registers: each element's A row and B column fetched from the
-    // lanes that hold them, k-pair by k-pair
-    int lane = lane_id();
-    for (int kp = 0; kp < 8; kp++)
-        for (int e = 0; e < 4; e++) {
-            int row = (lane >> 2) + 8 * (e >> 1), n = 2 * (lane & 3) + (e & 1);
-            u32 aw = atlas_emu_shfl(a[(row >> 3) + 2 * (kp >> 2)], 4 * (row & 7) + (kp & 3));
-            u32 bw = atlas_emu_shfl(b[kp >> 2], 4 * n + (kp & 3));
-            c[e] = fmaf(__uint_as_float(aw << 16), __uint_as_float(bw << 16), c[e]);
-            c[e] = fmaf(__uint_as_float(aw & 0xffff0000u), __uint_as_float(bw & 0xffff0000u), c[e]);
-        }
+    gt_mma_emu<false>(c, a, b);
 #endif
 }
 

@@ -76,6 +76,28 @@ ATLAS_DEV void gt_mma_bf16(float* c, const u32* a, const u32* b) {
 }
 #endif
 
+#if defined(ATLAS_EMU)
+// The m16n8k16 MMA by its definition on the same registers (gt_mma_bf16's fragments), for the
+// emulator's -DATLAS_EMU_MMA builds: each element's A row and B column fetched from the lanes
+// that hold them, k-pair by k-pair; F16: the 16-bit operands are IEEE halves, else bf16.
+template <bool F16>
+ATLAS_DEV void gt_mma_emu(float* c, const u32* a, const u32* b) {
+    int lane = lane_id();
+    for (int kp = 0; kp < 8; kp++)
+        for (int e = 0; e < 4; e++) {
+            int row = (lane >> 2) + 8 * (e >> 1), n = 2 * (lane & 3) + (e & 1);
+            u32 aw = atlas_emu_shfl(a[(row >> 3) + 2 * (kp >> 2)], 4 * (row & 7) + (kp & 3));
+            u32 bw = atlas_emu_shfl(b[kp >> 2], 4 * n + (kp & 3));
+            for (int h = 0; h < 2; h++) {
+                u16 ah = (u16)(aw >> (16 * h)), bh = (u16)(bw >> (16 * h));
+                float av = F16 ? f16_to_f32(ah) : bf16_to_f32(ah);
+                float bv = F16 ? f16_to_f32(bh) : bf16_to_f32(bh);
+                c[e] = fmaf(av, bv, c[e]);
+            }
+        }
+}
+#endif
+
 #if defined(GT_ASYNC) || defined(ATLAS_EMU)
 // ldmatrix.x4 (b16): lane l gives the address of row l % 8 of matrix l / 8 (16 bytes);
 // register j of lane l receives word l % 4 of row l / 4 of matrix j. The emulator fetches the

@@ -64,10 +64,13 @@ ATLAS_DEV bool gemv_aligned(const u8* W, const u8* S, long long row_bytes, long 
     return (m & 15ull) == 0 && (s & smask) == 0;
 }
 
-// A lane's unit as the multiply wants it (see the top of this file).
+// A lane's unit as the multiply wants it (see the top of this file). The decoders hand over
+// their f16 halves two elements at a time through put(h, lo, hi): elements lo and hi of the
+// unit (0..31) are the low and high half of h.
 struct GvUnit {
     float v[32];
     float dA, dB, mA, mB;
+    __device__ __forceinline__ void put(u32 h, int lo, int hi) { h2_to_f32(h, &v[lo], &v[hi]); }
 };
 
 // Where a lane's halves sit in the staged tile: float4 index of xA, xB; index of their sums.
@@ -198,12 +201,15 @@ ATLAS_DEV void gv_fetch(const u8* __restrict__ row, const u8* __restrict__ srow,
 
 // One word of 8 4-bit codes (bytes 0..3: elements 4k..4k+3; low nibble -> A, high -> B) with
 // high bits hA, hB already in place (0 for plain 4-bit), as q * 2^-24 (A) and 16 q * 2^-24 (B).
-ATLAS_DEV void gv_nib8(u32 w, u32 hA02, u32 hA13, u32 hB02, u32 hB13, float* vA, float* vB) {
+// The four decoders of a word below give elements a..a + 3 of A and b..b + 3 of B to o.put in
+// pairs (a, a + 2), (a + 1, a + 3).
+template <class O>
+ATLAS_DEV void gv_nib8(u32 w, u32 hA02, u32 hA13, u32 hB02, u32 hB13, O& o, int a, int b) {
     u32 w8 = w >> 8;
-    h2_to_f32((w & 0x000F000Fu) | hA02, &vA[0], &vA[2]);
-    h2_to_f32((w8 & 0x000F000Fu) | hA13, &vA[1], &vA[3]);
-    h2_to_f32((w & 0x00F000F0u) | hB02, &vB[0], &vB[2]);
-    h2_to_f32((w8 & 0x00F000F0u) | hB13, &vB[1], &vB[3]);
+    o.put((w & 0x000F000Fu) | hA02, a, a + 2);
+    o.put((w8 & 0x000F000Fu) | hA13, a + 1, a + 3);
+    o.put((w & 0x00F000F0u) | hB02, b, b + 2);
+    o.put((w8 & 0x00F000F0u) | hB13, b + 1, b + 3);
 }
 
 // The two 6-bit scales and mins of sub-blocks 2i, 2i + 1 of a K-quant block (ggml
@@ -232,13 +238,14 @@ ATLAS_DEV void gv_kscales(u32 h1, u32 h2, u32 h3, int i, float* sc, float* mn) {
 // Q5_K, Q5_0 and Q5_1 (formats._q5_words) and `b`, whose bits 0 and 1 of each byte are the
 // extra bits: f16 halves of two 5-bit fields each, A's code at bits 0-4 (q * 2^-24), B's at
 // 5-9 (32 q * 2^-24).
-ATLAS_DEV void gv_q5_word(u32 c, u32 b, float* vA, float* vB) {
+template <class O>
+ATLAS_DEV void gv_q5_word(u32 c, u32 b, O& o, int a, int bb) {
     u32 z02 = bitsel<Q5K_CODE_BITS>(c, b);
     u32 z13 = rotr32(bitsel<Q5K_CODE_BITS>(b, c), 8);
-    h2_to_f32(z02 & 0x001F001Fu, &vA[0], &vA[2]);
-    h2_to_f32(z13 & 0x001F001Fu, &vA[1], &vA[3]);
-    h2_to_f32(z02 & 0x03E003E0u, &vB[0], &vB[2]);
-    h2_to_f32(z13 & 0x03E003E0u, &vB[1], &vB[3]);
+    o.put(z02 & 0x001F001Fu, a, a + 2);
+    o.put(z13 & 0x001F001Fu, a + 1, a + 3);
+    o.put(z02 & 0x03E003E0u, bb, bb + 2);
+    o.put(z13 & 0x03E003E0u, bb + 1, bb + 3);
 }
 
 // Four elements of A (vA[0..3]) and of B (vB[0..3]) of a Q3_K lane (formats.q3_k_device) from
@@ -246,15 +253,16 @@ ATLAS_DEV void gv_q5_word(u32 c, u32 b, float* vA, float* vB) {
 // above its 2-bit field, so A's halves hold q * 2^(t - 24) and B's q * 2^(t - 20) (q: the 3-bit
 // code, 0..7; t = 2e + r, the lane's field offset). `cm` = 0x00330033 << t: the fields of
 // elements 0 and 2 in `c`; rotated by 8, those of 1 and 3.
-ATLAS_DEV void gv_q3k_word(u32 c, u32 h, int t, u32 cm, float* vA, float* vB) {
+template <class O>
+ATLAS_DEV void gv_q3k_word(u32 c, u32 h, int t, u32 cm, O& o, int a, int b) {
     u32 cm13 = rotr32(cm, 24);
     u32 z02 = (c & cm) | (h & ~cm);
     u32 z13 = rotr32((c & cm13) | (h & ~cm13), 8);
     u32 ma = 0x00070007u << t, mb = ma << 4;
-    h2_to_f32(z02 & ma, &vA[0], &vA[2]);
-    h2_to_f32(z13 & ma, &vA[1], &vA[3]);
-    h2_to_f32(z02 & mb, &vB[0], &vB[2]);
-    h2_to_f32(z13 & mb, &vB[1], &vB[3]);
+    o.put(z02 & ma, a, a + 2);
+    o.put(z13 & ma, a + 1, a + 3);
+    o.put(z02 & mb, b, b + 2);
+    o.put(z13 & mb, b + 1, b + 3);
 }
 
 // Byte permute (PTX prmt, default mode): byte n of the result is byte (s >> 4n) & 7 of the 8
@@ -283,34 +291,26 @@ ATLAS_DEV u32 gv_prmt(u32 a, u32 b, u32 s) {
 // the first 8 values (`lo`: a code >= 8 gets the sign of one of them, 0) and, with bit 3 of
 // every code flipped, the last 8 (`hi`); a third permute picks each value from lo or hi by its
 // code's bit 3 and puts a zero byte (the sign of lo's first byte) above it.
-ATLAS_DEV void gv_iq4_word(u32 w, float* vA, float* vB) {
+template <class O>
+ATLAS_DEV void gv_iq4_word(u32 w, O& o, int a, int b) {
     u32 wh = w ^ 0x88888888u;
     u32 i02 = ((w >> 1) & 0x04040404u) | 0x82808280u;  // bytes 0, 2 of lo (hi where bit 3)
     u32 i13 = ((w >> 5) & 0x04040404u) | 0x83818381u;  // bytes 1, 3
     u32 loA = gv_prmt(IQ4_LO0, IQ4_LO1, w), hiA = gv_prmt(IQ4_HI0, IQ4_HI1, wh);
     u32 loB = gv_prmt(IQ4_LO0, IQ4_LO1, w >> 16), hiB = gv_prmt(IQ4_HI0, IQ4_HI1, wh >> 16);
-    h2_to_f32(gv_prmt(loA, hiA, i02), &vA[0], &vA[2]);
-    h2_to_f32(gv_prmt(loA, hiA, i13), &vA[1], &vA[3]);
-    h2_to_f32(gv_prmt(loB, hiB, i02 >> 16), &vB[0], &vB[2]);
-    h2_to_f32(gv_prmt(loB, hiB, i13 >> 16), &vB[1], &vB[3]);
+    o.put(gv_prmt(loA, hiA, i02), a, a + 2);
+    o.put(gv_prmt(loA, hiA, i13), a + 1, a + 3);
+    o.put(gv_prmt(loB, hiB, i02 >> 16), b, b + 2);
+    o.put(gv_prmt(loB, hiB, i13 >> 16), b + 1, b + 3);
 }
 
 // The signed byte p (0..3) of w as a float.
 ATLAS_DEV float gv_i8(u32 w, int p) { return (float)((int)(w << (24 - 8 * p)) >> 24); }
 
-// The lane's unit, decoded.
+// The plain formats' values (gv_decode).
 template <int F>
-ATLAS_DEV void gv_decode(const GvRaw& g, int lane, GvUnit& o) {
-    o.dA = o.dB = 1.0f;
-    o.mA = o.mB = 0.0f;
-    float dummy;
-    if (F == FMT_NVFP4) {
-        e2m1x8_scaled(g.q[0].x, o.v);
-        e2m1x8_scaled(g.q[0].y, o.v + 8);
-        e2m1x8_scaled(g.q[0].z, o.v + 16);
-        e2m1x8_scaled(g.q[0].w, o.v + 24);
-        e4m3x2_to_f32(g.sc, &o.dA, &o.dB);  // the global scale and 2^14: gemv_row_scale
-    } else if (F == FMT_BF16 || F == FMT_F16) {
+ATLAS_DEV void gv_decode_plain(const GvRaw& g, GvUnit& o) {
+    if (F == FMT_BF16 || F == FMT_F16) {
 #pragma unroll
         for (int c = 0; c < 4; c++) {
             u32 wd[4] = {g.q[c].x, g.q[c].y, g.q[c].z, g.q[c].w};
@@ -333,6 +333,28 @@ ATLAS_DEV void gv_decode(const GvRaw& g, int lane, GvUnit& o) {
             o.v[4 * c + 2] = __uint_as_float(g.q[c].z);
             o.v[4 * c + 3] = __uint_as_float(g.q[c].w);
         }
+    }
+}
+
+// The lane's unit, decoded into o (GvUnit: floats; gemv_mma.cu's GvmHalves: the f16 halves).
+// The plain formats' values are not f16 halves: GvUnit only.
+template <int F, class O>
+ATLAS_DEV void gv_decode(const GvRaw& g, int lane, O& o) {
+    o.dA = o.dB = 1.0f;
+    o.mA = o.mB = 0.0f;
+    float dummy;
+    if constexpr (F == FMT_BF16 || F == FMT_F16 || F == FMT_F32) {
+        gv_decode_plain<F>(g, o);
+    } else if (F == FMT_NVFP4) {
+        u32 c[4] = {g.q[0].x, g.q[0].y, g.q[0].z, g.q[0].w};
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            u32 h[4];
+            e2m1x8_halves(c[k], h);
+#pragma unroll
+            for (int i = 0; i < 4; i++) o.put(h[i], 8 * k + i, 8 * k + i + 4);
+        }
+        e4m3x2_to_f32(g.sc, &o.dA, &o.dB);  // the global scale and 2^14: gemv_row_scale
     } else if (F == FMT_Q4_K || F == FMT_Q5_K) {
         int s = lane & 7, i = s >> 1;
         float d, dmin, sc[2], mn[2];
@@ -343,10 +365,10 @@ ATLAS_DEV void gv_decode(const GvRaw& g, int lane, GvUnit& o) {
 #pragma unroll
         for (int k = 0; k < 4; k++) {
             if (F == FMT_Q4_K) {
-                gv_nib8(c[k], 0, 0, 0, 0, o.v + 4 * k, o.v + 16 + 4 * k);
+                gv_nib8(c[k], 0, 0, 0, 0, o, 4 * k, 16 + 4 * k);
             } else {  // the device layout (formats.q5_k_device): two 5-bit fields per half
                 // the lane's extra bits: bits 0 and 1 of each byte
-                gv_q5_word(c[k], rotr32(h[k], 2 * i), o.v + 4 * k, o.v + 16 + 4 * k);
+                gv_q5_word(c[k], rotr32(h[k], 2 * i), o, 4 * k, 16 + 4 * k);
             }
         }
         // A: q * 2^-24 (Q4_K, Q5_K); B: 16 q * 2^-24 (Q4_K), 32 q * 2^-24 (Q5_K); exact scalings
@@ -363,16 +385,15 @@ ATLAS_DEV void gv_decode(const GvRaw& g, int lane, GvUnit& o) {
                         g.q[1].x, g.q[1].y, g.q[1].z, g.q[1].w};
 #pragma unroll
             for (int k = 0; k < 8; k++) {
-                h2_to_f32((c[k] & 0x00FF00FFu) ^ 0x00800080u, &o.v[4 * k], &o.v[4 * k + 2]);
-                h2_to_f32(((c[k] >> 8) & 0x00FF00FFu) ^ 0x00800080u, &o.v[4 * k + 1],
-                          &o.v[4 * k + 3]);
+                o.put((c[k] & 0x00FF00FFu) ^ 0x00800080u, 4 * k, 4 * k + 2);
+                o.put(((c[k] >> 8) & 0x00FF00FFu) ^ 0x00800080u, 4 * k + 1, 4 * k + 3);
             }
             o.dA = o.dB = mul_rn(d, GV_2P24);
             o.mA = o.mB = mul_rn(d, 128.0f);
         } else {
             u32 c[4] = {g.q[0].x, g.q[0].y, g.q[0].z, g.q[0].w};
 #pragma unroll
-            for (int k = 0; k < 4; k++) gv_nib8(c[k], 0, 0, 0, 0, o.v + 4 * k, o.v + 16 + 4 * k);
+            for (int k = 0; k < 4; k++) gv_nib8(c[k], 0, 0, 0, 0, o, 4 * k, 16 + 4 * k);
             o.dA = mul_rn(d, GV_2P24);
             o.dB = mul_rn(d, GV_2P20);
             o.mA = o.mB = F == FMT_Q4_0 ? mul_rn(d, 8.0f) : -m;
@@ -384,7 +405,7 @@ ATLAS_DEV void gv_decode(const GvRaw& g, int lane, GvUnit& o) {
         u32 c[4] = {g.q[0].x, g.q[0].y, g.q[0].z, g.q[0].w};
 #pragma unroll
         for (int k = 0; k < 4; k++)
-            gv_q5_word(c[k], rotr32(g.sh, 2 * k), o.v + 4 * k, o.v + 16 + 4 * k);
+            gv_q5_word(c[k], rotr32(g.sh, 2 * k), o, 4 * k, 16 + 4 * k);
         o.dA = mul_rn(d, GV_2P24);
         o.dB = mul_rn(d, GV_2P24 / 32.0f);
         o.mA = o.mB = F == FMT_Q5_0 ? mul_rn(d, 16.0f) : -m;
@@ -394,7 +415,7 @@ ATLAS_DEV void gv_decode(const GvRaw& g, int lane, GvUnit& o) {
         u32 c[4] = {g.q[0].x, g.q[0].y, g.q[0].z, g.q[0].w};
         u32 h[4] = {g.q[1].x, g.q[1].y, g.q[1].z, g.q[1].w};
 #pragma unroll
-        for (int k = 0; k < 4; k++) gv_q3k_word(c[k], h[k], t, cm, o.v + 4 * k, o.v + 16 + 4 * k);
+        for (int k = 0; k < 4; k++) gv_q3k_word(c[k], h[k], t, cm, o, 4 * k, 16 + 4 * k);
         int a, b;
         q3k_scales(g.sc & 0xffffu, g.sc >> 16, s, &a, &b);
         float d;
@@ -410,7 +431,7 @@ ATLAS_DEV void gv_decode(const GvRaw& g, int lane, GvUnit& o) {
     } else if (F == FMT_IQ4_NL || F == FMT_IQ4_XS) {
         u32 c[4] = {g.q[0].x, g.q[0].y, g.q[0].z, g.q[0].w};
 #pragma unroll
-        for (int k = 0; k < 4; k++) gv_iq4_word(c[k], o.v + 4 * k, o.v + 16 + 4 * k);
+        for (int k = 0; k < 4; k++) gv_iq4_word(c[k], o, 4 * k, 16 + 4 * k);
         float d;
         h2_to_f32(g.sc, &d, &dummy);
         if (F == FMT_IQ4_XS) d = mul_rn(d, (float)iq4xs_scale(g.sc >> 16, g.sh, lane & 7));
@@ -430,7 +451,7 @@ ATLAS_DEV void gv_decode(const GvRaw& g, int lane, GvUnit& o) {
             // (hl) and of bytes 1 and 3 (hr)
             u32 hl = h[k] << (4 - 2 * kk), hr = h[k] >> (4 + 2 * kk);
             gv_nib8(c[k], hl & 0x00300030u, hr & 0x00300030u, hl & 0x03000300u,
-                    hr & 0x03000300u, o.v + 4 * k, o.v + 16 + 4 * k);
+                    hr & 0x03000300u, o, 4 * k, 16 + 4 * k);
         }
         float sa = mul_rn(d, gv_i8(g.sc, 0)), sb = mul_rn(d, gv_i8(g.sc, 1));
         o.dA = mul_rn(sa, GV_2P24);

@@ -432,12 +432,19 @@ ATLAS_DEV void e4m3x2_to_f32(u32 b2, float* lo, float* hi) {
 // halves: sign (bit 3) to bit 15, the exponent and mantissa bits (2..0) to bits 11..9. That
 // f16 is the E2M1 value times 2^-14 for every code (exponent 0 lands on the f16 subnormals:
 // 0 and 0.5 * 2^-14), so the decode is exact; the caller folds 2^14 into the block scale.
-ATLAS_DEV void e2m1x8_scaled(u32 w, float* v) {
+// e2m1x8_halves: the same f16 halves as words, h[i] = codes (i, i + 4) (low, high half).
+ATLAS_DEV void e2m1x8_halves(u32 w, u32* h) {
     const u32 mag = 0x0E000E00u, sgn = 0x80008000u;
-    h2_to_f32(((w << 9) & mag) | ((w << 12) & sgn), &v[0], &v[4]);
-    h2_to_f32(((w << 5) & mag) | ((w << 8) & sgn), &v[1], &v[5]);
-    h2_to_f32(((w << 1) & mag) | ((w << 4) & sgn), &v[2], &v[6]);
-    h2_to_f32(((w >> 3) & mag) | (w & sgn), &v[3], &v[7]);
+    h[0] = ((w << 9) & mag) | ((w << 12) & sgn);
+    h[1] = ((w << 5) & mag) | ((w << 8) & sgn);
+    h[2] = ((w << 1) & mag) | ((w << 4) & sgn);
+    h[3] = ((w >> 3) & mag) | (w & sgn);
+}
+ATLAS_DEV void e2m1x8_scaled(u32 w, float* v) {
+    u32 h[4];
+    e2m1x8_halves(w, h);
+#pragma unroll
+    for (int i = 0; i < 4; i++) h2_to_f32(h[i], &v[i], &v[i + 4]);
 }
 
 // Plain formats (one element per block: f32, f16, bf16) also take rows whose length is not a

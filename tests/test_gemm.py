@@ -177,6 +177,8 @@ class FakeDevice(runtime_emu.EmuRuntime):
         self._portable: set[int] = set()
 
     def compile(self, file: str, defines: dict | None = None):
+        if file == "gemv_mma.cu" and defines is None:  # a CUDA device's: the fragment code
+            defines = {"ATLAS_EMU_MMA": 1}
         mod = super().compile(file, defines)
         if file in gemm_check.FILES.values() and defines == gemm_check.PORTABLE:
             self._portable.add(id(mod.lib))
@@ -265,14 +267,15 @@ def test_atlas_hw_says_which_gemm_runs(tmp_path, monkeypatch):
     from atlas_cli.backend.ops.native import runtime as rt
     from atlas_cli.cli import app
 
-    choice = _device_ops(tmp_path, broken=True).gemm_choice()
+    ops = _device_ops(tmp_path, broken=True)
+    choice, verify = ops.gemm_choice(), ops.gemm_choice("verify")
     stats = rt.CompileStats()
     for file in rt.KERNEL_FILES:
         stats.record(file, 0.01, True, "sm_90")
 
     def kernel_report(device):
         info = {"runtime": device, "device": "fake", "target": "sm_90", **stats.summary()}
-        return {**info, "gemm": choice.report()}
+        return {**info, "gemm": choice.report(), "verify": verify.report()}
 
     monkeypatch.setattr(native, "probe", lambda d: {"runtime": d, "available": d == "cuda"})
     monkeypatch.setattr(native, "kernel_report", kernel_report)
@@ -281,3 +284,5 @@ def test_atlas_hw_says_which_gemm_runs(tmp_path, monkeypatch):
     line = next(x for x in r.stdout.splitlines() if "prefill gemm" in x)
     want = "  prefill gemm (exact): portable kernel, the tensor-core kernel disagreed"
     assert line.startswith(want)
+    line = next(x for x in r.stdout.splitlines() if "verify gemv" in x)
+    assert line.startswith("  verify gemv: tensor-core kernel, self-check passed"), line

@@ -143,6 +143,40 @@ def test_sm90_verify_gemv_keeps_t1_loads_in_flight(sass, fmt, units):
     assert not any(k.startswith(("LDL", "STL")) for k in c), c
 
 
+# gemv_mma.cu's loop per tile and lane: four lane units (one tile of four rows, T == 1's bytes
+# in flight), 8 x-fragment loads (the warp's 8 slices), 2 groups x 8 slices x 2 parts of MMAs.
+# Measured (sm_90, nvcc 13.0) per weight at any T <= 8: NVFP4 4.51, Q4_0 4.26, Q4_1 4.28, Q8_0
+# 4.02, Q4_K 4.21, Q5_K 4.78, Q6_K 4.75, Q5_0 4.64, Q5_1 4.61, Q3_K 4.88, IQ4_NL 6.41, IQ4_XS
+# 6.75: 0.93-1.17 of the T == 1 loop's (gemv_t8: T FFMAs a weight). A first version that
+# checked the row's end per lane and recomputed the swizzled addresses per tile: 1.02-1.50.
+MMA_VERIFY_RATIO = 1.2
+
+
+@pytest.fixture(scope="module")
+def mma_sass() -> dict[str, list[tuple[int, str]]]:
+    return machine_code.sass(machine_code.cubin("gemv_mma.cu", "sm_90"))
+
+
+@pytest.mark.slow  # builds the kernels with nvcc / clang to read their instructions
+@pytest.mark.parametrize("fmt", [f for f, _, _ in FAST_PATHS if f not in ("bf16", "f16", "f32")])
+def test_sm90_verify_gemv_costs_what_t1_costs(sass, mma_sass, fmt):
+    """gemv_mma_<fmt> (2 <= T <= 8 on the tensor cores): one loop, whose pass over a tile issues
+    T == 1's weight loads (four lane units) and 16 HMMA per group of 16 rows (one per 16 x 16
+    x 8 weights and x part), and costs at most 1.2x the T == 1 loop's instructions per weight;
+    no local memory."""
+    loops = [c for c in map(_ops, _sass_loops(mma_sass[f"gemv_mma_{fmt}"])) if c["HMMA.16816.F32"]]
+    assert len(loops) == 1, f"gemv_mma_{fmt}: {len(loops)} loops with MMAs"
+    c = loops[0]
+    assert c["HMMA.16816.F32"] == 32, c
+    assert c["LDSM.16.M88.4"] == 16, c  # one A fragment per slice and group
+    assert c["LDG.E.128.CONSTANT"] == 4 * ROW_LOADS[fmt] + 8, c  # weights, x fragments
+    assert c["BAR.SYNC.DEFER_BLOCKING"] == 4, c
+    assert not any(k.startswith(("LDL", "STL")) for k in c), c
+    t1, t1_weights = _decode_loop(sass, f"gemv_{fmt}")
+    per_weight, t1_per_weight = sum(c.values()) / 128, sum(t1.values()) / t1_weights
+    assert per_weight <= MMA_VERIFY_RATIO * t1_per_weight, (per_weight, t1_per_weight)
+
+
 @pytest.mark.slow  # builds the kernels with nvcc / clang to read their instructions
 def test_sm90_nvfp4_decode_has_no_compare_select(sass):
     c, weights = _decode_loop(sass, "gemv_nvfp4")

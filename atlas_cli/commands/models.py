@@ -329,6 +329,8 @@ def kernel_lines(backend: str, k: dict[str, Any]) -> list[str]:
     )
     if gemm := k.get("gemm"):  # the prefill GEMM's first-use self-check (ops/native/gemm_check.py)
         lines.append(f"  prefill gemm ({gemm['kind']}): {gemm['kernel']} kernel, {gemm['reason']}")
+    if verify := k.get("verify"):  # the verify GEMV's (MTP drafts: 2 to 8 tokens)
+        lines.append(f"  verify gemv: {verify['kernel']} kernel, {verify['reason']}")
     if att := k.get("attention"):  # the prefill attention's (ops/native/attention_check.py)
         lines.append(f"  prefill attention: {att['kernel']} kernel, {att['reason']}")
     return lines

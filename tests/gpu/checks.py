@@ -216,6 +216,25 @@ def check_gemm_fast(ops, rng, scale: int = 1) -> None:
             check_fast(got.numpy(), fmt, wf, x, None, f"gemm_fast {fmt} T={t} {rows}x{cols}")
 
 
+def check_verify_gemv(ops, rng, scale: int = 1) -> None:
+    """The MTP verify GEMV on the tensor cores (gemv_mma.cu; the emulator runs its fragment
+    code) for every format it takes: within 2^-20 sum |x w| of the float32 product
+    (tests/test_gemv_mma.py's bound)."""
+    from atlas_cli.backend.ops.native.weights import MMA_VERIFY_FORMATS
+    from tests.test_gemv_mma import check_verify
+
+    defines = {"ATLAS_EMU_MMA": 1} if ops.rt.name == "emu" else None
+    for fmt in FORMATS:
+        if fmt not in MMA_VERIFY_FORMATS:
+            continue
+        for t, rows, cols in ((2, 37, _cols(fmt, 1536)), (8, 33 * scale, _cols(fmt, 5120))):
+            w, wf = random_weight(fmt, rows, cols, rng)
+            x = rng.standard_normal((t, cols)).astype(np.float32)
+            bias = rng.standard_normal(rows).astype(np.float32)
+            got = ops.gemv_mma(ops.asarray(x), ops.prepare_weight(w), ops.asarray(bias), defines)
+            check_verify(got.numpy(), x, wf, bias, f"gemv_mma {fmt} T={t} {rows}x{cols}")
+
+
 def check_embedding(ops, rng, scale: int = 1) -> None:
     for fmt in FORMATS:
         w, wf = random_weight(fmt, 50, _cols(fmt, 96), rng)
@@ -477,6 +496,7 @@ ALL_CHECKS = {
     "fp8": check_fp8,
     "linear": check_linear,
     "gemm_fast": check_gemm_fast,
+    "verify_gemv": check_verify_gemv,
     "embedding": check_embedding,
     "norms": check_norms,
     "rope": check_rope,

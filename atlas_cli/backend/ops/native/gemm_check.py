@@ -1,6 +1,8 @@
 """Which prefill GEMM runs (ATLAS_PREFILL): the tensor-core kernel of kernels/gemm_fast.cu (bf16
 operands, the default), kernels/gemm.cu (float32-exact, `exact`) or kernels/gemm_fp4.cu (W4A4,
-`fp4`), each checked once per device.
+`fp4`), each checked once per device; and whether an MTP verify (2 <= T <= 8 tokens) multiplies
+quantized weights on the tensor cores (kind `verify`: kernels/gemv_mma.cu, compared with
+gemv.cu's gemv_t8, which does the same float32 sum with FFMAs).
 
 The tensor-core paths (ldmatrix / mma.sync / cp.async on sm_80+, WMMA on gfx11) are inline PTX /
 vendor intrinsics whose numerics only the hardware shows; the emulator runs the portable path of
@@ -25,7 +27,7 @@ from atlas_cli.backend.ops.native import runtime as rt
 from atlas_cli.backend.ops.native.array import DeviceWeight, f32_to_bf16_bits
 
 PORTABLE = {"ATLAS_PORTABLE": 1}  # the define that compiles a GEMM file's portable path
-FILES = {"fast": "gemm_fast.cu", "exact": "gemm.cu", "fp4": "gemm_fp4.cu"}  # kind -> file
+FILES = {"fast": "gemm_fast.cu", "exact": "gemm.cu", "fp4": "gemm_fp4.cu", "verify": "gemv_mma.cu"}
 FP4_TARGETS = ("sm_120a", "sm_121a")  # where the block-scaled FP4 MMA exists
 CHECKED_RUNTIMES = ("cuda", "hip")  # the emulator has no tensor-core path to check
 # Both builds of a file multiply the same bf16 operands (gemm.cu: x in three parts, the weight
@@ -45,6 +47,17 @@ CASES = (
 )
 # the W4A4 kernel's (NVFP4 only, whole 128-column steps): edge tiles, the ring wrapping
 FP4_CASES = (("nvfp4", 67, 129, 256), ("nvfp4", 9, 200, 512))
+# the verify GEMV's (each decoder pairing and lane layout; a partial last tile and block)
+VERIFY_CASES = (
+    ("nvfp4", 4, 70, 1536),
+    ("q4_k", 8, 33, 2304),
+    ("q6_k", 2, 35, 1280),
+    ("q8_0", 5, 40, 1056),
+    ("q5_k", 3, 17, 1024),
+)
+# f16 fields of the verify cases' GGUF blocks (ggml type -> byte offsets): finite scales
+_F16_FIELDS = {8: (0,), 12: (0, 2), 13: (0, 2), 14: (208,)}
+GGUF_TYPES = {"q8_0": 8, "q4_k": 12, "q5_k": 13, "q6_k": 14}
 
 
 @dataclass(frozen=True)
@@ -74,6 +87,9 @@ def choose(ops, kind: str) -> GemmChoice:
     if kind == "fp4" and runtime.name != "emu" and runtime.target not in FP4_TARGETS:
         reason = f"{runtime.target} has no block-scaled FP4 MMA: NVFP4 weights take the fast one"
         return GemmChoice(kind, "none", reason, PORTABLE)
+    if kind == "verify" and not _has_mma_sync(runtime):
+        reason = f"{runtime.name} {runtime.target}: no mma.sync path, gemv_t8 verifies"
+        return GemmChoice(kind, "none", reason, PORTABLE)
     if runtime.name not in CHECKED_RUNTIMES:
         return GemmChoice(
             kind, "portable", f"the {runtime.name} runtime runs the portable path", None
@@ -96,17 +112,28 @@ def choose(ops, kind: str) -> GemmChoice:
     )
 
 
+def _has_mma_sync(runtime) -> bool:
+    """A CUDA device of sm_80 or later (gemv_mma.cu's tensor-core path)."""
+    digits = "".join(ch for ch in str(runtime.target)[3:] if ch.isdigit())
+    return runtime.name == "cuda" and digits.isdigit() and int(digits) >= 80
+
+
 def run_check(ops, kind: str) -> dict[str, Any]:
-    """Both builds of the `kind` GEMM on CASES; {"ok", "error" (the worst relative
-    difference), "format"}."""
+    """Both builds of the `kind` GEMM on CASES (verify: gemv_mma and gemv_t8 on
+    VERIFY_CASES); {"ok", "error" (the worst relative difference), "format"}."""
     rng = np.random.default_rng(20240615)
     worst, worst_fmt = 0.0, ""
-    for fmt, t, rows, cols in FP4_CASES if kind == "fp4" else CASES:
+    cases = {"fp4": FP4_CASES, "verify": VERIFY_CASES}.get(kind, CASES)
+    for fmt, t, rows, cols in cases:
         w = _random_weight(ops, fmt, rows, cols, rng)
         x = ops.asarray(rng.standard_normal((t, cols)).astype(np.float32))
         bias = ops.asarray(rng.standard_normal(rows).astype(np.float32))
-        fast = ops.gemm(x, w, bias, None, kind=kind).numpy()
-        slow = ops.gemm(x, w, bias, PORTABLE, kind=kind).numpy()
+        if kind == "verify":
+            fast = ops.gemv_mma(x, w, bias, None).numpy()
+            slow = ops.gemv(x, w, bias, ops.empty((t, rows))).numpy()
+        else:
+            fast = ops.gemm(x, w, bias, None, kind=kind).numpy()
+            slow = ops.gemm(x, w, bias, PORTABLE, kind=kind).numpy()
         scale = float(np.abs(slow).max()) if np.isfinite(slow).all() else 0.0
         err = float(np.abs(fast - slow).max() / scale) if scale else float("inf")
         if not np.isfinite(err):
@@ -119,7 +146,20 @@ def run_check(ops, kind: str) -> dict[str, Any]:
 
 
 def _random_weight(ops, fmt: str, rows: int, cols: int, rng: np.random.Generator):
-    """A DeviceWeight of `fmt` with random contents (finite values, NVFP4 scales > 0)."""
+    """A DeviceWeight of `fmt` with random contents (finite values, NVFP4 scales > 0; GGUF
+    blocks of random bytes with finite f16 scales)."""
+    from atlas_cli.backend.loaders import quant
+    from atlas_cli.backend.loaders.gguf import QuantizedTensor
+
+    if fmt in GGUF_TYPES:
+        qt = quant.GGML_TYPES[GGUF_TYPES[fmt]]
+        nblk = cols // qt.block_elems
+        raw = rng.integers(0, 256, (rows, nblk, qt.block_bytes), dtype=np.uint8)
+        for off in _F16_FIELDS[GGUF_TYPES[fmt]]:
+            d = rng.uniform(-0.05, 0.05, (rows, nblk)).astype(np.float16)
+            raw[:, :, off : off + 2] = d.view(np.uint8).reshape(rows, nblk, 2)
+        blocks = raw.reshape(rows, -1)
+        return ops.prepare_weight(QuantizedTensor(GGUF_TYPES[fmt], (rows, cols), blocks))
     if fmt == "nvfp4":
         codes = rng.integers(0, 256, (rows, cols // 2), dtype=np.uint8)
         scales = rng.integers(0x20, 0x60, (rows, cols // 16), dtype=np.uint8)

@@ -34,6 +34,7 @@ KERNEL_FILES = (
     "gemm_fast.cu",
     "gemm_fp4.cu",
     "gemv.cu",
+    "gemv_mma.cu",
     "norm.cu",
     "rope.cu",
     "sample.cu",

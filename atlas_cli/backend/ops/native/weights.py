@@ -18,6 +18,11 @@ from atlas_cli.backend.ops.native.array import (
 from atlas_cli.backend.ops.native.runtime import f32, i32, i64, ptr
 
 GEMV_MAX_T = 8  # gemv.cu GEMV_MAX_T
+# gemv_mma.cu's formats: the decoded codes are exact f16 halves
+MMA_VERIFY_FORMATS = frozenset(
+    ("q4_0", "q4_1", "q8_0", "q4_k", "q5_k", "q6_k", "nvfp4")
+    + ("q5_0", "q5_1", "q3_k", "iq4_nl", "iq4_xs")
+)
 
 
 class WeightLaunchers(DeviceOpsBase):
@@ -162,9 +167,45 @@ class WeightLaunchers(DeviceOpsBase):
         if t > GEMV_MAX_T:
             kind, defines = self._prefill_gemm(w)
             return self.gemm(x, w, b, defines, out, kind)
+        if t > 1 and self._verify_on_mma(w):
+            return self.gemv_mma(x, w, b, self.gemm_choice("verify").defines, out)
+        return self.gemv(x, w, b, out)
+
+    def gemv(self, x: DeviceArray, w: DeviceWeight, b, out: DeviceArray) -> DeviceArray:
+        """gemv.cu for T <= 8: the T == 1 body, or gemv_t8 (T FFMAs per weight)."""
         args = self._linear_args(x, w, b, out)
-        name = f"gemv_{w.fmt}" if t == 1 else f"gemv_t8_{w.fmt}"  # T <= 8: its own registers
+        name = f"gemv_{w.fmt}" if x.shape[0] == 1 else f"gemv_t8_{w.fmt}"  # its own registers
         self._launch("gemv.cu", name, (-(-w.rows // 8),), (256,), args)
+        return out
+
+    def _verify_on_mma(self, w: DeviceWeight) -> bool:
+        """Whether 2 <= T <= 8 multiplies `w` on the tensor cores (gemv_mma.cu): a format it
+        has, 16-byte aligned rows and block scales (the kernel's loads), and a device whose
+        kernel passed its check."""
+        if w.fmt not in MMA_VERIFY_FORMATS or (w.data.ptr | w.row_bytes) % 16:
+            return False
+        if (w.scales.ptr | w.srow_bytes) % 4:
+            return False
+        return self.gemm_choice("verify").kernel == "tensor-core"
+
+    def gemv_mma(self, x: DeviceArray, w: DeviceWeight, b, defines, out=None) -> DeviceArray:
+        """y = x w^T (+ b) for 2 <= T <= 8 by gemv_mma.cu compiled with `defines`: x scaled and
+        split into f16 fragments once (gemv_mma_x), then one MMA per 16 x 16 x 8 of weights."""
+        t, cols = x.shape
+        assert 1 <= t <= GEMV_MAX_T and w.fmt in MMA_VERIFY_FORMATS, (t, w.fmt)
+        out = self.empty((t, w.rows)) if out is None else out
+        slices = -(-cols // 1024) * 64  # whole tiles of 32 units, zero past cols
+        xf = self._scratch("vf", slices * 32 * 4, np.uint32)
+        xsum = self._scratch("vsum", slices * 8, np.float32)
+        xscale = self._scratch("vscale", 8, np.float32)
+        pairing = 1 if w.fmt == "nvfp4" else 0  # gemv_mma.cu GVM_PAIR_FP4 / GVM_PAIR_NIB
+        xargs = [ptr(x.ptr), ptr(xf.ptr), ptr(xsum.ptr), ptr(xscale.ptr), i32(t), i32(cols)]
+        self.rt.launch(self._fn("gemv_mma.cu", "gemv_mma_x", defines), (8,), (256,),
+                       [*xargs, i32(pairing)])  # fmt: skip
+        args = self._linear_args(x, w, b, out)
+        args[3:4] = [ptr(xf.ptr), ptr(xsum.ptr), ptr(xscale.ptr)]  # x -> its fragments
+        fn = self._fn("gemv_mma.cu", f"gemv_mma_{w.fmt}", defines)
+        self.rt.launch(fn, (-(-w.rows // 32),), (256,), args)
         return out
 
     def _linear_args(self, x: DeviceArray, w: DeviceWeight, b, out: DeviceArray) -> list:
@@ -255,6 +296,10 @@ class WeightLaunchers(DeviceOpsBase):
         return buf
 
     def warmup(self) -> dict[str, Any]:
-        """DeviceOpsBase.warmup, and which GEMM runs (checking it here on first use)."""
+        """DeviceOpsBase.warmup, and which GEMM and verify GEMV run (checked here on first use)."""
         info = super().warmup()
-        return {**info, "gemm": self.gemm_choice().report()}
+        return {
+            **info,
+            "gemm": self.gemm_choice().report(),
+            "verify": self.gemm_choice("verify").report(),
+        }
