@@ -20,7 +20,8 @@
 //     lm_head logits); bump (optional): block 0 adds 1 to the position counter at the end of
 //     the step.
 //   Each warp takes DG_WARP_ROWS output rows; x is staged DG_CHUNK_TILES tiles (8,192 columns)
-//   at a time, and the weight loop (gemv.cuh gemv_tiles) runs over them without barriers.
+//   at a time, and the weight loop (gemv.cuh gemv_tiles) runs over them without barriers,
+//   asking L2 for the weight bytes two iterations ahead as it multiplies (gv_prefetch).
 //   Reference: numpy_ref.rms_norm / sigmoid, then numpy_ref.linear on the dequantized W, then
 //   numpy_ref.silu_mul / causal_conv1d + silu. Grid (ceil(rows / DG_BLOCK_ROWS)), block
 //   256.
@@ -155,6 +156,19 @@ ATLAS_DEV GvRow dg_w_row(const DgArgs& a, int r, int m) {
     return dg_row(dg_seg(a.segs, s0), lr);
 }
 
+// Units of a row asked of L2 at once: an iteration's (U = 2) or two (U = 1, the SwiGLU pair's
+// four rows: half the prefetch instructions); they are asked for two such blocks ahead, so
+// wherever ptxas puts the request in an iteration, a whole iteration's work comes between it
+// and the loads.
+#define DG_AHEAD 64
+
+// The warp's NR rows' bytes of units [unit0, unit0 + DG_AHEAD) asked of L2 (gv_prefetch).
+template <int F, int NR>
+ATLAS_DEV void dg_prefetch(const GvRow (&rows)[NR], int unit0, int lane) {
+#pragma unroll
+    for (int k = 0; k < NR; k++) gv_prefetch<F, DG_AHEAD>(rows[k].w, rows[k].s, unit0, lane);
+}
+
 // The dots of NR rows of W, each warp its own (live: whether the first is a real row), against
 // x with MUL's prologue (x * pw, and the sum of x^2 for RMSNorm), scaled into d; returns the
 // RMSNorm scale (1 without). Every thread of the block calls it.
@@ -171,9 +185,14 @@ ATLAS_DEV float dg_dots(const DgArgs& a, const GvRow (&rows)[NR], bool live, flo
     for (int k = 0; k < NR; k++) acc[k][0] = acc[k][1] = 0.0f;
     // x staged a chunk of up to DG_CHUNK_TILES tiles at a time, then the weight loop over the
     // chunk without barriers; the 16-byte path reads past the row's end as its last unit
-    // (GV_CLAMPED), x staged as zeros there; the fallback checks
+    // (GV_CLAMPED), x staged as zeros there, and asks L2 for its bytes two iterations ahead
+    // (the first before x is staged), so a warp's next weights are in flight while it
+    // multiplies; the fallback checks
+    const int MODE = VEC ? GV_CLAMPED : GV_CHECKED;
     int units = a.cols / 32;
     DgStage<MUL, sums, VEC> stage = {a.x, a.pw, a.cols};
+    if (VEC && DG_AHEAD <= units) dg_prefetch<F, NR>(rows, 0, lane);
+    if (VEC && 2 * DG_AHEAD <= units) dg_prefetch<F, NR>(rows, DG_AHEAD, lane);
     for (int c0 = 0; c0 < units; c0 += 32 * DG_CHUNK_TILES) {
         int n = min(units - c0, 32 * DG_CHUNK_TILES);
         int tiles = (n + 32 * U - 1) / (32 * U) * U;  // whole iterations
@@ -181,10 +200,15 @@ ATLAS_DEV float dg_dots(const DgArgs& a, const GvRow (&rows)[NR], bool live, flo
         for (int t = 0; t < tiles; t++)
             ss += stage(xs + t * GEMV_TILE_F4, xsum + 64 * t, c0 + 32 * t);
         __syncthreads();
-        for (int u = 0; u < n; u += U * ATLAS_WARP)
-            gemv_tiles<F, 1, NR, VEC, U, VEC ? GV_CLAMPED : GV_CHECKED>(
-                rows, 1, units, c0 + u, live, lane, L, xs + (u / 32) * GEMV_TILE_F4,
-                xsum + 2 * u, acc, GvPrestaged());  // two sums of 16 per unit
+        for (int u = 0; u < n; u += U * ATLAS_WARP) {
+            // two blocks ahead (a row's last, partial block of DG_AHEAD units is not asked for)
+            int ahead = c0 + u + 2 * DG_AHEAD;
+            if (VEC && (32 * U == DG_AHEAD || (c0 + u) % DG_AHEAD == 0) && ahead + DG_AHEAD <= units)
+                dg_prefetch<F, NR>(rows, ahead, lane);
+            gemv_tiles<F, 1, NR, VEC, U, MODE>(rows, 1, units, c0 + u, live, lane, L,
+                                               xs + (u / 32) * GEMV_TILE_F4, xsum + 2 * u, acc,
+                                               GvPrestaged());  // two sums of 16 per unit
+        }
     }
     int tail = a.cols - 32 * units;  // a plain format's partial last unit (cols % 32 != 0)
     int c = 32 * units + lane;
@@ -293,10 +317,12 @@ ATLAS_DEV void dg_entry(const DgArgs& a) {
     if (blockIdx.x == 0 && threadIdx.x == 0 && a.bump) *a.bump += 1;
 }
 
-// (256, 1): the register budget of one block per SM, as gemv.cu's; without it NVRTC 13.5's
-// ptxas spills the f16 and f32 bodies. Q5_K and Q6_K are held to two blocks (128 registers;
-// 168 and 147 left them one block, 8 warps, per SM) for ~4% more instructions per weight.
-#define DG_MIN_BLOCKS(F) ((F) == FMT_Q5_K || (F) == FMT_Q6_K ? 2 : 1)
+// Two blocks (16 warps) per SM, 128 registers, where ptxas keeps them unspilled (NVRTC 13.5
+// spills 8-16 bytes of Q4_0 and Q4_1 there: one block, 8 warps). With two blocks of DG_AHEAD
+// units of each of its 2 rows asked of L2 ahead, a warp has 4.5 KB of NVFP4 weights in flight:
+// >= 24 KB per SM either way (tests/test_kernels_sass.py). Unbounded, ptxas gave Q5_K 168 and
+// Q6_K 147 registers (~4% fewer instructions).
+#define DG_MIN_BLOCKS(F) ((F) == FMT_Q4_0 || (F) == FMT_Q4_1 ? 1 : 2)
 #define DGEMV_ENTRY(name, F)                                                                    \
     extern "C" __global__ void __launch_bounds__(256, DG_MIN_BLOCKS(F))                         \
         dgemv_##name(const long long* __restrict__ segs, int nseg, const float* x,              \

@@ -197,6 +197,42 @@ ATLAS_DEV void gv_fetch(const u8* __restrict__ row, const u8* __restrict__ srow,
     }
 }
 
+// Bytes per 8 units (256 weights) of a row and of its block scales' row, as uploaded.
+template <int F>
+ATLAS_DEV constexpr int gv_row8() {
+    return F == FMT_F32 ? 1024 : F == FMT_F16 || F == FMT_BF16 ? 512 : F == FMT_Q8_0 ? 256
+         : F == FMT_Q4_K ? BLOCK_BYTES_Q4_K : F == FMT_Q5_K ? BLOCK_BYTES_Q5_K
+         : F == FMT_Q6_K ? ROW_BYTES_Q6_K : F == FMT_Q3_K ? ROW_BYTES_Q3_K : 128;
+}
+template <int F>
+ATLAS_DEV constexpr int gv_srow8() {
+    return F == FMT_NVFP4 ? 16 : F == FMT_Q4_0 ? 8 * SCALE_BYTES_Q4_0
+         : F == FMT_Q4_1 ? 8 * SCALE_BYTES_Q4_1 : F == FMT_Q8_0 ? 8 * SCALE_BYTES_Q8_0
+         : F == FMT_Q5_0 ? 8 * SCALE_BYTES_Q5_0 : F == FMT_Q5_1 ? 8 * SCALE_BYTES_Q5_1
+         : F == FMT_IQ4_NL ? 8 * SCALE_BYTES_IQ4_NL : F == FMT_Q6_K ? SCALE_BYTES_Q6_K
+         : F == FMT_Q3_K ? SCALE_BYTES_Q3_K : F == FMT_IQ4_XS ? SCALE_BYTES_IQ4_XS : 0;
+}
+
+// Asks L2 for units [unit0, unit0 + N) of a row and their block scales (N a multiple of 8:
+// whole K-quant blocks; the caller keeps them inside the row) in one instruction: lanes spread
+// over the bytes (all 32 over the codes, or 16 over the codes and 16 over the scales), each
+// asking for the 128-byte line that holds its byte. Nothing is written or waited for; the loads
+// that follow find the bytes in L2.
+template <int F, int N>
+ATLAS_DEV void gv_prefetch(const u8* __restrict__ row, const u8* __restrict__ srow, int unit0,
+                           int lane) {
+    constexpr int cbytes = N * gv_row8<F>() / 8, sbytes = N * gv_srow8<F>() / 8;
+    const u8* c = row + unit0 * (gv_row8<F>() / 8);  // byte offsets: a row is far below 2 GB
+    if constexpr (sbytes == 0) {
+#pragma unroll
+        for (int k = 0; k < cbytes / ATLAS_WARP; k += 128) prefetch_l2(c + lane * (cbytes / 32) + k);
+    } else {
+        static_assert(N * gv_row8<F>() / 8 / 16 <= 128, "16 lanes cover the codes");
+        const u8* sc = srow + unit0 * gv_srow8<F>() / 8;
+        prefetch_l2(lane < 16 ? c + lane * (cbytes / 16) : sc + (lane - 16) * (sbytes / 16));
+    }
+}
+
 // ---- decode ---------------------------------------------------------------------------------
 
 // One word of 8 4-bit codes (bytes 0..3: elements 4k..4k+3; low nibble -> A, high -> B) with

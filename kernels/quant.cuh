@@ -391,6 +391,15 @@ ATLAS_DEV u32 ld_u16_readonly(const void* p) { return *(ATLAS_RO u16*)p; }
 #undef ATLAS_RO
 #endif
 
+// Asks L2 for the line holding p (no register written, nothing waits for it); a no-op off CUDA.
+ATLAS_DEV void prefetch_l2(const void* p) {
+#if defined(ATLAS_CUDA) && !defined(ATLAS_PORTABLE)
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+#else
+    (void)p;
+#endif
+}
+
 // The two halves of `h` (IEEE f16 bit patterns, low half first) as float32, exactly.
 ATLAS_DEV void h2_to_f32(u32 h, float* lo, float* hi) {
 #if defined(ATLAS_CUDA) && !defined(ATLAS_PORTABLE)
