@@ -221,17 +221,17 @@ def decode_sass(sass) -> dict[str, list[tuple[int, str]]]:
 # units; f32 one output row at a time: 2 lane units. Per body: (lane units, tiles).
 DG_BODIES = {"none": (4, 2), "mul": (4, 2), "pair": (4, 1)}
 DG_BODIES_F32 = {"none": (2, 2), "mul": (2, 2), "pair": (2, 1)}
-# Measured per weight (sm_90, nvcc 13.0), single-row bodies, pair, with each iteration asking
-# L2 for bytes ahead (gv_prefetch: one instruction and its address per row and 64 units,
-# ~0.1-0.2 per weight; in the pair's loop every other iteration runs it), held to 128
-# registers (two blocks per SM) but Q4_0 and Q4_1 (decode.cu DG_MIN_BLOCKS). The staging of x (16-byte loads, the
-# prologue, the sums of 16) runs outside the loop, once per block and chunk for the block's 16
-# output rows: ~0.15 per weight more without a prologue, ~0.3 with one (~half that in the
-# pair). Without the prefetch: NVFP4 4.38 / 4.36, Q4_K 4.03 / 4.07, Q5_K 4.50 / 4.91, Q6_K
-# 4.55 / 4.95 (pairs at 168 and 147 registers unbounded: 4.62, 4.65), Q3_K 4.36 / 4.53 (150
-# registers), Q4_0 3.29 / 3.26. Before that (one row per warp, one lane unit per iteration,
-# the prologue chosen per element, x staged with 4-byte loads and bounds checks in the loop):
-# NVFP4 14.0, Q4_K 15.3, Q5_K 16.5, Q4_0 13.2, Q8_0 14.6, Q6_K 17.2, bf16/f16 10.7, f32 8.9.
+# Measured per weight (sm_90, nvcc 13.0), single-row bodies, pair, with each iteration asking L2 for
+# bytes ahead (gv_prefetch: one instruction and its address per row and 64 units, ~0.1-0.2 per
+# weight; in the pair's loop every other iteration runs it), held to 128 registers (two blocks per
+# SM) but Q4_0 and Q4_1 (decode.cu DG_MIN_BLOCKS). The staging of x (16-byte loads, the prologue,
+# the sums of 16) runs outside the loop, once per block and chunk for the block's 16 output rows:
+# ~0.15 per weight more without a prologue, ~0.3 with one (~half that in the pair). Without the
+# prefetch: NVFP4 4.38 / 4.36, Q4_K 4.03 / 4.07, Q5_K 4.50 / 4.91, Q6_K 4.55 / 4.95 (pairs at 168
+# and 147 registers unbounded: 4.62, 4.65), Q3_K 4.36 / 4.53 (150 registers), Q4_0 3.29 / 3.26.
+# Before that (one row per warp, one lane unit per iteration, the prologue chosen per element, x
+# staged with 4-byte loads and bounds checks in the loop): NVFP4 14.0, Q4_K 15.3, Q5_K 16.5, Q4_0
+# 13.2, Q8_0 14.6, Q6_K 17.2, bf16/f16 10.7, f32 8.9.
 DG_MEASURED = {
     "nvfp4": (4.63, 4.73),
     "q4_k": (4.14, 4.33),
