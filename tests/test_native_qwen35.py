@@ -18,6 +18,7 @@ from atlas_cli.backend.ops.native import runtime_emu
 from atlas_cli.backend.ops.native.array import DeviceArray, DeviceWeight
 from atlas_cli.backend.ops.native.cache import HybridCache
 
+EMU_MMA = {"ATLAS_EMU_MMA": 1}  # the sm_80 fragment code of the MMA kernels, emulated
 FIXTURES = Path(__file__).parent / "fixtures" / "qwen"
 STEPS = 32
 
@@ -170,24 +171,46 @@ def test_prefix_reuse_on_the_device_cache_matches_a_cold_prefill(nvfp4_net):
 def test_speculative_greedy_is_identical_to_plain(nvfp4_net):
     """MTP drafting on the device, K = 1..4 (verify forwards with the GDN state trail,
     rollback of rejected drafts): the greedy tokens are those of plain decoding."""
-    from atlas_cli.backend.engine import Engine
-
     accepted = 0
     for k in (1, 2, 3, 4):
         rng = np.random.default_rng(k)
         for _ in range(2):
             prompt = [int(t) for t in rng.integers(3, 64, int(rng.integers(2, 10)))]
-            runs = []
-            for draft in (0, k):
-                engine = Engine(nvfp4_net, None, 64, draft=draft)
-                logits, _ = engine.prefill(prompt)
-                tokens = []
-                for _ in range(10):
-                    tokens.append(int(np.argmax(np.asarray(logits))))
-                    logits = engine.step(tokens[-1])
-                runs.append(tokens)
-                if draft:
-                    accepted += engine.speculator.stats.accepted
-                    assert engine.speculator.stats.drafted > 0
-            assert runs[1] == runs[0], f"K={k}, prompt {prompt}"
+            plain, (spec, stats) = (_greedy(nvfp4_net, prompt, d) for d in (0, k))
+            assert spec == plain[0], f"K={k}, prompt {prompt}"
+            assert stats.drafted > 0
+            accepted += stats.accepted
     assert accepted > 0, "no draft was ever accepted: only the rollback path was exercised"
+
+
+def _greedy(net, prompt: list[int], draft: int, n: int = 10):
+    """n greedy tokens after `prompt` with `draft` MTP drafts a round (0: none), and the
+    speculator's stats (None without drafts)."""
+    from atlas_cli.backend.engine import Engine
+
+    engine = Engine(net, None, 64, draft=draft)
+    logits, _ = engine.prefill(prompt)
+    tokens = []
+    for _ in range(n):
+        tokens.append(int(np.argmax(np.asarray(logits))))
+        logits = engine.step(tokens[-1])
+    return tokens, engine.speculator.stats if draft else None
+
+
+@pytest.mark.slow  # the emulator: about a minute on two busy cores
+def test_speculative_greedy_with_the_verify_on_tensor_cores():
+    """The verify forwards' NVFP4 projections on gemv_mma.cu's fragment code (2..8 tokens on
+    the MMA, x in two f16 parts): the greedy tokens are still those of plain decoding."""
+    from atlas_cli.backend.ops.native.gemm_check import GemmChoice
+
+    ops = emu_ops("f32")
+    ops._gemm_choices = {"verify": GemmChoice("verify", "tensor-core", "emulated", EMU_MMA)}
+    net = load(FIXTURES / "qwen35-nvfp4", device="emu", ops=ops).engine.model
+    accepted = 0
+    for k in (2, 4):
+        prompt = [int(t) for t in np.random.default_rng(k).integers(3, 64, 6)]
+        plain, (spec, stats) = (_greedy(net, prompt, d) for d in (0, k))
+        assert spec == plain[0], f"K={k}"
+        accepted += stats.accepted
+    assert accepted > 0
+    assert any(key[:2] == ("gemv_mma.cu", "gemv_mma_nvfp4") for key in ops._fns), "not used"

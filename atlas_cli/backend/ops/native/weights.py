@@ -18,6 +18,10 @@ from atlas_cli.backend.ops.native.array import (
 from atlas_cli.backend.ops.native.runtime import f32, i32, i64, ptr
 
 GEMV_MAX_T = 8  # gemv.cu GEMV_MAX_T
+# the width of gemv.cuh's block-scale loads (gemv_aligned): 4 bytes, else 2, else none
+SCALE_LOAD_BYTES = {f: 4 for f in ("q4_1", "q5_1", "iq4_xs")} | {
+    f: 2 for f in ("nvfp4", "q4_0", "q8_0", "q6_k", "q5_0", "q3_k", "iq4_nl")
+}
 # gemv_mma.cu's formats: the decoded codes are exact f16 halves
 MMA_VERIFY_FORMATS = frozenset(
     ("q4_0", "q4_1", "q8_0", "q4_k", "q5_k", "q6_k", "nvfp4")
@@ -184,7 +188,7 @@ class WeightLaunchers(DeviceOpsBase):
         kernel passed its check."""
         if w.fmt not in MMA_VERIFY_FORMATS or (w.data.ptr | w.row_bytes) % 16:
             return False
-        if (w.scales.ptr | w.srow_bytes) % 4:
+        if (w.scales.ptr | w.srow_bytes) % SCALE_LOAD_BYTES.get(w.fmt, 1):
             return False
         return self.gemm_choice("verify").kernel == "tensor-core"
 
