@@ -22,6 +22,7 @@ from atlas_cli.backend.loaders.safetensors import NVFP4Tensor
 from atlas_cli.backend.ops import numpy_ref as ref
 from atlas_cli.backend.ops.native import decoder as nd
 from atlas_cli.backend.ops.native.array import bf16_bits_to_f32, f32_to_bf16_bits
+from atlas_cli.backend.ops.native.gemm_check import F16_FIELDS
 
 # -- reference helpers -------------------------------------------------------------------------
 
@@ -72,9 +73,6 @@ class GGUFWeight(QuantizedTensor):
         return quant.dequantize(self.blocks, self.type_id, self.shape)
 
 
-# f16 fields inside each block type: byte offsets that must hold finite scales
-_F16_FIELDS = {2: (0,), 3: (0, 2), 6: (0,), 7: (0, 2), 8: (0,), 11: (108,), 12: (0, 2)}
-_F16_FIELDS |= {13: (0, 2), 14: (208,), 20: (0,), 23: (0,)}
 GGUF_IDS = {f.kernel: f.ggml_type for f in formats.GGML.values() if f.native and f.quantized}
 
 
@@ -98,7 +96,7 @@ def random_weight(fmt: str, rows: int, cols: int, rng: np.random.Generator, refe
     qt = quant.GGML_TYPES[tid]
     nblk = cols // qt.block_elems
     raw = rng.integers(0, 256, (rows, nblk, qt.block_bytes), dtype=np.uint8)
-    for off in _F16_FIELDS[tid]:
+    for off in F16_FIELDS[tid]:
         d = rng.uniform(-0.05, 0.05, (rows, nblk)).astype(np.float16)
         raw[:, :, off : off + 2] = d.view(np.uint8).reshape(rows, nblk, 2)
     blocks = raw.reshape(rows, -1)

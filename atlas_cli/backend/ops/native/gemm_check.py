@@ -55,9 +55,11 @@ VERIFY_CASES = (
     ("q8_0", 5, 40, 1056),
     ("q5_k", 3, 17, 1024),
 )
-# f16 fields of the verify cases' GGUF blocks (ggml type -> byte offsets): finite scales
-_F16_FIELDS = {8: (0,), 12: (0, 2), 13: (0, 2), 14: (208,)}
-GGUF_TYPES = {"q8_0": 8, "q4_k": 12, "q5_k": 13, "q6_k": 14}
+# The f16 fields inside each GGUF block type a kernel reads (ggml type -> byte offsets): where a
+# random block needs finite scales (these checks, tests/gpu/checks.py)
+F16_FIELDS = {2: (0,), 3: (0, 2), 6: (0,), 7: (0, 2), 8: (0,), 11: (108,), 12: (0, 2)}
+F16_FIELDS |= {13: (0, 2), 14: (208,), 20: (0,), 23: (0,)}
+GGUF_TYPES = {"q8_0": 8, "q4_k": 12, "q5_k": 13, "q6_k": 14}  # the verify cases' formats
 
 
 @dataclass(frozen=True)
@@ -155,7 +157,7 @@ def _random_weight(ops, fmt: str, rows: int, cols: int, rng: np.random.Generator
         qt = quant.GGML_TYPES[GGUF_TYPES[fmt]]
         nblk = cols // qt.block_elems
         raw = rng.integers(0, 256, (rows, nblk, qt.block_bytes), dtype=np.uint8)
-        for off in _F16_FIELDS[GGUF_TYPES[fmt]]:
+        for off in F16_FIELDS[GGUF_TYPES[fmt]]:
             d = rng.uniform(-0.05, 0.05, (rows, nblk)).astype(np.float16)
             raw[:, :, off : off + 2] = d.view(np.uint8).reshape(rows, nblk, 2)
         blocks = raw.reshape(rows, -1)
