@@ -20,7 +20,15 @@ from atlas_cli.backend import load
 from atlas_cli.backend.engine import Engine
 from atlas_cli.backend.ops.native.array import DeviceWeight
 from atlas_cli.errors import SlotError
-from tests.test_native_qwen35 import FIXTURES, STEPS, emu_ops, greedy, near_ties, rel_err
+from tests.test_native_qwen35 import (
+    FIXTURES,
+    STEPS,
+    emu_ops,
+    greedy,
+    greedy_tokens,
+    near_ties,
+    rel_err,
+)
 
 # relative error (max |diff| / max |ref|) of the logits, per KV type. f32 and bf16 are the
 # issue's bounds; FP8 E4M3 (3 mantissa bits, scale 1) measured at most 0.103 over the
@@ -89,16 +97,6 @@ def mtp_net(request):
     return load(FIXTURES / request.param, device="emu", ops=emu_ops("f32")).engine.model
 
 
-def _greedy_tokens(net, prompt: list[int], draft: int, n: int = 6) -> tuple[list[int], Engine]:
-    engine = Engine(net, None, 64, draft=draft)
-    logits, _ = engine.prefill(prompt)
-    tokens = []
-    for _ in range(n):
-        tokens.append(int(np.argmax(np.asarray(logits))))
-        logits = engine.step(tokens[-1])
-    return tokens, engine
-
-
 # 10 prompts per MTP fixture is the 20 (ATLAS_NATIVE_FULL=1; ~10 min per fixture on the
 # emulator on two cores); the suite runs the first 2 of them.
 PROMPTS_PER_FIXTURE = 10 if FULL else 2
@@ -113,9 +111,9 @@ def test_speculative_greedy_is_identical_to_plain_on_20_prompts(mtp_net):
     rejected = 0
     for _ in range(PROMPTS_PER_FIXTURE):
         prompt = [int(t) for t in rng.integers(3, 64, int(rng.integers(2, 14)))]
-        plain, _ = _greedy_tokens(mtp_net, prompt, 0)
+        plain, _ = greedy_tokens(mtp_net, prompt, 0)
         for k in (1, 2, 3, 4):
-            tokens, engine = _greedy_tokens(mtp_net, prompt, k)
+            tokens, engine = greedy_tokens(mtp_net, prompt, k)
             assert tokens == plain, f"K={k}, prompt {prompt}"
             stats = engine.speculator.stats
             rejected += stats.drafted - stats.accepted

@@ -41,6 +41,20 @@ def rel_err(got, want) -> float:
     return float(np.abs(np.asarray(got) - want).max() / np.abs(want).max())
 
 
+def greedy_tokens(net, prompt: list[int], draft: int, n: int = 6):
+    """n greedy tokens after `prompt` on an Engine with `draft` MTP drafts a round (0: none),
+    and the engine (its speculator's stats)."""
+    from atlas_cli.backend.engine import Engine
+
+    engine = Engine(net, None, 64, draft=draft)
+    logits, _ = engine.prefill(prompt)
+    tokens = []
+    for _ in range(n):
+        tokens.append(int(np.argmax(np.asarray(logits))))
+        logits = engine.step(tokens[-1])
+    return tokens, engine
+
+
 def greedy(engine, prompt, steps: int, feed=None) -> tuple[np.ndarray, list[int], np.ndarray]:
     """Prefill logits (T, V), then `steps` greedy tokens and the logits each was chosen from;
     with `feed`, those tokens are decoded instead of the model's own picks."""
@@ -176,25 +190,11 @@ def test_speculative_greedy_is_identical_to_plain(nvfp4_net):
         rng = np.random.default_rng(k)
         for _ in range(2):
             prompt = [int(t) for t in rng.integers(3, 64, int(rng.integers(2, 10)))]
-            plain, (spec, stats) = (_greedy(nvfp4_net, prompt, d) for d in (0, k))
-            assert spec == plain[0], f"K={k}, prompt {prompt}"
-            assert stats.drafted > 0
-            accepted += stats.accepted
+            (plain, _), (spec, engine) = (greedy_tokens(nvfp4_net, prompt, d, 10) for d in (0, k))
+            assert spec == plain, f"K={k}, prompt {prompt}"
+            assert engine.speculator.stats.drafted > 0
+            accepted += engine.speculator.stats.accepted
     assert accepted > 0, "no draft was ever accepted: only the rollback path was exercised"
-
-
-def _greedy(net, prompt: list[int], draft: int, n: int = 10):
-    """n greedy tokens after `prompt` with `draft` MTP drafts a round (0: none), and the
-    speculator's stats (None without drafts)."""
-    from atlas_cli.backend.engine import Engine
-
-    engine = Engine(net, None, 64, draft=draft)
-    logits, _ = engine.prefill(prompt)
-    tokens = []
-    for _ in range(n):
-        tokens.append(int(np.argmax(np.asarray(logits))))
-        logits = engine.step(tokens[-1])
-    return tokens, engine.speculator.stats if draft else None
 
 
 @pytest.mark.slow  # the emulator: about a minute on two busy cores
@@ -209,8 +209,8 @@ def test_speculative_greedy_with_the_verify_on_tensor_cores():
     accepted = 0
     for k in (2, 4):
         prompt = [int(t) for t in np.random.default_rng(k).integers(3, 64, 6)]
-        plain, (spec, stats) = (_greedy(net, prompt, d) for d in (0, k))
-        assert spec == plain[0], f"K={k}"
-        accepted += stats.accepted
+        (plain, _), (spec, engine) = (greedy_tokens(net, prompt, d, 10) for d in (0, k))
+        assert spec == plain, f"K={k}"
+        accepted += engine.speculator.stats.accepted
     assert accepted > 0
     assert any(key[:2] == ("gemv_mma.cu", "gemv_mma_nvfp4") for key in ops._fns), "not used"
