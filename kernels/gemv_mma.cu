@@ -31,7 +31,7 @@
 // same fragment code with -DATLAS_EMU_MMA (gemm_tiles.cuh's gt_mma_emu and gt_ldsm4). Other
 // targets have only gemv_mma_x: the launcher takes gemv_t8 there, and on a device compares
 // the two once (ops/native/gemm_check.py, kind "verify").
-// Grid (ceil(rows / 32)), block 256; gemv_mma_x: grid (8), block 256.
+// Grid (ceil(rows / 32)), block 256; gemv_mma_x: grid (8, runs of slices), block 256.
 #include "gemm_tiles.cuh"
 #include "gemv.cuh"
 
@@ -57,7 +57,9 @@ ATLAS_DEV int gvm_slot_column(int p, int pairing) {
     return (p & ~3) | ((p & 1) << 1) | ((p >> 1) & 1);
 }
 
-// x (T, cols) -> xf, xsum, xscale (the top of this file). Block t: token t.
+// x (T, cols) -> xf, xsum, xscale (the top of this file). Block (t, j): token t, the j-th of
+// gridDim.y runs of slices (each block finds the token's largest |x| itself: one read of the
+// row from L2 instead of a second launch).
 extern "C" __global__ void gemv_mma_x(const float* __restrict__ x, u32* __restrict__ xf,
                                       float* __restrict__ xsum, float* __restrict__ xscale, int T,
                                       int cols, int pairing) {
@@ -72,7 +74,9 @@ extern "C" __global__ void gemv_mma_x(const float* __restrict__ x, u32* __restri
     if (amax > 0.0f && amax <= 3.4e38f) frexpf(amax, &e);  // amax in [2^(e-1), 2^e)
     int up = 15 - e;                                         // largest |x| -> [2^14, 2^15)
     int slices = (cols + 1023) / 1024 * GVM_SLICES;
-    for (int i = tid; i < 4 * slices; i += blockDim.x) {
+    int per = (slices + gridDim.y - 1) / gridDim.y, s0 = blockIdx.y * per;
+    int s1 = min(slices, s0 + per);
+    for (int i = 4 * s0 + tid; i < 4 * s1; i += blockDim.x) {
         int s = i >> 2, q = i & 3;
         u32 w[4];
 #pragma unroll
@@ -91,7 +95,7 @@ extern "C" __global__ void gemv_mma_x(const float* __restrict__ x, u32* __restri
         atlas_u4 o = {w[0], w[1], w[2], w[3]};
         ((atlas_u4*)xf)[s * 32 + 4 * t + q] = o;
     }
-    for (int s = tid; s < slices; s += blockDim.x) {
+    for (int s = s0 + tid; s < s1; s += blockDim.x) {
         float sum = 0.0f;
         for (int k = 0; k < 16; k++) {
             int c = 16 * s + k;
@@ -99,7 +103,7 @@ extern "C" __global__ void gemv_mma_x(const float* __restrict__ x, u32* __restri
         }
         xsum[s * GVM_TOKENS + t] = sum;
     }
-    if (tid == 0) xscale[t] = ldexpf(1.0f, -up);
+    if (tid == 0 && blockIdx.y == 0) xscale[t] = ldexpf(1.0f, -up);
 }
 
 #if defined(GVM_FRAGMENTS)

@@ -87,6 +87,16 @@ def test_tokens_of_very_different_scales(emu_ops):
     assert (got[2] == 0).all()
 
 
+def test_a_long_row_splits_its_x_over_many_blocks(emu_ops):
+    """17,408 columns (the 27B's MLP width: 17 tiles, more than gemv_mma_x's 16 blocks per
+    token, so each block takes 68 slices, runs that do not follow the tiles)."""
+    rng = np.random.default_rng(16)
+    w, wf = random_weight("q4_k", 33, 17408, rng)
+    x = rng.standard_normal((3, 17408)).astype(np.float32)
+    got = emu_ops.gemv_mma(emu_ops.asarray(x), emu_ops.prepare_weight(w), None, EMU_MMA).numpy()
+    check_verify(got, x, wf, None, "17408 columns")
+
+
 def test_split_keeps_22_bits_not_11(emu_ops):
     """One f16 part would leave 2^-11 of x: the check's bound is 2^-20, and the kernel is well
     inside it (the second part is read)."""

@@ -204,7 +204,8 @@ class WeightLaunchers(DeviceOpsBase):
         xscale = self._scratch("vscale", 8, np.float32)
         pairing = 1 if w.fmt == "nvfp4" else 0  # gemv_mma.cu GVM_PAIR_FP4 / GVM_PAIR_NIB
         xargs = [ptr(x.ptr), ptr(xf.ptr), ptr(xsum.ptr), ptr(xscale.ptr), i32(t), i32(cols)]
-        self.rt.launch(self._fn("gemv_mma.cu", "gemv_mma_x", defines), (8,), (256,),
+        runs = min(16, -(-slices // 64))  # blocks per token: a tile's slices or more each
+        self.rt.launch(self._fn("gemv_mma.cu", "gemv_mma_x", defines), (8, runs), (256,),
                        [*xargs, i32(pairing)])  # fmt: skip
         args = self._linear_args(x, w, b, out)
         args[3:4] = [ptr(xf.ptr), ptr(xsum.ptr), ptr(xscale.ptr)]  # x -> its fragments
