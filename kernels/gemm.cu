@@ -165,7 +165,7 @@ ATLAS_DEV void gm_zero(GmAcc& acc) {
             for (int e = 0; e < 4; e++) acc.c[i][j][e] = 0.0f;
 }
 
-// Fragments as gemm_tiles.cuh's gt_mma_bf16 takes them: A the row-major x tile, B the weight
+// Fragments as gemm_tiles.cuh's gt_mma takes them: A the row-major x tile, B the weight
 // tile (one row per n).
 template <int WP>
 ATLAS_DEV void gm_step(GmAcc& acc, gm_tile (*xs)[GM_BM], gm_tile (*ws)[GM_BN], int tid) {
@@ -197,7 +197,7 @@ ATLAS_DEV void gm_step(GmAcc& acc, gm_tile (*xs)[GM_BM], gm_tile (*ws)[GM_BN], i
 #pragma unroll
         for (int ti = 0; ti < 2; ti++)
 #pragma unroll
-            for (int tj = 0; tj < 2; tj++) GM_PRODUCTS(WP, gt_mma_bf16(d.c[ti][tj], a[i][ti], b[j][tj]))
+            for (int tj = 0; tj < 2; tj++) GM_PRODUCTS(WP, gt_mma<false>(d.c[ti][tj], a[i][ti], b[j][tj]))
     }
 #pragma unroll
     for (int ti = 0; ti < 2; ti++)

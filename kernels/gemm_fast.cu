@@ -33,7 +33,6 @@
 #define GF_STAGES 3  // x steps in flight (cp.async ring)
 
 #if defined(ATLAS_CUDA) && defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 800) && !defined(ATLAS_PORTABLE)
-#define GF_MMA_SM80 1
 #define GF_FRAGMENTS 1
 #elif defined(ATLAS_HIP) && defined(__GFX11__) && !defined(ATLAS_PORTABLE)
 #define GF_WMMA_GFX11 1
@@ -92,15 +91,6 @@ struct GfAcc {
     float c[2][4][4];
 };
 
-// c (16 x 8) += a (16 x 16) b (16 x 8) (gemm_tiles.cuh's gt_mma_bf16 has the fragments).
-ATLAS_DEV void gf_mma(float* c, const u32* a, const u32* b) {
-#if defined(GF_MMA_SM80)
-    gt_mma_bf16(c, a, b);
-#else
-    gt_mma_emu<false>(c, a, b);
-#endif
-}
-
 ATLAS_DEV void gf_step(GfAcc& acc, const gm_tile* xs, const gm_tile* ws, int tid) {
     int warp = tid >> 5, lane = tid & 31;
     int wm = warp & 1, wn = warp >> 1, j = lane >> 3, r = lane & 7;
@@ -116,7 +106,7 @@ ATLAS_DEV void gf_step(GfAcc& acc, const gm_tile* xs, const gm_tile* ws, int tid
 #pragma unroll
         for (int ti = 0; ti < 2; ti++)
 #pragma unroll
-            for (int n = 0; n < 4; n++) gf_mma(acc.c[ti][n], a[ti], &b[n >> 1][2 * (n & 1)]);
+            for (int n = 0; n < 4; n++) gt_mma<false>(acc.c[ti][n], a[ti], &b[n >> 1][2 * (n & 1)]);
     }
 }
 

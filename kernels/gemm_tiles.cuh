@@ -62,24 +62,10 @@ template <int N>
 ATLAS_DEV void gt_wait() {}
 #endif
 
-#if defined(GT_ASYNC)
-// c (16 x 8) += a (16 x 16) b (16 x 8): bf16 operands, float32 accumulation; fragments as the
-// PTX ISA lays them out for m16n8k16 (lane = 4 g + q): a0 = (g, 2q..), a1 = (g + 8, 2q..),
-// a2 = (g, 2q + 8..), a3 = (g + 8, 2q + 8..); b0 = (k 2q.., n g), b1 = (k 2q + 8.., n g);
-// c0 = (g, 2q), c1 = (g, 2q + 1), c2 = (g + 8, 2q), c3 = (g + 8, 2q + 1).
-ATLAS_DEV void gt_mma_bf16(float* c, const u32* a, const u32* b) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-#endif
-
 #if defined(ATLAS_EMU)
-// The m16n8k16 MMA by its definition on the same registers (gt_mma_bf16's fragments), for the
+// The m16n8k16 MMA by its definition on the same registers (gt_mma's fragments), for the
 // emulator's -DATLAS_EMU_MMA builds: each element's A row and B column fetched from the lanes
-// that hold them, k-pair by k-pair; F16: the 16-bit operands are IEEE halves, else bf16.
+// that hold them, k-pair by k-pair.
 template <bool F16>
 ATLAS_DEV void gt_mma_emu(float* c, const u32* a, const u32* b) {
     int lane = lane_id();
@@ -95,6 +81,33 @@ ATLAS_DEV void gt_mma_emu(float* c, const u32* a, const u32* b) {
                 c[e] = fmaf(av, bv, c[e]);
             }
         }
+}
+#endif
+
+#if defined(GT_ASYNC) || defined(ATLAS_EMU)
+// c (16 x 8) += a (16 x 16) b (16 x 8), float32 accumulation; F16: the 16-bit operands are IEEE
+// halves, else bf16. Fragments as the PTX ISA lays them out for m16n8k16 (lane = 4 g + q):
+// a0 = (g, 2q..), a1 = (g + 8, 2q..), a2 = (g, 2q + 8..), a3 = (g + 8, 2q + 8..);
+// b0 = (k 2q.., n g), b1 = (k 2q + 8.., n g); c0 = (g, 2q), c1 = (g, 2q + 1), c2 = (g + 8, 2q),
+// c3 = (g + 8, 2q + 1). The instruction on sm_80+, its emulation (gt_mma_emu) elsewhere.
+template <bool F16>
+ATLAS_DEV void gt_mma(float* c, const u32* a, const u32* b) {
+#if defined(GT_ASYNC)
+    if constexpr (F16)
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+            "{%8,%9}, {%0,%1,%2,%3};"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+    else
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+            "{%8,%9}, {%0,%1,%2,%3};"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+    gt_mma_emu<F16>(c, a, b);
+#endif
 }
 #endif
 
@@ -264,7 +277,7 @@ ATLAS_DEV GmArgs gm_args(const u8* W, const u8* S, const float* x, int T, int ro
 
 // Where output i (0..31) of thread `tid` sits in a 64-token x 128-row tile (gemm_fast.cu,
 // gemm_fp4.cu). The MMA builds: 8 warps as 2 x 4 of 32 tokens x 32 rows, i = 16 ti + 4 n + e
-// for m16 tile ti, n8 tile n and C element e (gt_mma_bf16's layout); the portable builds: 4
+// for m16 tile ti, n8 tile n and C element e (gt_mma's layout); the portable builds: 4
 // tokens x 8 rows a thread, i = 8 t + n.
 ATLAS_DEV void gt_frag_out(int tid, int i, int* t, int* r) {
     int warp = tid >> 5, lane = tid & 31, e = i & 3;

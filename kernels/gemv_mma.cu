@@ -28,7 +28,7 @@
 // eight rows of an ldmatrix phase hit distinct banks, and so do the eight lanes of each 16-byte
 // store (their slices differ in gvm_swz for every lane layout of gemv.cuh's gv_lane).
 // Paths: sm_80+ `mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32`; the emulator builds the
-// same fragment code with -DATLAS_EMU_MMA (gemm_tiles.cuh's gt_mma_emu and gt_ldsm4). Other
+// same fragment code with -DATLAS_EMU_MMA (gemm_tiles.cuh's gt_mma and gt_ldsm4 emulated). Other
 // targets have only gemv_mma_x: the launcher takes gemv_t8 there, and on a device compares
 // the two once (ops/native/gemm_check.py, kind "verify").
 // Grid (ceil(rows / 32)), block 256; gemv_mma_x: grid (8, runs of slices), block 256.
@@ -107,19 +107,6 @@ extern "C" __global__ void gemv_mma_x(const float* __restrict__ x, u32* __restri
 }
 
 #if defined(GVM_FRAGMENTS)
-
-// c (16 x 8) += a (16 x 16) b (16 x 8), f16 operands, float32 sums (gt_mma_bf16's fragments).
-ATLAS_DEV void gvm_mma(float* c, const u32* a, const u32* b) {
-#if defined(GVM_SM80)
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-#else
-    gt_mma_emu<true>(c, a, b);
-#endif
-}
 
 // Both halves of two f16 words multiplied: exact wherever the products are f16 values.
 ATLAS_DEV u32 gvm_hmul2(u32 a, u32 b) {
@@ -250,16 +237,16 @@ ATLAS_DEV void gvm_body(const u8* __restrict__ W, const u8* __restrict__ S, floa
                 const u32* b = &xb[i].x;
                 if (scaled) {
                     float c[4] = {};
-                    gvm_mma(c, a, b);
-                    gvm_mma(c, a, b + 2);
+                    gt_mma<true>(c, a, b);
+                    gt_mma<true>(c, a, b + 2);
                     GvmScale d0 = sc[g * GVM_SC_ROW + s], d8 = sc[(g + 8) * GVM_SC_ROW + s];
                     acc[p][0] = fmaf(c[0], d0.d, fmaf(-d0.m, xs[i].d, acc[p][0]));
                     acc[p][1] = fmaf(c[1], d0.d, fmaf(-d0.m, xs[i].m, acc[p][1]));
                     acc[p][2] = fmaf(c[2], d8.d, fmaf(-d8.m, xs[i].d, acc[p][2]));
                     acc[p][3] = fmaf(c[3], d8.d, fmaf(-d8.m, xs[i].m, acc[p][3]));
                 } else {
-                    gvm_mma(acc[p], a, b);
-                    gvm_mma(acc[p], a, b + 2);
+                    gt_mma<true>(acc[p], a, b);
+                    gt_mma<true>(acc[p], a, b + 2);
                 }
             }
             __syncthreads();
