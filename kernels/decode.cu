@@ -201,10 +201,11 @@ ATLAS_DEV float dg_dots(const DgArgs& a, const GvRow (&rows)[NR], bool live, flo
             ss += stage(xs + t * GEMV_TILE_F4, xsum + 64 * t, c0 + 32 * t);
         __syncthreads();
         for (int u = 0; u < n; u += U * ATLAS_WARP) {
-            // two blocks ahead (a row's last, partial block of DG_AHEAD units is not asked for)
+            // two blocks ahead, at each block's first iteration (every one when U = 2, known
+            // at compile time); a row's last, partial block of DG_AHEAD units is not asked for
             int ahead = c0 + u + 2 * DG_AHEAD;
-            if (VEC && (32 * U == DG_AHEAD || (c0 + u) % DG_AHEAD == 0) && ahead + DG_AHEAD <= units)
-                dg_prefetch<F, NR>(rows, ahead, lane);
+            bool opens = 32 * U == DG_AHEAD || (c0 + u) % DG_AHEAD == 0;
+            if (VEC && opens && ahead + DG_AHEAD <= units) dg_prefetch<F, NR>(rows, ahead, lane);
             gemv_tiles<F, 1, NR, VEC, U, MODE>(rows, 1, units, c0 + u, live, lane, L,
                                                xs + (u / 32) * GEMV_TILE_F4, xsum + 2 * u, acc,
                                                GvPrestaged());  // two sums of 16 per unit

@@ -22,7 +22,7 @@ from atlas_cli.backend.loaders.safetensors import NVFP4Tensor
 from atlas_cli.backend.ops import numpy_ref as ref
 from atlas_cli.backend.ops.native import decoder as nd
 from atlas_cli.backend.ops.native.array import bf16_bits_to_f32, f32_to_bf16_bits
-from atlas_cli.backend.ops.native.gemm_check import F16_FIELDS
+from atlas_cli.backend.ops.native.gemm_check import GGUF_IDS, random_gguf_blocks
 
 # -- reference helpers -------------------------------------------------------------------------
 
@@ -73,9 +73,6 @@ class GGUFWeight(QuantizedTensor):
         return quant.dequantize(self.blocks, self.type_id, self.shape)
 
 
-GGUF_IDS = {f.kernel: f.ggml_type for f in formats.GGML.values() if f.native and f.quantized}
-
-
 def random_weight(fmt: str, rows: int, cols: int, rng: np.random.Generator, reference=True):
     """A random weight of `fmt` and its exact float32 dequantization (None unless
     `reference`: benchmarks skip the numpy work)."""
@@ -93,14 +90,7 @@ def random_weight(fmt: str, rows: int, cols: int, rng: np.random.Generator, refe
         w = NVFP4(packed, scale, np.float32(rng.uniform(1e-3, 1e-2)))
         return w, w.dequantize() if reference else None
     tid = GGUF_IDS[fmt]
-    qt = quant.GGML_TYPES[tid]
-    nblk = cols // qt.block_elems
-    raw = rng.integers(0, 256, (rows, nblk, qt.block_bytes), dtype=np.uint8)
-    for off in F16_FIELDS[tid]:
-        d = rng.uniform(-0.05, 0.05, (rows, nblk)).astype(np.float16)
-        raw[:, :, off : off + 2] = d.view(np.uint8).reshape(rows, nblk, 2)
-    blocks = raw.reshape(rows, -1)
-    w = GGUFWeight(tid, (rows, cols), blocks)
+    w = GGUFWeight(tid, (rows, cols), random_gguf_blocks(tid, rows, cols, rng))
     return w, w.dequantize() if reference else None
 
 

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from atlas_cli.backend import formats
 from atlas_cli.backend.ops.native import runtime as rt
 from atlas_cli.backend.ops.native.array import DeviceWeight, f32_to_bf16_bits
 
@@ -47,6 +48,8 @@ CASES = (
 )
 # the W4A4 kernel's (NVFP4 only, whole 128-column steps): edge tiles, the ring wrapping
 FP4_CASES = (("nvfp4", 67, 129, 256), ("nvfp4", 9, 200, 512))
+# ggml type of each quantized GGUF format the kernels read
+GGUF_IDS = {f.kernel: f.ggml_type for f in formats.GGML.values() if f.native and f.quantized}
 # the verify GEMV's (each decoder pairing and lane layout; a partial last tile and block)
 VERIFY_CASES = (
     ("nvfp4", 4, 70, 1536),
@@ -56,10 +59,9 @@ VERIFY_CASES = (
     ("q5_k", 3, 17, 1024),
 )
 # The f16 fields inside each GGUF block type a kernel reads (ggml type -> byte offsets): where a
-# random block needs finite scales (these checks, tests/gpu/checks.py)
+# random block needs finite scales (random_gguf_blocks)
 F16_FIELDS = {2: (0,), 3: (0, 2), 6: (0,), 7: (0, 2), 8: (0,), 11: (108,), 12: (0, 2)}
 F16_FIELDS |= {13: (0, 2), 14: (208,), 20: (0,), 23: (0,)}
-GGUF_TYPES = {"q8_0": 8, "q4_k": 12, "q5_k": 13, "q6_k": 14}  # the verify cases' formats
 
 
 @dataclass(frozen=True)
@@ -150,18 +152,11 @@ def run_check(ops, kind: str) -> dict[str, Any]:
 def _random_weight(ops, fmt: str, rows: int, cols: int, rng: np.random.Generator):
     """A DeviceWeight of `fmt` with random contents (finite values, NVFP4 scales > 0; GGUF
     blocks of random bytes with finite f16 scales)."""
-    from atlas_cli.backend.loaders import quant
     from atlas_cli.backend.loaders.gguf import QuantizedTensor
 
-    if fmt in GGUF_TYPES:
-        qt = quant.GGML_TYPES[GGUF_TYPES[fmt]]
-        nblk = cols // qt.block_elems
-        raw = rng.integers(0, 256, (rows, nblk, qt.block_bytes), dtype=np.uint8)
-        for off in F16_FIELDS[GGUF_TYPES[fmt]]:
-            d = rng.uniform(-0.05, 0.05, (rows, nblk)).astype(np.float16)
-            raw[:, :, off : off + 2] = d.view(np.uint8).reshape(rows, nblk, 2)
-        blocks = raw.reshape(rows, -1)
-        return ops.prepare_weight(QuantizedTensor(GGUF_TYPES[fmt], (rows, cols), blocks))
+    if fmt in GGUF_IDS:
+        blocks = random_gguf_blocks(GGUF_IDS[fmt], rows, cols, rng)
+        return ops.prepare_weight(QuantizedTensor(GGUF_IDS[fmt], (rows, cols), blocks))
     if fmt == "nvfp4":
         codes = rng.integers(0, 256, (rows, cols // 2), dtype=np.uint8)
         scales = rng.integers(0x20, 0x60, (rows, cols // 16), dtype=np.uint8)
@@ -171,6 +166,20 @@ def _random_weight(ops, fmt: str, rows: int, cols: int, rng: np.random.Generator
     raw = {"bf16": f32_to_bf16_bits, "f16": lambda v: v.astype(np.float16)}.get(fmt, np.asarray)(a)
     data = ops._upload_bytes(raw)
     return DeviceWeight(fmt, rows, cols, data, cols * raw.itemsize, ops._dummy, 0, 1.0)
+
+
+def random_gguf_blocks(type_id: int, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
+    """(rows, bytes per row) GGUF blocks of ggml type `type_id`: random bytes, with finite
+    random f16 scales in F16_FIELDS."""
+    from atlas_cli.backend.loaders import quant
+
+    qt = quant.GGML_TYPES[type_id]
+    nblk = cols // qt.block_elems
+    raw = rng.integers(0, 256, (rows, nblk, qt.block_bytes), dtype=np.uint8)
+    for off in F16_FIELDS[type_id]:
+        d = rng.uniform(-0.05, 0.05, (rows, nblk)).astype(np.float16)
+        raw[:, :, off : off + 2] = d.view(np.uint8).reshape(rows, nblk, 2)
+    return raw.reshape(rows, -1)
 
 
 def _read(path: Path) -> dict | None:
